@@ -1,0 +1,16 @@
+"""specrag: Speculative RAG and RAPID long-context decoding as LangGraph workflows."""
+
+from specrag.graph.builder import build_graph, graph
+from specrag.graph.context import SpecRagContext
+from specrag.models.chat import ChatLocalLM
+from specrag.models.rapid_chat import ChatRapid
+from specrag.tools import make_specrag_tool
+
+__all__ = [
+    "ChatLocalLM",
+    "ChatRapid",
+    "SpecRagContext",
+    "build_graph",
+    "graph",
+    "make_specrag_tool",
+]

@@ -1,0 +1,388 @@
+"""The ``specrag`` command line: index, ask, demo, config, bench.
+
+Errors print one line on stderr and exit non-zero; progress goes to stderr; ``--json`` prints
+exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+from rich.console import Console  # noqa: E402
+
+from specrag.errors import InputError, SpecRagError  # noqa: E402
+
+err = Console(stderr=True)
+out = Console()
+
+DEMO_QUESTIONS = [
+    "Who was the Norse leader?",
+    "In what country is Normandy located?",
+    "What is the name of the region the Normans gave their name to?",
+]
+
+
+def quiet_libraries() -> None:
+    """Keep third-party chatter (load bars, deprecation notes) off the user's terminal."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.WARNING, format="specrag: %(message)s", stream=sys.stderr)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def validate_question(question: str, max_chars: int) -> str:
+    """Reject empty and over-long questions with one clear line."""
+    cleaned = "".join(ch for ch in question if ch.isprintable() or ch in "\n\t").strip()
+    if not cleaned:
+        raise InputError("the question is empty")
+    if len(cleaned) > max_chars:
+        raise InputError(f"the question is {len(cleaned)} characters long (max {max_chars})")
+    return cleaned
+
+
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    """``--set key=value`` pairs to a dict."""
+    result = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise InputError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+
+
+def make_context(args: argparse.Namespace) -> Any:
+    """Context from --set overrides and --index-dir."""
+    from specrag.graph.context import SpecRagContext
+
+    overrides: dict[str, Any] = parse_sets(getattr(args, "set", None) or [])
+    if getattr(args, "index_dir", None):
+        overrides["index_dir"] = str(args.index_dir)
+    return SpecRagContext.from_overrides(overrides)
+
+
+def index_dir_of(ctx: Any) -> Path:
+    """The index directory a context points at."""
+    from specrag.paths import default_index_dir
+
+    return Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir()
+
+
+def progress_bar(description: str):  # noqa: ANN201
+    """A rich progress bar on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """Index files and folders."""
+    from specrag.indexing.pipeline import index_paths
+
+    ctx = make_context(args)
+    directory = index_dir_of(ctx)
+    with progress_bar("indexing") as bar:
+        task = bar.add_task("indexing files", total=None)
+        report = index_paths(
+            args.paths,
+            directory,
+            collection=ctx.collection,
+            embedding_model=ctx.embedding_model,
+            progress=lambda n: bar.advance(task, n),
+            on_files=lambda n: bar.update(task, total=n),
+        )
+    summary = {
+        "index_dir": str(directory),
+        "files": report.files,
+        "chunks": report.chunks_total,
+        "added": report.chunks_added,
+        "removed": report.chunks_removed,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        err.print(
+            f"indexed {report.files} files into {directory}: {report.chunks_total} chunks "
+            f"({report.chunks_added} new, {report.chunks_removed} removed)"
+        )
+    return 0
+
+
+def result_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The CLI's JSON view of a graph result."""
+    timings = result.get("timings") or {}
+    answer_s = timings.get("answer_s")
+    return {
+        "answer": result.get("answer", ""),
+        "route": result.get("route", ""),
+        "reason": result.get("reason", ""),
+        "verified": result.get("verified", False),
+        "draft": result.get("draft", ""),
+        "draft_confidence": result.get("draft_confidence"),
+        "sources": [
+            {"n": c.get("n"), "source": c.get("source"), "score": c.get("score")}
+            for c in result.get("citations") or []
+        ],
+        "timings": {
+            "retrieve_s": timings.get("retrieve_s"),
+            "draft_s": timings.get("draft_s"),
+            "draft_ttft_s": timings.get("draft_ttft_s"),
+            "answer_s": answer_s,
+            "total_s": timings.get("total_s"),
+            "ttft_s": timings.get("ttft_s"),
+        },
+        "stats": result.get("stats") or {},
+        "errors": result.get("errors") or [],
+    }
+
+
+async def run_graph(
+    question: str, ctx: Any, document: str | None, stream: bool, thread: str | None = None
+) -> dict[str, Any]:
+    """Run the graph; when ``stream`` is set, show the draft then the answer live on stderr."""
+    from specrag.graph.builder import build_graph, graph
+
+    inputs: dict[str, Any] = {"question": question}
+    if document is not None:
+        inputs["document"] = document
+    config: dict[str, Any] = {}
+    app = graph
+    if thread:
+        from specrag.persistence import sqlite_checkpointer
+
+        app = build_graph(checkpointer=await sqlite_checkpointer())
+        config = {"configurable": {"thread_id": thread}}
+    if not stream:
+        return await app.ainvoke(inputs, config=config or None, context=ctx)
+    final: dict[str, Any] = {}
+    current = None
+    async for mode, payload in app.astream(
+        inputs, config=config or None, context=ctx, stream_mode=["messages", "custom", "values"]
+    ):
+        if mode == "messages":
+            chunk, meta = payload
+            node = meta.get("langgraph_node")
+            if node != current and chunk.content:
+                current = node
+                label = "draft (unverified)" if node == "draft" else f"answer ({node})"
+                err.print(f"\n[dim]{label}:[/dim] ", end="")
+            if chunk.content:
+                err.print(chunk.content, end="", highlight=False, markup=False)
+        elif mode == "custom" and payload.get("event") == "route":
+            err.print(f"\n[dim]route -> {payload['route']}: {payload['reason']}[/dim]", end="")
+        elif mode == "values":
+            final = payload
+    err.print()
+    return final
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    """Answer one question."""
+    ctx = make_context(args)
+    question = validate_question(args.question, ctx.max_question_chars)
+    document = None
+    if args.document:
+        from specrag.indexing.documents import read_text
+
+        document = read_text(Path(args.document).expanduser())
+        if not document.strip():
+            raise InputError(f"the document is empty: {args.document}")
+    elif not (index_dir_of(ctx) / "chroma.sqlite3").is_file():
+        raise SpecRagError(
+            f"no index at {index_dir_of(ctx)}: run `specrag index PATH` or `specrag demo` first"
+        )
+    preload(ctx, document)
+    result = asyncio.run(run_graph(question, ctx, document, stream=not args.json, thread=args.thread))
+    view = result_json(result)
+    if args.json:
+        print(json.dumps(view, ensure_ascii=False))
+        return 0
+    out.print(f"\n[bold]Answer:[/bold] {view['answer']}")
+    out.print(f"[dim]route:[/dim] {view['route']} - {view['reason']}")
+    for src in view["sources"]:
+        out.print(f"[dim]  [{src['n']}] {src['source']} (score {src['score']})[/dim]")
+    t = view["timings"]
+    out.print("[dim]timings: " + ", ".join(f"{k}={v}" for k, v in t.items() if v is not None) + "[/dim]")
+    return 0
+
+
+def preload(ctx: Any, document: str | None) -> None:
+    """Load models before the first budget starts, with a note on stderr."""
+    from specrag.graph.services import Services, default_chat_model
+
+    started = time.perf_counter()
+    err.print("[dim]loading models...[/dim]")
+    services = Services()
+    for spec in {ctx.draft_model, ctx.answer_model}:
+        services.warm(default_chat_model(spec, ctx))
+    services.warm_retriever(ctx, document)
+    err.print(f"[dim]models ready in {time.perf_counter() - started:.1f}s[/dim]")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Index all SQuAD v2 dev paragraphs, then answer three questions."""
+    from rich.table import Table
+
+    from specrag.data.datasets import squad_paragraphs
+    from specrag.indexing.pipeline import index_records
+
+    ctx = make_context(args)
+    directory = index_dir_of(ctx)
+    paragraphs = squad_paragraphs()
+    records = [(p.id, p.text) for p in paragraphs]
+    err.print(f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {directory}")
+    with progress_bar("indexing") as bar:
+        task = bar.add_task("embedding paragraphs", total=len(records))
+        report = index_records(
+            records, directory, collection=ctx.collection, embedding_model=ctx.embedding_model,
+            progress=lambda n: bar.advance(task, n),
+        )
+    err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
+    preload(ctx, None)
+    rows = []
+    for question in args.questions or DEMO_QUESTIONS:
+        err.print(f"\n[bold]Q:[/bold] {question}")
+        result = asyncio.run(run_graph(question, ctx, None, stream=not args.json))
+        rows.append((question, result_json(result)))
+    if args.json:
+        print(json.dumps([{"question": q, **r} for q, r in rows], ensure_ascii=False))
+        return 0
+    table = Table(title="specrag demo (SmolLM2-135M, CPU)", show_lines=True)
+    for col in ("question", "draft (no evidence)", "route", "answer", "timings (s)"):
+        table.add_column(col, overflow="fold")
+    for question, r in rows:
+        t = r["timings"]
+        conf = r["draft_confidence"]
+        draft = f"{r['draft']}\n[dim]confidence {conf:.2f}[/dim]" if conf is not None else r["draft"]
+        table.add_row(
+            question,
+            draft,
+            f"{r['route']}\n[dim]{r['reason']}[/dim]",
+            r["answer"],
+            "\n".join(f"{k}: {v}" for k, v in t.items() if v is not None),
+        )
+    out.print(table)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the context fields with defaults and descriptions."""
+    ctx = make_context(args)
+    rows = [{"name": n, "value": v, "description": d} for n, v, d in ctx.describe()]
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False))
+    else:
+        for row in rows:
+            value = str(row["value"])
+            value = value if len(value) < 60 else value[:57] + "..."
+            out.print(f"[bold]{row['name']}[/bold] = {value}\n    [dim]{row['description']}[/dim]")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run a benchmark (rag, rapid or load)."""
+    from specrag.evaluation import benches
+
+    result = benches.run(args.which, quick=args.quick, out_dir=Path(args.out), log=err)
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser."""
+    parser = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--index-dir", help="Chroma directory (default: the user data dir)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a context field (see `specrag config`)")
+        p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+    p = sub.add_parser("index", help="index .txt/.md/.html files and folders")
+    p.add_argument("paths", nargs="+")
+    common(p)
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("ask", help="answer a question")
+    p.add_argument("question")
+    p.add_argument("--document", help="answer from this file (RAPID when it is long)")
+    p.add_argument("--thread", help="conversation id: keep state across runs (SQLite)")
+    common(p)
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("demo", help="index SQuAD v2 dev and answer three questions")
+    p.add_argument("--question", dest="questions", action="append")
+    common(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("config", help="list the context fields")
+    common(p)
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("bench", help="run a benchmark")
+    p.add_argument("which", choices=["rag", "rapid", "load"])
+    p.add_argument("--quick", action="store_true", help="small sample (< 10 min on 2 cores)")
+    p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    try:
+        return int(args.func(args) or 0)
+    except SpecRagError as exc:
+        err.print(f"specrag: error: {exc}", highlight=False, markup=False)
+        return 2
+    except KeyboardInterrupt:
+        err.print("specrag: interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - never a traceback for a CLI user
+        if os.environ.get("SPECRAG_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        err.print(
+            f"specrag: error: {type(exc).__name__}: {first} (set SPECRAG_DEBUG=1 for details)",
+            highlight=False, markup=False,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

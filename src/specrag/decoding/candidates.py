@@ -1,0 +1,61 @@
+"""Deterministic speculative candidates: n-gram lookup in the draft and in the prompt.
+
+The refine model verifies these candidates in one forward pass and keeps the prefix it agrees
+with, so a good draft (or an answer that quotes its evidence) costs a fraction of the forward
+passes of plain decoding, and a wrong one costs one pass per rejection - never the answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Protocol
+
+
+class Proposer(Protocol):
+    """Proposes up to ``k`` next tokens after ``generated``; returns them and their source."""
+
+    def propose(self, generated: list[int], k: int) -> tuple[list[int], str]:  # noqa: D102
+        ...
+
+
+class NgramProposer:
+    """Suffix matching of the last 1..``max_ngram`` generated tokens against named sources.
+
+    For each source a cursor remembers where the last match was, so after the model edits the
+    draft (inserts or drops words) the next n-gram that matches re-aligns the draft with the
+    answer. Longer matches win; at equal length, sources are tried in the order given (the
+    draft first, since a draft is written to be the answer's continuation).
+    """
+
+    def __init__(self, sources: dict[str, list[int]], max_ngram: int = 3) -> None:
+        self.sources = {name: toks for name, toks in sources.items() if toks}
+        self.max_ngram = max_ngram
+        # index[name][n][ngram] = end positions (index right after the n-gram) in order.
+        self.index: dict[str, dict[int, dict[tuple[int, ...], list[int]]]] = {}
+        for name, toks in self.sources.items():
+            per_n: dict[int, dict[tuple[int, ...], list[int]]] = {}
+            for n in range(1, max_ngram + 1):
+                table: dict[tuple[int, ...], list[int]] = defaultdict(list)
+                for end in range(n, len(toks)):  # an n-gram that ends the source has no follow-up
+                    table[tuple(toks[end - n : end])].append(end)
+                per_n[n] = table
+            self.index[name] = per_n
+        self.cursor = dict.fromkeys(self.sources, 0)
+
+    def propose(self, generated: list[int], k: int) -> tuple[list[int], str]:
+        """Continuation of the longest n-gram match, or ``([], "")``."""
+        if k <= 0 or not self.sources:
+            return [], ""
+        if not generated and "draft" in self.sources:
+            return self.sources["draft"][:k], "draft"  # the answer starts where the draft does
+        for n in range(min(self.max_ngram, len(generated)), 0, -1):
+            key = tuple(generated[-n:])
+            for name, toks in self.sources.items():
+                ends = self.index[name][n].get(key)
+                if not ends:
+                    continue
+                # the first match at or after the cursor keeps reading order; else the first one
+                end = next((e for e in ends if e >= self.cursor[name]), ends[0])
+                self.cursor[name] = end
+                return toks[end : end + k], name
+        return [], ""

@@ -1,0 +1,244 @@
+"""RAPID: Retrieval-Augmented sPeculative Decoding (arXiv 2502.20330).
+
+The *target* reads the whole long document; the *drafter* (same tokenizer; the same model, a
+smaller or a larger one) reads only the chunks retrieved for the question. Each step the
+drafter proposes up to ``gamma`` tokens from its own KV cache, and the target scores all of
+them in one forward pass over its own KV cache.
+
+Knowledge transfer (the paper's inference-time "retrieval-augmented target distribution"):
+with target logits ``z``, target distribution ``p = softmax(z / T)`` and drafter distribution
+``q`` at the same position,
+
+* ``transfer="shift"`` (reference code, default): ``p_hat = softmax(z / T + eta * (q - p) * m)``
+  with ``m = [q >= alpha * max(q)]`` - the shift only touches tokens the drafter finds
+  plausible. Draft token ``d`` is accepted when ``u <= p_hat(d) / q(d)``; on rejection the
+  replacement is drawn from ``normalize(max(p - q, p - p_hat)+)`` (the reference rule);
+* ``transfer="mixture"``: ``p_hat = (1 - lam) * p + lam * q``, accepted when
+  ``u <= p_hat(d) / q(d)``, residual ``normalize((p_hat - q)+)`` - exact sampling from
+  ``p_hat``;
+* ``eta = 0`` (or ``transfer="none"``): ``p_hat = p`` and both rules reduce to standard
+  speculative sampling, which is lossless: greedy output is token-identical to target-only
+  greedy decoding and sampled output has the target's distribution.
+
+Greedy mode accepts ``d`` iff ``d == argmax p_hat`` and corrects with ``argmax p_hat``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import Token, prefill
+from specrag.decoding.state import LMState
+
+Transfer = Literal["shift", "mixture", "none"]
+
+
+@dataclass(frozen=True)
+class RapidConfig:
+    """RAPID decoding settings (defaults follow the paper's reference code where it has one)."""
+
+    gamma: int = 10  # draft tokens per step (reference: 10)
+    transfer: Transfer = "shift"
+    eta: float = 5.0  # knowledge-transfer strength for "shift" (paper: 5-50); 0 = lossless
+    alpha: float = 0.1  # shift only where q >= alpha * max(q) (reference: 0.1)
+    lam: float = 0.3  # drafter weight for "mixture"
+    adaptive_gamma: bool = True  # +1 after a fully accepted step, -1 after a rejection
+    max_gamma: int = 16
+    min_draft_confidence: float = 0.0  # stop drafting when max(q) falls below this (0 = off)
+
+    @property
+    def lossless(self) -> bool:
+        """True when the output follows the target alone (no knowledge transfer)."""
+        return self.transfer == "none" or (self.transfer == "shift" and self.eta == 0) or (
+            self.transfer == "mixture" and self.lam == 0
+        )
+
+
+@dataclass
+class RapidStats:
+    """Counters of one RAPID decode."""
+
+    new_tokens: int = 0
+    steps: int = 0  # verification passes of the target (after prefill)
+    draft_tokens: int = 0  # proposed by the drafter
+    accepted_tokens: int = 0  # draft tokens accepted by the target
+    drafter_passes: int = 0
+    target_prefill_s: float = 0.0
+    drafter_prefill_s: float = 0.0
+    decode_s: float = 0.0
+    finish_reason: str = ""
+    gamma_trace: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        """Mean accepted draft tokens per verification pass."""
+        return self.accepted_tokens / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-friendly summary."""
+        return {
+            "new_tokens": self.new_tokens,
+            "target_forward_passes": self.steps + 1,
+            "drafter_forward_passes": self.drafter_passes,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_per_step": round(self.mean_accepted_per_step, 4),
+            "target_prefill_s": round(self.target_prefill_s, 4),
+            "drafter_prefill_s": round(self.drafter_prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "finish_reason": self.finish_reason,
+        }
+
+
+def transfer_distribution(
+    target_logits: torch.Tensor,  # [n, vocab]
+    draft_probs: torch.Tensor,  # [n, vocab]
+    cfg: RapidConfig,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(p, p_hat)``, each ``[n, vocab]``: the target's and the transfer distribution."""
+    scaled = target_logits / (temperature if temperature > 0 else 1.0)
+    p = torch.softmax(scaled, dim=-1)
+    if cfg.lossless:
+        return p, p
+    if cfg.transfer == "mixture":
+        return p, (1.0 - cfg.lam) * p + cfg.lam * draft_probs
+    mask = draft_probs >= cfg.alpha * draft_probs.max(dim=-1, keepdim=True).values
+    p_hat = torch.softmax(scaled + cfg.eta * (draft_probs - p) * mask, dim=-1)
+    return p, p_hat
+
+
+def rapid_decode(
+    target: LMState,
+    drafter: LMState,
+    target_prompt: list[int],
+    drafter_prompt: list[int],
+    *,
+    max_new_tokens: int,
+    sampler: Sampler,
+    cfg: RapidConfig,
+    eos_ids: tuple[int, ...] = (),
+    should_stop: Callable[[int], str | None] | None = None,
+    generator: torch.Generator | None = None,
+    stats: RapidStats | None = None,
+) -> Iterator[list[Token]]:
+    """Yield the tokens emitted by each verification step.
+
+    ``target`` may already hold a prefix of ``target_prompt`` (document prefix cache).
+    """
+    st = stats if stats is not None else RapidStats()
+    greedy = sampler.greedy
+
+    def draft_dist(logits: torch.Tensor) -> torch.Tensor:  # drafter q at one position, [vocab]
+        return torch.softmax(logits, dim=-1) if greedy else sampler.probs(logits)
+
+    t0 = time.perf_counter()
+    z0 = prefill(target, target_prompt)  # [vocab]
+    st.target_prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    d0 = prefill(drafter, drafter_prompt)
+    st.drafter_prefill_s = time.perf_counter() - t0
+    t_start = time.perf_counter()
+    generated: list[int] = []
+
+    def finish(reason: str) -> None:
+        st.finish_reason = reason
+        st.new_tokens = len(generated)
+        st.decode_s = time.perf_counter() - t_start
+
+    def logprob(z: torch.Tensor, tok: int) -> float:
+        return float(torch.log_softmax(z, dim=-1)[tok])
+
+    # First token: from the transfer distribution at the prompt's last position.
+    _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler.temperature)
+    first = int(p_hat0[0].argmax()) if greedy else sampler.pick(p_hat0[0], generator)
+    generated.append(first)
+    yield [Token(first, logprob(z0, first), "target")]
+    gamma = cfg.gamma
+    while True:
+        last = generated[-1]
+        if last in eos_ids:
+            return finish("stop")
+        if len(generated) >= max_new_tokens:
+            return finish("length")
+        if should_stop is not None and (reason := should_stop(len(generated))):
+            return finish(reason)
+        st.gamma_trace.append(gamma)
+        room = max_new_tokens - len(generated) - 1
+        # --- draft: up to gamma tokens, keeping q at every position (+1 for the bonus) ----
+        drafts: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        d_logits = drafter.extend([last])[-1]
+        st.drafter_passes += 1
+        while True:
+            q = draft_dist(d_logits)
+            q_rows.append(q)
+            if len(drafts) >= min(gamma, room):
+                break
+            if drafts and cfg.min_draft_confidence > 0 and float(q.max()) < cfg.min_draft_confidence:
+                break
+            d = sampler.pick(q, generator)
+            drafts.append(d)
+            if d in eos_ids:
+                q_rows.append(q)  # no bonus after EOS; keeps rows aligned with target rows
+                break
+            d_logits = drafter.extend([d])[-1]
+            st.drafter_passes += 1
+        st.draft_tokens += len(drafts)
+        # --- verify: one target pass over [last, d_1..d_g] ---------------------------------
+        z = target.extend([last, *drafts])  # [g + 1, vocab]
+        st.steps += 1
+        q_all = torch.stack(q_rows[: len(drafts) + 1])  # [g + 1, vocab]
+        p, p_hat = transfer_distribution(z, q_all, cfg, sampler.temperature)
+        step: list[Token] = []
+        hit_eos = False
+        n_acc = 0
+        for i, d in enumerate(drafts):
+            if greedy:
+                ok = int(p_hat[i].argmax()) == d
+            else:
+                u = float(torch.rand((), generator=generator, device=p.device))
+                ok = u * float(q_all[i, d]) <= float(p_hat[i, d])
+            if not ok:
+                if greedy:
+                    nxt = int(p_hat[i].argmax())
+                else:
+                    if cfg.transfer == "mixture":
+                        resid = (p_hat[i] - q_all[i]).clamp_min(0)
+                    else:
+                        resid = torch.maximum(p[i] - q_all[i], p[i] - p_hat[i]).clamp_min(0)
+                    total = resid.sum()
+                    resid = resid / total if total > 0 else p_hat[i]
+                    nxt = sampler.pick(resid, generator)
+                step.append(Token(nxt, logprob(z[i], nxt), "target"))
+                gamma = max(1, gamma - 1) if cfg.adaptive_gamma else gamma
+                break
+            n_acc += 1
+            step.append(Token(d, logprob(z[i], d), "drafter"))
+            if d in eos_ids:
+                hit_eos = True
+                break
+        else:  # all accepted: bonus token from the last position
+            row = p_hat[len(drafts)]
+            nxt = int(row.argmax()) if greedy else sampler.pick(row, generator)
+            step.append(Token(nxt, logprob(z[len(drafts)], nxt), "target"))
+            if cfg.adaptive_gamma and drafts:
+                gamma = min(cfg.max_gamma, gamma + 1)
+        st.accepted_tokens += n_acc
+        generated.extend(t.id for t in step)
+        keep = len(generated) - (0 if hit_eos else 1)  # the newest token is fed next step
+        target.crop(len(target_prompt) + keep)
+        drafter.crop(min(len(drafter), len(drafter_prompt) + keep))
+        yield step

@@ -1,0 +1,166 @@
+"""Decoding verified against deterministic candidates (speculative decoding, one-hot drafts).
+
+Each step feeds ``[last_token, c_1..c_k]`` to the model in ONE forward pass, giving the model's
+distribution ``p_i`` at every candidate position. Candidate ``c_i`` is accepted
+
+* greedy: iff ``c_i == argmax p_i`` - so the output is token-identical to plain greedy decoding;
+* sampling: with probability ``p_i(c_i)``; on rejection the replacement is drawn from ``p_i`` with
+  ``c_i`` removed and renormalised. For a one-hot draft ``q = e_c`` this is exactly the standard
+  speculative-sampling rule ``min(1, p/q)`` with residual ``(p - q)+``, so every emitted token is
+  distributed as ``p`` (lossless).
+
+After the accepted prefix the model's own next token (the correction, or a bonus token when all
+were accepted) is emitted, so every pass emits >= 1 token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from specrag.decoding.candidates import Proposer
+from specrag.decoding.sampling import Sampler, token_logprob
+from specrag.decoding.state import LMState
+
+
+@dataclass
+class Token:
+    """One emitted token: id, its log-probability under the model, and where it came from."""
+
+    id: int
+    logprob: float
+    source: str  # "model", or the candidate source it was accepted from ("draft", "prompt")
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one decode, reported in metadata and benchmarks."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forward_passes: int = 0  # passes after prefill (each emits >= 1 token)
+    proposed: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def passes_per_token(self) -> float:
+        """Forward passes per output token (1.0 for plain decoding)."""
+        # the first token comes from the prefill pass
+        return (self.forward_passes + 1) / self.new_tokens if self.new_tokens else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-friendly summary."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "forward_passes": self.forward_passes + (1 if self.new_tokens else 0),
+            "passes_per_token": round(self.passes_per_token, 4),
+            "candidates_proposed": dict(self.proposed),
+            "candidates_accepted": dict(self.accepted),
+            "prefill_s": round(self.prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "finish_reason": self.finish_reason,
+        }
+
+
+def prefill(lm: LMState, prompt: list[int]) -> torch.Tensor:
+    """Make ``lm`` hold ``prompt[:-1]`` ... ``prompt`` and return next-token logits ``[vocab]``.
+
+    Reuses whatever prefix of ``prompt`` the cache already holds (prefix caching).
+    """
+    lm.sync(prompt)
+    if len(lm) == len(prompt):  # fully cached: recompute the last position's logits
+        lm.crop(len(prompt) - 1)
+    return lm.extend(prompt[len(lm) :], all_logits=False)[-1]
+
+
+def decode(
+    lm: LMState,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    sampler: Sampler,
+    eos_ids: tuple[int, ...] = (),
+    proposer: Proposer | None = None,
+    max_candidates: int = 10,
+    should_stop: Callable[[int], str | None] | None = None,
+    generator: torch.Generator | None = None,
+    stats: DecodeStats | None = None,
+) -> Iterator[list[Token]]:
+    """Yield the tokens accepted at each step (a list per forward pass).
+
+    ``should_stop(n_generated)`` is checked between steps; a non-empty string it returns ends
+    the decode with that ``finish_reason`` (time budget, "retrieval finished", cancellation).
+    """
+    stats = stats if stats is not None else DecodeStats()
+    stats.prompt_tokens = len(prompt)
+    t0 = time.perf_counter()
+    logits = prefill(lm, prompt)  # [vocab]
+    stats.prefill_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    generated: list[int] = []
+    k = max_candidates
+
+    def finish(reason: str) -> None:
+        stats.finish_reason = reason
+        stats.new_tokens = len(generated)
+        stats.decode_s = time.perf_counter() - t1
+
+    last = sampler.pick(sampler.probs(logits), generator)
+    generated.append(last)
+    yield [Token(last, token_logprob(logits, last), "model")]
+    while True:
+        if last in eos_ids:
+            return finish("stop")
+        if len(generated) >= max_new_tokens:
+            return finish("length")
+        if should_stop is not None and (reason := should_stop(len(generated))):
+            return finish(reason)
+        room = max_new_tokens - len(generated) - 1  # keep room for the model's own token
+        cands, source = proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
+        logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
+        stats.forward_passes += 1
+        if cands:
+            stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
+        step: list[Token] = []
+        n_accepted = 0
+        hit_eos = False
+        for i, cand in enumerate(cands):
+            probs = sampler.probs(logits_all[i])
+            if sampler.greedy:
+                ok = int(probs.argmax()) == cand
+            else:
+                u = torch.rand((), generator=generator, device=probs.device)
+                ok = bool(u < probs[cand])
+            if not ok:  # the model's correction replaces the first rejected candidate
+                residual = probs.clone()
+                residual[cand] = 0.0
+                nxt = sampler.pick(residual / residual.sum(), generator)
+                step.append(Token(nxt, token_logprob(logits_all[i], nxt), "model"))
+                k = max(1, k - 1)
+                break
+            n_accepted += 1
+            step.append(Token(cand, token_logprob(logits_all[i], cand), source))
+            if cand in eos_ids:
+                hit_eos = True
+                break
+        else:  # every candidate accepted (or none proposed): the model adds its own next token
+            row = logits_all[len(cands)]
+            nxt = sampler.pick(sampler.probs(row), generator)
+            step.append(Token(nxt, token_logprob(row, nxt), "model"))
+            if cands:
+                k = min(k + 2, max_candidates)
+        if n_accepted:
+            stats.accepted[source] = stats.accepted.get(source, 0) + n_accepted
+        # the cache holds prompt + generated + ``last`` + candidates; keep only what was
+        # accepted (the newly emitted model token is fed at the next step).
+        generated.extend(t.id for t in step)
+        lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
+        last = generated[-1]
+        yield step

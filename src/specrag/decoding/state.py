@@ -1,0 +1,99 @@
+"""A causal LM with its own KV cache: the unit both decoders are built from."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+# Prefill long prompts in slices so that peak activation memory stays bounded.
+PREFILL_CHUNK = 2048
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers >= 5.x names the KV-cache argument ``cache`` (``past_key_values`` before)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class LMState:
+    """A model plus the tokens it has consumed and their KV cache.
+
+    Invariant: ``len(self.tokens) == cache length``; ``self.tokens`` is exactly what the cache
+    encodes, so cropping to a shared prefix is always safe.
+    """
+
+    def __init__(self, model: Any, device: torch.device | None = None) -> None:
+        self.model = model
+        self.device = device or next(model.parameters()).device
+        self.cache: Any = DynamicCache(config=model.config)
+        self.tokens: list[int] = []
+        self.forward_passes = 0
+        self._kw = _cache_kwarg(model)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], *, all_logits: bool = True) -> torch.Tensor:
+        """Feed ``ids`` after the cached tokens.
+
+        Returns float32 logits ``[len(ids), vocab]`` (or ``[1, vocab]`` for the last position
+        when ``all_logits`` is False - used by prefill, where a full logits matrix of an 8K
+        prompt would need gigabytes).
+        """
+        if not ids:
+            raise ValueError("extend() needs at least one token")
+        out: torch.Tensor | None = None
+        step = len(ids) if all_logits else PREFILL_CHUNK
+        for start in range(0, len(ids), step):
+            piece = ids[start : start + step]
+            input_ids = torch.tensor([piece], dtype=torch.long, device=self.device)
+            kwargs = {self._kw: self.cache, "use_cache": True}
+            if not all_logits:
+                kwargs["logits_to_keep"] = 1
+            result = self.model(input_ids=input_ids, **kwargs)
+            self.tokens.extend(piece)
+            self.forward_passes += 1
+            out = result.logits[0].float()  # [n, vocab]
+        assert out is not None
+        return out
+
+    def crop(self, length: int) -> None:
+        """Drop cached tokens beyond ``length``."""
+        drop = len(self.tokens) - length
+        if drop < 0:
+            raise ValueError(f"cannot crop to {length}: only {len(self.tokens)} cached")
+        if drop:
+            self.cache.crop(-drop)  # transformers 5.x: negative = number of tokens to remove
+            del self.tokens[length:]
+
+    def sync(self, committed: list[int]) -> None:
+        """Crop to the longest common prefix of the cache and ``committed``."""
+        n = 0
+        limit = min(len(self.tokens), len(committed))
+        while n < limit and self.tokens[n] == committed[n]:
+            n += 1
+        self.crop(n)
+
+    def clone(self) -> LMState:
+        """An independent copy (own KV cache) - used to reuse a cached document prefix."""
+        other = LMState.__new__(LMState)
+        other.model, other.device, other._kw = self.model, self.device, self._kw
+        other.cache = copy.deepcopy(self.cache)
+        other.tokens = list(self.tokens)
+        other.forward_passes = 0
+        return other
+
+    def nbytes(self) -> int:
+        """Memory held by the KV cache."""
+        total = 0
+        for layer in getattr(self.cache, "layers", []):
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor):
+                    total += tensor.numel() * tensor.element_size()
+        return total

@@ -1,0 +1,1 @@
+"""The LangGraph workflow: state, context (run-time settings), routing and the builder."""

@@ -1,0 +1,133 @@
+"""Run-time settings: ONE dataclass, rendered by LangGraph Studio as a form.
+
+Pass it as ``graph.ainvoke(inputs, context=SpecRagContext(...))``. Every field has a default
+that runs fully offline on the embedded models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from specrag import prompts
+from specrag.errors import InputError
+
+
+def _f(default: Any, description: str) -> Any:
+    return field(default=default, metadata={"description": description})
+
+
+@dataclass(kw_only=True)
+class SpecRagContext:
+    """Models, budgets, thresholds and prompts of one specrag run."""
+
+    # --- models ---------------------------------------------------------------------------
+    draft_model: str = _f(
+        "embedded",
+        "Draft model: 'embedded' (SmolLM2-135M-Instruct), 'hf:<hub id or path>' for any local "
+        "Hugging Face causal LM, or 'provider:model' for init_chat_model (e.g. 'openai:gpt-4o-mini').",
+    )
+    answer_model: str = _f(
+        "embedded", "Refine/generate model; same forms as draft_model."
+    )
+    device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N.")
+    dtype: str = _f("auto", "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.")
+    embedding_model: str = _f("embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id.")
+    index_dir: str = _f("", "Chroma directory; empty = the default data dir (SPECRAG_DATA_DIR).")
+    collection: str = _f("specrag", "Chroma collection name.")
+    # --- retrieval ------------------------------------------------------------------------
+    top_k: int = _f(4, "Chunks retrieved per question.")
+    relevance_threshold: float = _f(0.2, "Minimum cosine similarity for a chunk to count as evidence.")
+    retrieval_timeout_s: float = _f(3.0, "Retrieval budget; past it the run takes the fallback route.")
+    added_retrieval_latency_s: float = _f(
+        0.0, "INJECTED delay before retrieval results return (models a remote store; benchmarks)."
+    )
+    # --- draft ----------------------------------------------------------------------------
+    draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
+        "until_retrieval",
+        "until_retrieval: draft while retrieval runs and stop once it is done (after "
+        "min_draft_tokens); complete: draft to the end or the budget; off: no draft.",
+    )
+    draft_timeout_s: float = _f(2.0, "Draft budget (the decode loop itself stops at it).")
+    draft_temperature: float = _f(0.8, "Draft sampling temperature.")
+    draft_max_tokens: int = _f(64, "Maximum draft tokens.")
+    min_draft_tokens: int = _f(6, "A draft with fewer tokens is not usable (route: generate).")
+    confidence_threshold: float = _f(
+        0.35, "Drafts with confidence exp(mean token log-prob) below this go to generate."
+    )
+    # --- answer ---------------------------------------------------------------------------
+    refine_mode: Literal["verify", "rewrite"] = _f(
+        "verify",
+        "verify: answer from the evidence with the generate prompt; the draft only feeds "
+        "speculative candidates (greedy output = serial RAG). rewrite: the verifier reads and "
+        "edits the draft (can copy its errors).",
+    )
+    speculation: Literal["draft+prompt", "prompt", "none"] = _f(
+        "draft+prompt", "Candidate sources for draft-guided decoding of the answer."
+    )
+    refine_temperature: float = _f(0.2, "Temperature of refine/generate (0 = greedy).")
+    answer_max_tokens: int = _f(128, "Maximum answer tokens.")
+    answer_timeout_s: float = _f(60.0, "Budget for refine/generate/rapid_generate.")
+    max_question_chars: int = _f(2000, "Longer questions are rejected.")
+    # --- long documents (RAPID) -------------------------------------------------------------
+    long_document_tokens: int = _f(
+        1024, "Documents longer than this (target-model tokens) take the rapid_generate route."
+    )
+    rapid_gamma: int = _f(10, "RAPID draft tokens per step.")
+    rapid_transfer: Literal["shift", "mixture", "none"] = _f("shift", "RAPID knowledge-transfer rule.")
+    rapid_eta: float = _f(5.0, "RAPID shift strength (0 = lossless speculative decoding).")
+    rapid_drafter_tokens: int = _f(768, "Token budget of retrieved chunks given to the RAPID drafter.")
+    rapid_chunk_tokens: int = _f(128, "Chunk size (tokens) for splitting a long document.")
+    # --- prompts ----------------------------------------------------------------------------
+    draft_prompt: str = _f(prompts.DRAFT_SYSTEM, "System prompt of the draft.")
+    answer_prompt: str = _f(prompts.ANSWER_SYSTEM, "System prompt of generate / verify.")
+    rewrite_prompt: str = _f(prompts.REWRITE_SYSTEM, "System prompt of rewrite refine.")
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.top_k >= 1, "top_k must be >= 1"),
+            (self.draft_timeout_s > 0, "draft_timeout_s must be > 0"),
+            (self.retrieval_timeout_s > 0, "retrieval_timeout_s must be > 0"),
+            (self.answer_timeout_s > 0, "answer_timeout_s must be > 0"),
+            (0 <= self.confidence_threshold <= 1, "confidence_threshold must be in [0, 1]"),
+            (self.refine_mode in ("verify", "rewrite"), "refine_mode must be verify or rewrite"),
+            (
+                self.draft_policy in ("until_retrieval", "complete", "off"),
+                "draft_policy must be until_retrieval, complete or off",
+            ),
+            (self.speculation in ("draft+prompt", "prompt", "none"), "bad speculation value"),
+            (self.max_question_chars >= 1, "max_question_chars must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InputError(f"invalid configuration: {message}")
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:
+        """Build from ``{"field": value}`` (e.g. CLI ``--set key=value``), coercing strings."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key not in fields:
+                raise InputError(f"unknown config key {key!r} (see `specrag config`)")
+            default = fields[key].default
+            if isinstance(value, str) and not isinstance(default, str):
+                try:
+                    if isinstance(default, bool):
+                        value = value.lower() in ("1", "true", "yes", "on")
+                    elif isinstance(default, int):
+                        value = int(value)
+                    elif isinstance(default, float):
+                        value = float(value)
+                except ValueError as exc:
+                    raise InputError(f"config {key}: expected a number, got {value!r}") from exc
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    def describe(self) -> list[tuple[str, Any, str]]:
+        """(name, value, description) for every field - the README table and `specrag config`."""
+        return [
+            (f.name, getattr(self, f.name), f.metadata.get("description", ""))
+            for f in dataclasses.fields(self)
+        ]

@@ -1,0 +1,66 @@
+"""Route decisions. Each returns a node name from a fixed set, with a reason in words.
+
+The gate writes ``route`` and ``reason`` into the state, so a trace, a test and a user all
+see the same explanation; the conditional edges only read them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from specrag.graph.context import SpecRagContext
+
+GateRoute = Literal["refine", "generate", "rapid_generate", "fallback"]
+
+
+def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
+    """Choose the answer route after retrieve and draft have both finished."""
+    retrieval = state.get("retrieval_status", "failed")
+    if retrieval != "ok":
+        detail = {
+            "timeout": f"retrieval timed out after {ctx.retrieval_timeout_s}s",
+            "failed": "retrieval failed",
+            "empty": "retrieval found nothing",
+            "irrelevant": f"no chunk scored above {ctx.relevance_threshold}",
+        }.get(retrieval, f"retrieval status {retrieval}")
+        return "fallback", detail
+    doc_tokens = int(state.get("document_tokens") or 0)
+    if doc_tokens > ctx.long_document_tokens:
+        return "rapid_generate", (
+            f"long document ({doc_tokens} tokens > {ctx.long_document_tokens}): RAPID decoding"
+        )
+    status = state.get("draft_status", "failed")
+    tokens = int(state.get("draft_tokens") or 0)
+    if status in ("off", "failed", "timeout", "empty"):
+        return "generate", f"draft {status}: serial RAG without a draft"
+    if tokens < ctx.min_draft_tokens:
+        return "generate", (
+            f"draft too short ({tokens} < {ctx.min_draft_tokens} tokens): serial RAG"
+        )
+    confidence = state.get("draft_confidence")
+    cut = " (truncated)" if state.get("draft_truncated") else ""
+    if confidence is None:
+        return "refine", f"draft{cut} has no log-probabilities (confidence unknown): refine"
+    if confidence < ctx.confidence_threshold:
+        return "generate", (
+            f"draft confidence {confidence:.2f} < {ctx.confidence_threshold}: serial RAG"
+        )
+    return "refine", f"draft{cut} confidence {confidence:.2f} >= {ctx.confidence_threshold}: refine"
+
+
+def route_after_gate(state: dict[str, Any]) -> GateRoute:
+    """Conditional edge out of ``gate``: the route it recorded."""
+    route = state.get("route")
+    if route not in ("refine", "generate", "rapid_generate", "fallback"):
+        raise ValueError(f"gate left an unexpected route: {route!r}")
+    return route  # type: ignore[return-value]
+
+
+def route_after_refine(state: dict[str, Any]) -> Literal["generate", "__end__"]:
+    """An error in refine or rapid_generate falls back to serial RAG."""
+    return "generate" if state.get("answer_error") else "__end__"
+
+
+def route_after_generate(state: dict[str, Any]) -> Literal["fallback", "__end__"]:
+    """An error in generate ends in the graceful fallback answer."""
+    return "fallback" if state.get("answer_error") else "__end__"

@@ -1,0 +1,130 @@
+"""The collaborators nodes call: chat models, the retriever, the RAPID model.
+
+Defaults use the embedded local models; tests and applications pass their own
+:class:`Services` to :func:`specrag.graph.builder.build_graph`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models.chat_models import BaseChatModel
+
+from specrag.graph.context import SpecRagContext
+from specrag.indexing.document_search import search_document
+from specrag.indexing.documents import Chunk
+from specrag.indexing.store import VectorIndex
+from specrag.models.chat import ChatLocalLM
+from specrag.models.loading import load_embeddings, load_lm
+from specrag.models.registry import chat_model_from_spec
+from specrag.paths import default_index_dir
+
+ChatFactory = Callable[[str, SpecRagContext], BaseChatModel]
+Retriever = Callable[[str, str | None, SpecRagContext], list[Chunk]]
+RapidFactory = Callable[[SpecRagContext], BaseChatModel]
+
+
+def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
+    """Chat model for ``spec`` on the context's device and dtype."""
+    return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype)
+
+
+_INDEXES: dict[tuple[str, str, str], VectorIndex] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def open_index(ctx: SpecRagContext) -> VectorIndex:
+    """The context's persistent index (one client per directory and collection)."""
+    directory = str(Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir())
+    key = (directory, ctx.collection, ctx.embedding_model)
+    with _INDEX_LOCK:
+        if key not in _INDEXES:
+            _INDEXES[key] = VectorIndex(
+                directory, load_embeddings(ctx.embedding_model), ctx.collection
+            )
+        return _INDEXES[key]
+
+
+@lru_cache(maxsize=4)
+def _token_length(model_name: str, device: str, dtype: str) -> Callable[[str], int]:
+    tokenizer = load_lm(model_name, device, dtype).tokenizer
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def answer_token_length(ctx: SpecRagContext) -> Callable[[str], int]:
+    """Token counter of the answer model (whitespace words for remote models)."""
+    spec = ctx.answer_model
+    if spec in ("", "embedded") or spec.startswith("hf:"):
+        name = "embedded" if spec in ("", "embedded") else spec[3:]
+        return _token_length(name, ctx.device, ctx.dtype)
+    return lambda text: len(text.split())
+
+
+def default_retriever(question: str, document: str | None, ctx: SpecRagContext) -> list[Chunk]:
+    """Search the document when one is given, else the persistent index."""
+    if document:
+        budget = ctx.rapid_drafter_tokens if document else 0
+        return search_document(
+            document,
+            question,
+            embeddings=load_embeddings(ctx.embedding_model),
+            token_length=answer_token_length(ctx),
+            chunk_tokens=ctx.rapid_chunk_tokens,
+            token_budget=budget,
+        )
+    return open_index(ctx).search(question, ctx.top_k)
+
+
+def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
+    """A :class:`ChatRapid` with the context's answer model as target and drafter."""
+    from specrag.models.rapid_chat import ChatRapid
+
+    spec = ctx.answer_model
+    name = "embedded" if spec in ("", "embedded") else spec.removeprefix("hf:")
+    return ChatRapid(
+        target_model=name,
+        drafter_model=name,
+        device=ctx.device,
+        dtype=ctx.dtype,
+        temperature=ctx.refine_temperature,
+        max_new_tokens=ctx.answer_max_tokens,
+        gamma=ctx.rapid_gamma,
+        transfer=ctx.rapid_transfer,
+        eta=ctx.rapid_eta,
+    )
+
+
+def warm_model(model: BaseChatModel) -> None:
+    """Load a local model before its time budget starts (no-op for remote models)."""
+    load = getattr(model, "load", None)
+    if callable(load):
+        load()
+
+
+@dataclass
+class Services:
+    """What the nodes depend on; swap any part for tests or other backends."""
+
+    chat_model: ChatFactory = default_chat_model
+    retriever: Retriever = default_retriever
+    rapid_model: RapidFactory = default_rapid_model
+    warm: Callable[[BaseChatModel], None] = warm_model
+
+    def warm_retriever(self, ctx: SpecRagContext, document: str | None) -> None:
+        """Load the embedding model (and open the index) outside the retrieval budget."""
+        if self.retriever is default_retriever:
+            load_embeddings(ctx.embedding_model)
+            if document:
+                answer_token_length(ctx)
+            else:
+                open_index(ctx)
+
+
+def is_local(model: Any) -> bool:
+    """True for models that accept specrag's per-call decoding arguments."""
+    return isinstance(model, ChatLocalLM) or getattr(model, "_specrag_local", False)

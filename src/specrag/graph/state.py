@@ -1,0 +1,70 @@
+"""Graph state: one TypedDict, with narrow input and output schemas.
+
+Keys written by the two parallel branches (``retrieve`` and ``draft``) are disjoint, except
+``timings``, ``stats`` and ``errors``, which have merging reducers.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+
+def merge_dicts(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
+    """Reducer: shallow merge, right wins."""
+    return {**(left or {}), **(right or {})}
+
+
+class InputState(TypedDict, total=False):
+    """What a caller provides."""
+
+    question: str
+    """The user's question (required)."""
+    document: str
+    """Optional long document to answer from (RAPID path when over the token threshold)."""
+
+
+class OutputState(TypedDict, total=False):
+    """What a caller gets back."""
+
+    answer: str
+    """The final answer shown to the user."""
+    route: str
+    """Node that produced the answer: refine | generate | rapid_generate | fallback."""
+    reason: str
+    """Why the gate (or an error handler) chose that route, in words."""
+    verified: bool
+    """True when the answer was produced from retrieved evidence."""
+    draft: str
+    """The evidence-free draft (empty when drafting was off or failed)."""
+    draft_confidence: float | None
+    """exp(mean token log-prob) of the draft, in (0, 1]; None when the model gives none."""
+    chunks: list[dict[str, Any]]
+    """Retrieved chunks: id, source, score, position, text (best first)."""
+    citations: list[dict[str, Any]]
+    """Sources the answer was given, numbered as in the evidence blocks."""
+    timings: Annotated[dict[str, float], merge_dicts]
+    """Seconds per stage: retrieve_s, draft_s, draft_ttft_s, answer_s, ttft_s, total_s."""
+    stats: Annotated[dict[str, Any], merge_dicts]
+    """Decoding statistics (candidates proposed/accepted, forward passes, RAPID counters)."""
+    errors: Annotated[list[str], operator.add]
+    """Errors met on the way (the run still answered)."""
+
+
+class State(InputState, OutputState, total=False):
+    """Full working state."""
+
+    marks: Annotated[dict[str, float], merge_dicts]
+    """Absolute clock readings (time.perf_counter) per stage start, for total and TTFT."""
+    draft_status: str
+    """ok | truncated | timeout | failed | off | empty."""
+    draft_truncated: bool
+    """True when the draft was cut short (by its time budget or by retrieval finishing)."""
+    draft_tokens: int
+    """Number of draft tokens produced."""
+    retrieval_status: str
+    """ok | timeout | failed | empty | irrelevant."""
+    document_tokens: int
+    """Length of the input document in answer-model tokens (0 without a document)."""
+    answer_error: str
+    """Set when refine/rapid_generate/generate raised; drives the error routes."""

@@ -1,0 +1,1 @@
+"""Reading, chunking, embedding and searching documents."""

@@ -1,0 +1,77 @@
+"""Retrieval inside one long document (the RAPID drafter's context).
+
+The document is split into token-aware chunks (tokens of the *answer model*, so budgets are
+exact), the chunks are embedded once per document (cached by content hash), and a question
+selects the top chunks by cosine similarity up to a token budget, put back in document order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from specrag.indexing.documents import Chunk, make_splitter, split_document
+
+_CACHE: OrderedDict[str, tuple[list[Chunk], np.ndarray]] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 8
+
+
+def document_hash(text: str) -> str:
+    """Stable content hash of a document."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _embedded_chunks(
+    text: str, embeddings: Any, token_length: Callable[[str], int], chunk_tokens: int
+) -> tuple[list[Chunk], np.ndarray]:
+    key = f"{document_hash(text)}:{chunk_tokens}:{id(embeddings)}"
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    splitter = make_splitter(token_length, chunk_tokens, chunk_tokens // 8)
+    chunks = split_document("document", text, splitter)
+    vectors = np.asarray(embeddings.embed_documents([c.text for c in chunks]), dtype=np.float32)
+    with _CACHE_LOCK:
+        _CACHE[key] = (chunks, vectors)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return chunks, vectors
+
+
+def search_document(
+    text: str,
+    question: str,
+    *,
+    embeddings: Any,
+    token_length: Callable[[str], int],
+    chunk_tokens: int = 128,
+    token_budget: int = 768,
+) -> list[Chunk]:
+    """Most similar chunks within ``token_budget`` tokens, in document order, with scores."""
+    chunks, vectors = _embedded_chunks(text, embeddings, token_length, chunk_tokens)
+    if not chunks:
+        return []
+    query = np.asarray(embeddings.embed_query(question), dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1) * (np.linalg.norm(query) or 1.0)
+    scores = vectors @ query / np.where(norms == 0, 1.0, norms)
+    picked: list[Chunk] = []
+    used = 0
+    for idx in np.argsort(-scores):
+        chunk = chunks[int(idx)]
+        cost = token_length(chunk.text)
+        if picked and used + cost > token_budget:
+            continue
+        picked.append(
+            Chunk(chunk.id, chunk.source, chunk.text, chunk.position, float(scores[int(idx)]))
+        )
+        used += cost
+        if used >= token_budget:
+            break
+    return sorted(picked, key=lambda c: c.position)

@@ -1,0 +1,147 @@
+"""Reading user files and splitting text into token-aware chunks."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+from specrag.errors import InputError
+
+SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a source document; ``score`` is set when it comes from a search."""
+
+    id: str
+    source: str
+    text: str
+    position: int = 0  # order within its source
+    score: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-friendly form (used in graph state and CLI output)."""
+        return {
+            "id": self.id,
+            "source": self.source,
+            "score": round(self.score, 4),
+            "position": self.position,
+            "text": self.text,
+        }
+
+
+class _TextOnly(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: object) -> None:
+        if tag in ("script", "style"):
+            self._skip += 1
+        elif tag in ("p", "br", "div", "li", "h1", "h2", "h3", "h4", "tr"):
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def html_to_text(markup: str) -> str:
+    """Visible text of an HTML page."""
+    parser = _TextOnly()
+    parser.feed(markup)
+    text = html.unescape("".join(parser.parts))
+    return re.sub(r"\n\s*\n+", "\n\n", text).strip()
+
+
+def read_text(path: Path) -> str:
+    """Text of a .txt/.md/.html file; one-line ``InputError`` for anything unreadable."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise InputError(f"file not found: {path}") from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if b"\x00" in raw[:8192]:
+        raise InputError(f"not a text file (binary content): {path}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text: {path}") from exc
+    if path.suffix.lower() in (".html", ".htm"):
+        text = html_to_text(text)
+    return text
+
+
+def collect_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand folders to their supported files; error on anything missing or unsupported."""
+    files: list[Path] = []
+    for item in paths:
+        path = Path(item).expanduser()
+        if not path.exists():
+            raise InputError(f"no such file or folder: {item}")
+        if path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES
+            )
+            files.extend(found)
+        elif path.suffix.lower() in SUPPORTED_SUFFIXES:
+            files.append(path)
+        else:
+            raise InputError(
+                f"unsupported file type {path.suffix or '(none)'}: {item} "
+                f"(supported: {', '.join(SUPPORTED_SUFFIXES)})"
+            )
+    return list(dict.fromkeys(p.resolve() for p in files))
+
+
+def make_splitter(
+    length: Callable[[str], int], chunk_tokens: int, overlap_tokens: int
+) -> RecursiveCharacterTextSplitter:
+    """A splitter that measures chunks in tokens of the given tokenizer."""
+    return RecursiveCharacterTextSplitter(
+        chunk_size=chunk_tokens,
+        chunk_overlap=overlap_tokens,
+        length_function=length,
+        separators=["\n\n", "\n", ". ", "。", " ", ""],
+        keep_separator="end",
+    )
+
+
+def chunk_ids(source: str, texts: list[str]) -> list[str]:
+    """Content-hash ids: the same text from the same source always gets the same id.
+
+    A text repeated within one source gets an occurrence suffix, so ids stay unique.
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for text in texts:
+        digest = hashlib.sha256(f"{source}\x00{text}".encode()).hexdigest()[:32]
+        n = seen.get(digest, 0)
+        seen[digest] = n + 1
+        out.append(digest if n == 0 else f"{digest}-{n}")
+    return out
+
+
+def split_document(
+    source: str, text: str, splitter: RecursiveCharacterTextSplitter
+) -> list[Chunk]:
+    """Chunks of one document, in document order."""
+    texts = [t.strip() for t in splitter.split_text(text) if t.strip()]
+    return [
+        Chunk(cid, source, t, position=i)
+        for i, (cid, t) in enumerate(zip(chunk_ids(source, texts), texts, strict=True))
+    ]

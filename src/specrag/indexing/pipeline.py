@@ -1,0 +1,77 @@
+"""Indexing entry points used by the CLI and the demo."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from pathlib import Path
+
+from specrag.errors import InputError
+from specrag.indexing.documents import collect_files, read_text
+from specrag.indexing.store import IndexReport, VectorIndex, index_documents
+from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
+
+CHUNK_TOKENS = 200  # all-MiniLM-L6-v2 reads at most 256 word pieces
+OVERLAP_TOKENS = 30
+
+
+@lru_cache(maxsize=2)
+def embedding_token_length(name: str = EMBEDDED_LM) -> Callable[[str], int]:
+    """Token counter of the embedding model (chunks must fit its window)."""
+    from transformers import AutoTokenizer
+
+    path = str(embedded_embeddings_path()) if name == EMBEDDED_LM else name
+    tok = AutoTokenizer.from_pretrained(path)
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def open_for_writing(directory: Path, collection: str, embedding_model: str) -> VectorIndex:
+    """Open (creating if needed) an index for indexing."""
+    return VectorIndex(directory, load_embeddings(embedding_model), collection, create=True)
+
+
+def index_paths(
+    paths: Iterable[str],
+    directory: Path,
+    *,
+    collection: str = "specrag",
+    embedding_model: str = EMBEDDED_LM,
+    progress: Callable[[int], None] | None = None,
+    on_files: Callable[[int], None] | None = None,
+) -> IndexReport:
+    """Index files and folders. All inputs are validated before the index is touched."""
+    files = collect_files(paths)
+    if not files:
+        raise InputError("no .txt/.md/.html files found in the given paths")
+    texts = [(str(f), read_text(f)) for f in files]  # fails before anything is written
+    if on_files:
+        on_files(len(texts))
+    index = open_for_writing(directory, collection, embedding_model)
+    return index_documents(
+        index,
+        texts,
+        token_length=embedding_token_length(embedding_model),
+        chunk_tokens=CHUNK_TOKENS,
+        overlap_tokens=OVERLAP_TOKENS,
+        progress=progress,
+    )
+
+
+def index_records(
+    records: list[tuple[str, str]],
+    directory: Path,
+    *,
+    collection: str = "specrag",
+    embedding_model: str = EMBEDDED_LM,
+    progress: Callable[[int], None] | None = None,
+) -> IndexReport:
+    """Index ``(source, text)`` records (the demo's SQuAD paragraphs)."""
+    index = open_for_writing(directory, collection, embedding_model)
+    return index_documents(
+        index,
+        records,
+        token_length=embedding_token_length(embedding_model),
+        chunk_tokens=CHUNK_TOKENS,
+        overlap_tokens=OVERLAP_TOKENS,
+        progress=progress,
+    )

@@ -1,0 +1,153 @@
+"""The persistent vector index: embedded Chroma (langchain-chroma) with content-hash ids.
+
+Indexing is idempotent and crash-safe: every chunk id is a hash of its source and text, so a
+re-run adds only what is missing and deletes chunks whose source text changed or vanished. A
+run killed half-way leaves chunks that a re-run keeps (same id) or completes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specrag.errors import IndexError_
+from specrag.indexing.documents import Chunk, make_splitter, split_document
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COLLECTION = "specrag"
+EMBED_BATCH = 64
+Progress = Callable[[int], None]
+
+
+@dataclass
+class IndexReport:
+    """What one indexing run changed."""
+
+    files: int = 0
+    chunks_total: int = 0
+    chunks_added: int = 0
+    chunks_removed: int = 0
+    sources_removed: list[str] = field(default_factory=list)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class VectorIndex:
+    """A Chroma collection of chunks from named sources."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        embeddings: Any,
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        create: bool = False,
+    ) -> None:
+        self.directory = Path(directory).expanduser()
+        self.collection_name = collection
+        if not create and not (self.directory / "chroma.sqlite3").is_file():
+            raise IndexError_(
+                f"no index at {self.directory}: run `specrag index PATH` or `specrag demo` first"
+            )
+        from langchain_chroma import Chroma
+
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.store = Chroma(
+                collection_name=collection,
+                embedding_function=embeddings,
+                persist_directory=str(self.directory),
+                collection_metadata={"hnsw:space": "cosine"},
+            )
+            self._collection = self.store._collection
+            self._collection.count()
+        except IndexError_:
+            raise
+        except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
+            raise IndexError_(f"cannot open index at {self.directory}: {_short(exc)}") from exc
+
+    def count(self) -> int:
+        """Number of chunks stored."""
+        return int(self._collection.count())
+
+    def ids_for_source(self, source: str) -> set[str]:
+        """Ids of the chunks currently stored for ``source``."""
+        got = self._collection.get(where={"source": source}, include=[])
+        return set(got["ids"])
+
+    def sources(self) -> set[str]:
+        """All sources present in the index."""
+        got = self._collection.get(include=["metadatas"])
+        return {str(m.get("source")) for m in got["metadatas"] or [] if m}
+
+    def upsert_source(self, source: str, chunks: Sequence[Chunk]) -> tuple[int, int]:
+        """Make the stored chunks of ``source`` exactly ``chunks``. Returns (added, removed)."""
+        wanted = {c.id: c for c in chunks}
+        existing = self.ids_for_source(source)
+        stale = sorted(existing - wanted.keys())
+        if stale:
+            self._collection.delete(ids=stale)
+        missing = [c for c in chunks if c.id not in existing]
+        for start in range(0, len(missing), EMBED_BATCH):
+            batch = missing[start : start + EMBED_BATCH]
+            self.store.add_texts(
+                texts=[c.text for c in batch],
+                metadatas=[{"source": c.source, "position": c.position} for c in batch],
+                ids=[c.id for c in batch],
+            )
+        return len(missing), len(stale)
+
+    def remove_source(self, source: str) -> int:
+        """Delete every chunk of ``source``."""
+        ids = sorted(self.ids_for_source(source))
+        if ids:
+            self._collection.delete(ids=ids)
+        return len(ids)
+
+    def search(self, query: str, k: int) -> list[Chunk]:
+        """Top-``k`` chunks with cosine similarity scores in [-1, 1] (higher is closer)."""
+        if self.count() == 0:
+            return []
+        hits = self.store.similarity_search_with_score(query, k=k)
+        return [
+            Chunk(
+                id=str(doc.id),
+                source=str(doc.metadata.get("source", "")),
+                text=doc.page_content,
+                position=int(doc.metadata.get("position", 0) or 0),
+                score=1.0 - float(distance),
+            )
+            for doc, distance in hits
+        ]
+
+
+def index_documents(
+    index: VectorIndex,
+    documents: Iterable[tuple[str, str]],
+    *,
+    token_length: Callable[[str], int],
+    chunk_tokens: int = 200,
+    overlap_tokens: int = 30,
+    progress: Progress | None = None,
+) -> IndexReport:
+    """Index ``(source, text)`` pairs: chunk, embed what is new, drop what is stale."""
+    splitter = make_splitter(token_length, chunk_tokens, overlap_tokens)
+    report = IndexReport()
+    for source, text in documents:
+        chunks = split_document(source, text, splitter)
+        added, removed = index.upsert_source(source, chunks)
+        report.files += 1
+        report.chunks_total += len(chunks)
+        report.chunks_added += added
+        report.chunks_removed += removed
+        if progress:
+            progress(1)
+    return report

@@ -1,0 +1,1 @@
+"""Local models: loading (with a converted-model cache) and LangChain chat wrappers."""

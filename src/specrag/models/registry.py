@@ -1,0 +1,36 @@
+"""Turning a model spec string into a LangChain chat model.
+
+* ``embedded`` - SmolLM2-135M-Instruct (local, :class:`ChatLocalLM`);
+* ``hf:<hub id or path>`` - any local Hugging Face causal LM (:class:`ChatLocalLM`);
+* ``provider:model`` - anything ``langchain.chat_models.init_chat_model`` knows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.language_models.chat_models import BaseChatModel
+
+from specrag.errors import ModelLoadError
+from specrag.models.chat import ChatLocalLM
+from specrag.models.loading import EMBEDDED_LM
+
+
+def chat_model_from_spec(
+    spec: str, *, device: str = "auto", dtype: str = "auto", **params: Any
+) -> BaseChatModel:
+    """Build the chat model named by ``spec`` (see module docstring)."""
+    if spec in ("", EMBEDDED_LM):
+        return ChatLocalLM(model_name=EMBEDDED_LM, device=device, dtype=dtype, **params)
+    if spec.startswith("hf:"):
+        return ChatLocalLM(model_name=spec[3:], device=device, dtype=dtype, **params)
+    if ":" not in spec:
+        raise ModelLoadError(
+            f"unknown model {spec!r}: use 'embedded', 'hf:<id or path>' or 'provider:model'"
+        )
+    try:
+        from langchain.chat_models import init_chat_model
+
+        return init_chat_model(spec, temperature=params.get("temperature"))
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot create chat model {spec!r}: {exc}") from exc

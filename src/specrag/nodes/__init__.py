@@ -1,0 +1,1 @@
+"""Graph nodes, one module each. Nodes read state, call one collaborator, return an update."""

