@@ -45,8 +45,10 @@ def make_generate(services: Services):  # noqa: ANN201
                 },
             )
         except Exception as exc:  # noqa: BLE001 - routed to fallback
-            return {"answer_error": f"generate: {short_error(exc)}",
-                    "errors": [f"generate: {short_error(exc)}"]}
+            message = f"generate: {short_error(exc)}"
+            earlier = state.get("answer_error")  # refine/rapid_generate failed first
+            chain = f"{earlier} -> generate; {message}" if earlier else message
+            return {"answer_error": chain, "errors": [message]}
         if state.get("answer_error"):  # we got here from a failed refine / rapid_generate
             update["reason"] = f"{state.get('reason', '')}; {state['answer_error']} -> generate"
         return update

@@ -1,0 +1,90 @@
+"""Fake collaborators for offline tests: chat models that carry log-probabilities."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+
+from specrag.graph.context import SpecRagContext
+from specrag.graph.services import Services
+from specrag.indexing.documents import Chunk
+
+
+class FakeLogprobChat(BaseChatModel):
+    """Streams ``reply`` word by word, each with ``logprob`` (None: no log-probs)."""
+
+    reply: str = "Paris is the capital of France."
+    logprob: float | None = -0.05
+    delay_s: float = 0.0  # per word
+    fail: bool = False
+    calls: list[list[BaseMessage]] = []
+
+    @property
+    def _llm_type(self) -> str:
+        return "fake-logprob"
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs: Any) -> ChatResult:
+        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        self.calls.append(messages)
+        if self.fail:
+            raise RuntimeError("model exploded")
+        for i, word in enumerate(self.reply.split(" ")):
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            text = word if i == 0 else " " + word
+            meta = {}
+            if self.logprob is not None:
+                meta = {"logprobs": {"content": [{"token": text, "logprob": self.logprob}]}}
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=text, response_metadata=meta))
+            if run_manager:
+                run_manager.on_llm_new_token(text, chunk=chunk)
+            yield chunk
+
+
+def chunk(text: str, score: float = 0.8, source: str = "doc.txt", n: int = 0) -> Chunk:
+    return Chunk(id=f"id{n}", source=source, text=text, position=n, score=score)
+
+
+def services(
+    draft: BaseChatModel | None = None,
+    answer: BaseChatModel | None = None,
+    chunks: list[Chunk] | None = None,
+    retrieve_delay_s: float = 0.0,
+    retrieve_error: Exception | None = None,
+) -> Services:
+    draft = draft or FakeLogprobChat(calls=[])
+    answer = answer or FakeLogprobChat(reply="Paris.", calls=[])
+    found = chunks if chunks is not None else [chunk("Paris is the capital of France.")]
+
+    def chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
+        return draft if spec == "draft" else answer
+
+    def retriever(question: str, document: str | None, ctx: SpecRagContext) -> list[Chunk]:
+        if retrieve_delay_s:
+            time.sleep(retrieve_delay_s)
+        if retrieve_error:
+            raise retrieve_error
+        return found
+
+    return Services(chat_model=chat_model, retriever=retriever, rapid_model=lambda ctx: answer,
+                    warm=lambda model: None)
+
+
+def ctx(**kw: Any) -> SpecRagContext:
+    base = dict(draft_model="draft", answer_model="answer", draft_policy="complete")
+    base.update(kw)
+    return SpecRagContext(**base)
