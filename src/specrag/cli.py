@@ -30,8 +30,8 @@ out = Console()
 
 DEMO_QUESTIONS = [
     "Who was the Norse leader?",
-    "In what country is Normandy located?",
-    "What is the name of the region the Normans gave their name to?",
+    "When was the Duchy of Normandy founded?",
+    "What was the Anglo-Norman language's final form?",
 ]
 
 
@@ -107,19 +107,19 @@ def progress_bar(description: str):  # noqa: ANN201
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
-    from specrag.indexing.pipeline import index_paths
+    from specrag.indexing.pipeline import index_records, load_files
 
     ctx = make_context(args)
     directory = index_dir_of(ctx)
+    records = load_files(args.paths)  # validates every input before the index is opened
     with progress_bar("indexing") as bar:
-        task = bar.add_task("indexing files", total=None)
-        report = index_paths(
-            args.paths,
+        task = bar.add_task("indexing files", total=len(records))
+        report = index_records(
+            records,
             directory,
             collection=ctx.collection,
             embedding_model=ctx.embedding_model,
             progress=lambda n: bar.advance(task, n),
-            on_files=lambda n: bar.update(task, total=n),
         )
     summary = {
         "index_dir": str(directory),
@@ -241,9 +241,9 @@ def preload(ctx: Any, document: str | None) -> None:
     from specrag.graph.services import Services, default_chat_model
 
     started = time.perf_counter()
-    err.print("[dim]loading models...[/dim]")
     services = Services()
-    for spec in {ctx.draft_model, ctx.answer_model}:
+    specs = [ctx.answer_model] + ([ctx.draft_model] if ctx.draft_policy != "off" else [])
+    for spec in dict.fromkeys(specs):
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)
     err.print(f"[dim]models ready in {time.perf_counter() - started:.1f}s[/dim]")
@@ -256,6 +256,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from specrag.data.datasets import squad_paragraphs
     from specrag.indexing.pipeline import index_records
 
+    if not any(s.startswith("refine_temperature=") for s in args.set or []):
+        args.set = [*(args.set or []), "refine_temperature=0"]  # reproducible demo answers
     ctx = make_context(args)
     directory = index_dir_of(ctx)
     paragraphs = squad_paragraphs()
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpecRagError as exc:
-        err.print(f"specrag: error: {exc}", highlight=False, markup=False)
+        err.print(f"specrag: error: {exc}", highlight=False, markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err.print("specrag: interrupted")
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(exc).strip().splitlines() or [""])[0]
         err.print(
             f"specrag: error: {type(exc).__name__}: {first} (set SPECRAG_DEBUG=1 for details)",
-            highlight=False, markup=False,
+            highlight=False, markup=False, soft_wrap=True,
         )
         return 1
 

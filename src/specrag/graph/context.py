@@ -37,7 +37,7 @@ class SpecRagContext:
     index_dir: str = _f("", "Chroma directory; empty = the default data dir (SPECRAG_DATA_DIR).")
     collection: str = _f("specrag", "Chroma collection name.")
     # --- retrieval ------------------------------------------------------------------------
-    top_k: int = _f(4, "Chunks retrieved per question.")
+    top_k: int = _f(3, "Chunks retrieved per question.")
     relevance_threshold: float = _f(0.2, "Minimum cosine similarity for a chunk to count as evidence.")
     retrieval_timeout_s: float = _f(3.0, "Retrieval budget; past it the run takes the fallback route.")
     added_retrieval_latency_s: float = _f(

@@ -30,31 +30,12 @@ def open_for_writing(directory: Path, collection: str, embedding_model: str) -> 
     return VectorIndex(directory, load_embeddings(embedding_model), collection, create=True)
 
 
-def index_paths(
-    paths: Iterable[str],
-    directory: Path,
-    *,
-    collection: str = "specrag",
-    embedding_model: str = EMBEDDED_LM,
-    progress: Callable[[int], None] | None = None,
-    on_files: Callable[[int], None] | None = None,
-) -> IndexReport:
-    """Index files and folders. All inputs are validated before the index is touched."""
+def load_files(paths: Iterable[str]) -> list[tuple[str, str]]:
+    """Read every file first, so a bad input fails before the index is touched."""
     files = collect_files(paths)
     if not files:
         raise InputError("no .txt/.md/.html files found in the given paths")
-    texts = [(str(f), read_text(f)) for f in files]  # fails before anything is written
-    if on_files:
-        on_files(len(texts))
-    index = open_for_writing(directory, collection, embedding_model)
-    return index_documents(
-        index,
-        texts,
-        token_length=embedding_token_length(embedding_model),
-        chunk_tokens=CHUNK_TOKENS,
-        overlap_tokens=OVERLAP_TOKENS,
-        progress=progress,
-    )
+    return [(str(f), read_text(f)) for f in files]
 
 
 def index_records(

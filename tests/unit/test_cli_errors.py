@@ -1,0 +1,76 @@
+"""Bad input gives one clear line on stderr, a non-zero exit, no traceback, index untouched."""
+
+import pytest
+
+from specrag.cli import main
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+
+
+def one_line_error(capsys, code, expected_code=2):
+    captured = capsys.readouterr()
+    assert code == expected_code
+    lines = [line for line in captured.err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("specrag: error:")
+    assert "Traceback" not in captured.err and captured.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize("question", ["", "   \n\t "])
+def test_empty_question(capsys, question):
+    assert "empty" in one_line_error(capsys, main(["ask", question]))
+
+
+def test_question_too_long(capsys):
+    line = one_line_error(capsys, main(["ask", "x" * 50, "--set", "max_question_chars=10"]))
+    assert "max 10" in line
+
+
+def test_no_index_yet(capsys, tmp_path):
+    line = one_line_error(capsys, main(["ask", "Who?", "--index-dir", str(tmp_path / "none")]))
+    assert "no index" in line and "specrag index" in line
+    assert not (tmp_path / "none").exists()  # nothing created
+
+
+def test_unknown_config_key(capsys):
+    assert "unknown config key 'nope'" in one_line_error(capsys, main(["ask", "q", "--set", "nope=1"]))
+
+
+def test_bad_config_value(capsys):
+    assert "expected a number" in one_line_error(capsys, main(["ask", "q", "--set", "top_k=many"]))
+
+
+def test_missing_file_to_index(capsys, tmp_path):
+    line = one_line_error(capsys, main(["index", str(tmp_path / "missing.txt")]))
+    assert "no such file" in line
+    assert not (tmp_path / "data").exists()
+
+
+def test_binary_file_to_index(capsys, tmp_path):
+    bad = tmp_path / "blob.txt"
+    bad.write_bytes(b"\x00\x01\x02binary")
+    assert "binary" in one_line_error(capsys, main(["index", str(bad)]))
+
+
+def test_unsupported_file_type(capsys, tmp_path):
+    pdf = tmp_path / "x.pdf"
+    pdf.write_bytes(b"%PDF")
+    assert "unsupported file type .pdf" in one_line_error(capsys, main(["index", str(pdf)]))
+
+
+def test_missing_document(capsys, tmp_path):
+    line = one_line_error(capsys, main(["ask", "q", "--document", str(tmp_path / "nope.txt")]))
+    assert "file not found" in line
+
+
+def test_bad_model_path(capsys, tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("some text")
+    line = one_line_error(capsys, main(["ask", "q", "--document", str(doc),
+                                        "--set", "answer_model=hf:/no/such/model"]))
+    assert "/no/such/model" in line
+    assert "model path not found" in line
