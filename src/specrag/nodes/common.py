@@ -28,10 +28,21 @@ def now() -> float:
 
 
 def emit(event: dict[str, Any]) -> None:
-    """Send a ``stream_mode="custom"`` event (no-op outside a streaming run)."""
+    """Send a ``stream_mode="custom"`` event and record it as the node run's trace metadata.
+
+    Both are no-ops outside a graph run / without tracing, and never raise.
+    """
     try:
         get_stream_writer()(event)
     except Exception:  # noqa: BLE001 - no writer outside a graph run
+        pass
+    try:
+        from langsmith.run_helpers import get_current_run_tree
+
+        run = get_current_run_tree()
+        if run is not None:
+            run.metadata.update({k: v for k, v in event.items() if k != "event"})
+    except Exception:  # noqa: BLE001 - tracing must never fail a run
         pass
 
 

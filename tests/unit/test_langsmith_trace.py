@@ -1,0 +1,112 @@
+"""LangSmith tracing against a local HTTP server standing in for the API."""
+
+import gzip
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from specrag import build_graph
+from tests.fakes import ctx, services
+
+
+class Collector(BaseHTTPRequestHandler):
+    posted: list = []
+    patched: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _json(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._json(200, {"version": "0.0.0-test"} if self.path.startswith("/info") else {})
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/runs/multipart"):
+            return self._json(404, {"detail": "not here"})  # client falls back to /runs/batch
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        if self.path.startswith("/runs/batch"):
+            payload = json.loads(body)
+            Collector.posted.extend(payload.get("post", []))
+            Collector.patched.extend(payload.get("patch", []))
+        elif self.path.rstrip("/") == "/runs":
+            Collector.posted.append(json.loads(body))
+        self._json(200, {})
+
+    def do_PATCH(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        Collector.patched.append(json.loads(body))
+        self._json(200, {})
+
+
+@pytest.fixture
+def langsmith_server(monkeypatch):
+    Collector.posted, Collector.patched = [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("LANGSMITH_TRACING", "true")
+    monkeypatch.setenv("LANGSMITH_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("LANGSMITH_API_KEY", "test-key")
+    monkeypatch.setenv("LANGSMITH_PROJECT", "specrag-test")
+    monkeypatch.setenv("LANGSMITH_DISABLE_RUN_COMPRESSION", "true")
+    from langsmith import utils
+
+    utils.get_env_var.cache_clear()
+    utils.get_tracer_project.cache_clear() if hasattr(utils.get_tracer_project, "cache_clear") else None
+    yield Collector
+    server.shutdown()
+    utils.get_env_var.cache_clear()
+
+
+async def test_graph_run_posts_one_trace_with_nodes_and_metadata(langsmith_server):
+    from langchain_core.tracers.langchain import wait_for_all_tracers
+
+    result = await build_graph(services()).ainvoke({"question": "capital of France?"},
+                                                   context=ctx())
+    wait_for_all_tracers()
+    runs = {}
+    for run in langsmith_server.posted:
+        runs[run["id"]] = dict(run)
+    for patch in langsmith_server.patched:
+        runs.setdefault(patch["id"], {}).update({k: v for k, v in patch.items() if v is not None})
+    roots = [r for r in runs.values() if not r.get("parent_run_id")]
+    assert len(roots) == 1, [r.get("name") for r in roots]
+    root = roots[0]
+    assert root["name"] == "specrag"
+    children = {r["name"]: r for r in runs.values() if r.get("parent_run_id") == root["id"]}
+    assert {"retrieve", "draft", "gate", "refine"} <= set(children)
+    assert all(r["trace_id"] == root["trace_id"] for r in runs.values())
+    # a model call under the refine node
+    refine_id = children["refine"]["id"]
+    llm_runs = [r for r in runs.values() if r.get("run_type") == "llm"]
+    assert any(r["parent_run_id"] == refine_id for r in llm_runs)
+    # route and timings travel as run metadata
+    gate_meta = children["gate"].get("extra", {}).get("metadata", {})
+    assert gate_meta.get("route") == "refine" and "reason" in gate_meta
+    refine_meta = children["refine"].get("extra", {}).get("metadata", {})
+    assert refine_meta.get("answer_s") is not None and refine_meta.get("total_s") is not None
+    assert result["route"] == "refine"
+
+
+async def test_tracing_to_a_dead_endpoint_never_fails_a_run(monkeypatch):
+    monkeypatch.setenv("LANGSMITH_TRACING", "true")
+    monkeypatch.setenv("LANGSMITH_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    monkeypatch.setenv("LANGSMITH_API_KEY", "bad-key")
+    from langsmith import utils
+
+    utils.get_env_var.cache_clear()
+    try:
+        result = await build_graph(services()).ainvoke({"question": "q?"}, context=ctx())
+        assert result["answer"] == "Paris."
+    finally:
+        utils.get_env_var.cache_clear()
