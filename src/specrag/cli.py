@@ -1,4 +1,4 @@
-"""The ``specrag`` command line: index, ask, demo, config, bench.
+"""The ``specrag`` command line: index, ask, demo, config.
 
 Errors print one line on stderr and exit non-zero; progress goes to stderr; ``--json`` prints
 exactly one JSON document on stdout.
@@ -311,16 +311,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    """Run a benchmark (rag, rapid or load)."""
-    from specrag.evaluation import benches
-
-    result = benches.run(args.which, quick=args.quick, out_dir=Path(args.out), log=err)
-    if args.json:
-        print(json.dumps(result, ensure_ascii=False))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
     parser = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
@@ -353,12 +343,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("bench", help="run a benchmark")
-    p.add_argument("which", choices=["rag", "rapid", "load"])
-    p.add_argument("--quick", action="store_true", help="small sample (< 10 min on 2 cores)")
-    p.add_argument("--out", default="results", help="output folder (default: results/)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_bench)
     return parser
 
 
