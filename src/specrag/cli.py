@@ -169,19 +169,26 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
 async def run_graph(
     question: str, ctx: Any, document: str | None, stream: bool, thread: str | None = None
 ) -> dict[str, Any]:
-    """Run the graph; when ``stream`` is set, show the draft then the answer live on stderr."""
+    """Run the graph; with ``thread``, on a SQLite checkpointer that persists across runs."""
     from specrag.graph.builder import build_graph, graph
 
+    if not thread:
+        return await _run(graph, question, ctx, document, stream, {})
+    from specrag.persistence import sqlite_checkpointer
+
+    async with sqlite_checkpointer() as saver:
+        app = build_graph(checkpointer=saver)
+        return await _run(app, question, ctx, document, stream,
+                          {"configurable": {"thread_id": thread}})
+
+
+async def _run(
+    app: Any, question: str, ctx: Any, document: str | None, stream: bool, config: dict[str, Any]
+) -> dict[str, Any]:
+    """Invoke, or stream the draft then the answer live on stderr."""
     inputs: dict[str, Any] = {"question": question}
     if document is not None:
         inputs["document"] = document
-    config: dict[str, Any] = {}
-    app = graph
-    if thread:
-        from specrag.persistence import sqlite_checkpointer
-
-        app = build_graph(checkpointer=await sqlite_checkpointer())
-        config = {"configurable": {"thread_id": thread}}
     if not stream:
         return await app.ainvoke(inputs, config=config or None, context=ctx)
     final: dict[str, Any] = {}

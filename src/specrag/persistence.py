@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
 from specrag.paths import data_dir
 
 
-async def sqlite_checkpointer() -> Any:
-    """An AsyncSqliteSaver on ``<data dir>/checkpoints.sqlite``."""
-    import aiosqlite
+@asynccontextmanager
+async def sqlite_checkpointer() -> AsyncIterator[Any]:
+    """An AsyncSqliteSaver on ``<data dir>/checkpoints.sqlite``, closed on exit."""
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     path = data_dir() / "checkpoints.sqlite"
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = await aiosqlite.connect(str(path))
-    return AsyncSqliteSaver(conn)
+    async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+        yield saver
