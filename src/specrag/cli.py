@@ -107,7 +107,7 @@ def progress_bar(description: str):  # noqa: ANN201
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
-    from specrag.indexing.pipeline import index_records, load_files
+    from specrag.indexing.pipeline import folder_roots, index_records, load_files
 
     ctx = make_context(args)
     directory = index_dir_of(ctx)
@@ -120,6 +120,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             collection=ctx.collection,
             embedding_model=ctx.embedding_model,
             progress=lambda n: bar.advance(task, n),
+            prune_roots=folder_roots(args.paths),
         )
     summary = {
         "index_dir": str(directory),
@@ -127,6 +128,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         "chunks": report.chunks_total,
         "added": report.chunks_added,
         "removed": report.chunks_removed,
+        "files_removed": len(report.sources_removed),
     }
     if args.json:
         print(json.dumps(summary))
@@ -318,6 +320,17 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run a benchmark; results go to files under --out (and to stdout with --json)."""
+    import importlib
+
+    module = importlib.import_module(f"specrag.evaluation.bench_{args.which}")
+    result = module.run(quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh)
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
     parser = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
@@ -350,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_config)
 
+    p = sub.add_parser("bench", help="run a benchmark (rag, rapid or load)")
+    p.add_argument("which", choices=["rag", "rapid", "load"])
+    p.add_argument("--quick", action="store_true", help="small sample (< 10 min on 2 cores)")
+    p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--fresh", action="store_true", help="ignore recorded runs (no resume)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

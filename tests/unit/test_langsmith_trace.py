@@ -64,7 +64,12 @@ def langsmith_server(monkeypatch):
     utils.get_env_var.cache_clear()
     utils.get_tracer_project.cache_clear() if hasattr(utils.get_tracer_project, "cache_clear") else None
     yield Collector
-    server.shutdown()
+    from langchain_core.tracers.langchain import get_client, wait_for_all_tracers
+
+    wait_for_all_tracers()
+    get_client().flush()
+    # The server is left running (a daemon thread) until the process exits: the LangSmith
+    # client may still send a late batch at exit, which must not hit a closed port.
     utils.get_env_var.cache_clear()
 
 

@@ -27,9 +27,15 @@ class NgramProposer:
     draft first, since a draft is written to be the answer's continuation).
     """
 
-    def __init__(self, sources: dict[str, list[int]], max_ngram: int = 3) -> None:
+    def __init__(
+        self, sources: dict[str, list[int]], max_ngram: int = 3, min_ngram: int = 2
+    ) -> None:
         self.sources = {name: toks for name, toks in sources.items() if toks}
         self.max_ngram = max_ngram
+        # A single shared token is weak evidence of alignment: measured on SmolLM2 over SQuAD
+        # prompts, proposing after 1-gram matches made decoding no faster than plain, while
+        # requiring >= 2 shared tokens cut decode time to ~0.79x (see README, "Measured").
+        self.min_ngram = min_ngram
         # index[name][n][ngram] = end positions (index right after the n-gram) in order.
         self.index: dict[str, dict[int, dict[tuple[int, ...], list[int]]]] = {}
         for name, toks in self.sources.items():
@@ -48,7 +54,7 @@ class NgramProposer:
             return [], ""
         if not generated and "draft" in self.sources:
             return self.sources["draft"][:k], "draft"  # the answer starts where the draft does
-        for n in range(min(self.max_ngram, len(generated)), 0, -1):
+        for n in range(min(self.max_ngram, len(generated)), self.min_ngram - 1, -1):
             key = tuple(generated[-n:])
             for name, toks in self.sources.items():
                 ends = self.index[name][n].get(key)

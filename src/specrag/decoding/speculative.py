@@ -88,7 +88,7 @@ def decode(
     sampler: Sampler,
     eos_ids: tuple[int, ...] = (),
     proposer: Proposer | None = None,
-    max_candidates: int = 10,
+    max_candidates: int = 8,
     should_stop: Callable[[int], str | None] | None = None,
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
@@ -131,29 +131,34 @@ def decode(
         step: list[Token] = []
         n_accepted = 0
         hit_eos = False
+        logp_all = torch.log_softmax(logits_all, dim=-1)  # [1 + len(cands), vocab]
+        best = logits_all.argmax(dim=-1).tolist() if sampler.greedy else []
         for i, cand in enumerate(cands):
-            probs = sampler.probs(logits_all[i])
             if sampler.greedy:
-                ok = int(probs.argmax()) == cand
+                ok = best[i] == cand
             else:
+                probs = sampler.probs(logits_all[i])
                 u = torch.rand((), generator=generator, device=probs.device)
                 ok = bool(u < probs[cand])
             if not ok:  # the model's correction replaces the first rejected candidate
-                residual = probs.clone()
-                residual[cand] = 0.0
-                nxt = sampler.pick(residual / residual.sum(), generator)
-                step.append(Token(nxt, token_logprob(logits_all[i], nxt), "model"))
+                if sampler.greedy:
+                    nxt = best[i]
+                else:
+                    residual = probs.clone()
+                    residual[cand] = 0.0
+                    nxt = sampler.pick(residual / residual.sum(), generator)
+                step.append(Token(nxt, float(logp_all[i, nxt]), "model"))
                 k = max(1, k - 1)
                 break
             n_accepted += 1
-            step.append(Token(cand, token_logprob(logits_all[i], cand), source))
+            step.append(Token(cand, float(logp_all[i, cand]), source))
             if cand in eos_ids:
                 hit_eos = True
                 break
         else:  # every candidate accepted (or none proposed): the model adds its own next token
-            row = logits_all[len(cands)]
-            nxt = sampler.pick(sampler.probs(row), generator)
-            step.append(Token(nxt, token_logprob(row, nxt), "model"))
+            row = len(cands)
+            nxt = best[row] if sampler.greedy else sampler.pick(sampler.probs(logits_all[row]), generator)
+            step.append(Token(nxt, float(logp_all[row, nxt]), "model"))
             if cands:
                 k = min(k + 2, max_candidates)
         if n_accepted:

@@ -46,8 +46,8 @@ class SpecRagContext:
     # --- draft ----------------------------------------------------------------------------
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
         "until_retrieval",
-        "until_retrieval: draft while retrieval runs and stop once it is done (after "
-        "min_draft_tokens); complete: draft to the end or the budget; off: no draft.",
+        "until_retrieval: draft while retrieval runs and stop within one token of it "
+        "finishing; complete: draft to the end or the budget; off: no draft.",
     )
     draft_timeout_s: float = _f(2.0, "Draft budget (the decode loop itself stops at it).")
     draft_temperature: float = _f(0.8, "Draft sampling temperature.")

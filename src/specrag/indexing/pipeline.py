@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,11 @@ def load_files(paths: Iterable[str]) -> list[tuple[str, str]]:
     return [(str(f), read_text(f)) for f in files]
 
 
+def folder_roots(paths: Iterable[str]) -> list[str]:
+    """The folders among ``paths`` (their vanished files are pruned on re-index)."""
+    return [str(Path(p).expanduser().resolve()) for p in paths if Path(p).expanduser().is_dir()]
+
+
 def index_records(
     records: list[tuple[str, str]],
     directory: Path,
@@ -45,10 +51,19 @@ def index_records(
     collection: str = "specrag",
     embedding_model: str = EMBEDDED_LM,
     progress: Callable[[int], None] | None = None,
+    prune_roots: Iterable[str] = (),
 ) -> IndexReport:
-    """Index ``(source, text)`` records (the demo's SQuAD paragraphs)."""
+    """Index ``(source, text)`` records; drop sources under ``prune_roots`` that are gone."""
     index = open_for_writing(directory, collection, embedding_model)
-    return index_documents(
+    roots = [r.rstrip(os.sep) + os.sep for r in prune_roots]
+    removed: list[str] = []
+    if roots:
+        present = {source for source, _ in records}
+        for source in sorted(index.sources()):
+            if source not in present and any(source.startswith(r) for r in roots):
+                index.remove_source(source)
+                removed.append(source)
+    report = index_documents(
         index,
         records,
         token_length=embedding_token_length(embedding_model),
@@ -56,3 +71,5 @@ def index_records(
         overlap_tokens=OVERLAP_TOKENS,
         progress=progress,
     )
+    report.sources_removed = removed
+    return report

@@ -236,7 +236,7 @@ class ChatLocalLM(LocalChatBase):
     top_p: float = 1.0
     max_new_tokens: int = 256
     speculation: Speculation = "prompt"
-    max_candidates: int = 10
+    max_candidates: int = 8
     seed: int | None = None
 
     @property

@@ -47,8 +47,8 @@ def make_draft(services: Services):  # noqa: ANN201
                     "max_new_tokens": ctx.draft_max_tokens,
                     "speculation": "none",
                 },
+                # stops within one token of retrieval finishing ("draft while you wait")
                 stop_event=retrieval_signal(runtime) if until_retrieval else None,
-                min_tokens=ctx.min_draft_tokens,
             )
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
             return {"marks": marks, "draft": "", "draft_status": "failed", "draft_tokens": 0,

@@ -45,13 +45,22 @@ ANSWER_FAILED = (
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
 
 _TAG = re.compile(r"</?\s*evidence[^>]*>", re.IGNORECASE)
+# Chat-template control tokens (<|im_start|>, <|system|>, <s>, [INST] ...) written inside a
+# document must stay text: otherwise a document could open a fake system turn.
+_CONTROL = re.compile(r"<\|[^<>|]{0,40}\|>|</?s>|\[/?INST\]", re.IGNORECASE)
+
+
+def neutralise(text: str) -> str:
+    """Evidence text with delimiter tags and chat control tokens defused."""
+    text = _TAG.sub(" ", text)
+    return _CONTROL.sub(lambda m: m.group(0).replace("<", "\u2039").replace("[", "("), text)
 
 
 def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
     """Numbered, delimited evidence blocks; tags inside the text are neutralised."""
     blocks = []
     for n, chunk in enumerate(chunks, start=1):
-        text = _TAG.sub(" ", str(chunk.get("text", ""))).strip()
+        text = neutralise(str(chunk.get("text", ""))).strip()
         source = str(chunk.get("source", "")).replace('"', "'").replace(">", " ")
         blocks.append(f'<evidence id="{n}" source="{source}">\n{text}\n</evidence>')
     return "\n".join(blocks)

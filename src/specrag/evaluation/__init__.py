@@ -1,0 +1,1 @@
+"""Benchmarks and metrics (``specrag bench rag|rapid|load``)."""

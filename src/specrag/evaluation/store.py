@@ -1,0 +1,36 @@
+"""Resumable benchmark records: one JSON line per finished unit of work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class RunLog:
+    """Append-only JSONL; a re-run skips the keys already recorded (resume after Ctrl-C)."""
+
+    def __init__(self, path: Path, fresh: bool = False) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh and path.exists():
+            path.unlink()
+        self.records: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a kill: redo that unit
+                    continue
+                self.records[rec["key"]] = rec
+
+    def done(self, key: str) -> bool:
+        """True when ``key`` was recorded by this or an earlier run."""
+        return key in self.records
+
+    def add(self, key: str, record: dict[str, Any]) -> None:
+        """Record a finished unit (flushed at once)."""
+        rec = {"key": key, **record}
+        self.records[key] = rec
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")

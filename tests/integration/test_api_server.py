@@ -1,0 +1,93 @@
+"""The LangGraph API server (`langgraph dev`, in-memory) serving specrag's graph."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specrag.data.datasets import squad_paragraphs
+from specrag.indexing.pipeline import index_records
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smol):
+    data = tmp_path_factory.mktemp("server-data")
+    records = [(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"][:12]
+    index_records(records, data / "index")
+    port = free_port()
+    exe = shutil.which("langgraph", path=str(Path(sys.executable).parent)) or "langgraph"
+    env = {**os.environ, "SPECRAG_DATA_DIR": str(data), "LANGSMITH_TRACING": "false",
+           "HF_HUB_OFFLINE": "1", "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
+    log = open(data / "server.log", "w")
+    proc = subprocess.Popen(
+        [exe, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("server did not start:\n" + (data / "server.log").read_text()[-3000:])
+    if proc.poll() is not None:
+        pytest.fail("server exited:\n" + (data / "server.log").read_text()[-3000:])
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+async def test_server_streams_draft_then_answer(server):
+    from langgraph_sdk import get_client
+
+    client = get_client(url=server)
+    assistants = await client.assistants.search(graph_id="specrag")
+    assert assistants, "graph 'specrag' not served"
+    thread = await client.threads.create()
+    order = []
+    final = {}
+    async for part in client.runs.stream(
+        thread["thread_id"], "specrag",
+        input={"question": "Who was the Norse leader?"},
+        context={"refine_temperature": 0.0, "draft_policy": "complete"},
+        stream_mode=["messages-tuple", "custom", "values"],
+    ):
+        if part.event == "messages":
+            chunk, meta = part.data
+            if chunk.get("content"):
+                order.append(meta.get("langgraph_node"))
+        elif part.event == "custom" and part.data.get("event") == "route":
+            order.append("route:" + part.data["route"])
+        elif part.event == "values":
+            final = part.data
+    assert final.get("route") in ("refine", "generate")
+    assert "Rollo" in final.get("answer", "")
+    assert "draft" in order
+    answer_node = final["route"]
+    assert order.index("draft") < order.index(answer_node)  # draft tokens came first

@@ -1,0 +1,29 @@
+"""Every notebook runs top to bottom on the embedded CPU defaults; a failing cell fails."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.integration
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+
+
+def test_notebooks_are_committed_without_outputs():
+    assert len(NOTEBOOKS) == 5
+    for path in NOTEBOOKS:
+        book = nbformat.read(path, as_version=4)
+        assert all(not c.get("outputs") for c in book.cells if c.cell_type == "code"), path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path, tmp_path, monkeypatch, smol):
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    book = nbformat.read(path, as_version=4)
+    NotebookClient(book, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
