@@ -188,8 +188,8 @@ async def _run(
     app: Any, question: str, ctx: Any, document: str | None, stream: bool, config: dict[str, Any]
 ) -> dict[str, Any]:
     """Invoke, or stream the draft then the answer live on stderr."""
-    inputs: dict[str, Any] = {"question": question}
-    if document is not None:
+    inputs: dict[str, Any] | None = {"question": question} if question else None
+    if document is not None and inputs is not None:
         inputs["document"] = document
     if not stream:
         return await app.ainvoke(inputs, config=config or None, context=ctx)
@@ -216,9 +216,14 @@ async def _run(
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    """Answer one question."""
+    """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
     ctx = make_context(args)
-    question = validate_question(args.question, ctx.max_question_chars)
+    if args.resume:
+        if not args.thread:
+            raise InputError("--resume needs --thread ID")
+        question = ""
+    else:
+        question = validate_question(args.question or "", ctx.max_question_chars)
     document = None
     if args.document:
         from specrag.indexing.documents import read_text
@@ -255,6 +260,10 @@ def preload(ctx: Any, document: str | None) -> None:
     for spec in dict.fromkeys(specs):
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)
+    if document is None:
+        from specrag.graph.services import open_index
+
+        open_index(ctx)  # a corrupt index is reported here, as one line
     err.print(f"[dim]models ready in {time.perf_counter() - started:.1f}s[/dim]")
 
 
@@ -348,9 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("ask", help="answer a question")
-    p.add_argument("question")
+    p.add_argument("question", nargs="?", default="")
     p.add_argument("--document", help="answer from this file (RAPID when it is long)")
     p.add_argument("--thread", help="conversation id: keep state across runs (SQLite)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish the interrupted run of --thread from its last checkpoint")
     common(p)
     p.set_defaults(func=cmd_ask)
 

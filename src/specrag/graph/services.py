@@ -116,13 +116,15 @@ class Services:
     warm: Callable[[BaseChatModel], None] = warm_model
 
     def warm_retriever(self, ctx: SpecRagContext, document: str | None) -> None:
-        """Load the embedding model (and open the index) outside the retrieval budget."""
+        """Load the embedding model outside the retrieval budget.
+
+        Opening the index stays inside the budget: a locked or slow store must end in the
+        fallback route, not stall the run.
+        """
         if self.retriever is default_retriever:
             load_embeddings(ctx.embedding_model)
             if document:
                 answer_token_length(ctx)
-            else:
-                open_index(ctx)
 
 
 def is_local(model: Any) -> bool:

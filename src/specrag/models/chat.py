@@ -16,15 +16,16 @@ Thin by design: it adapts messages to the model's chat template, runs
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -125,48 +126,9 @@ class LocalChatBase(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        started = time.monotonic()
-        max_time = kwargs.get("max_time", self.max_time)
-        deadline = started + max_time if max_time else None
-        stop_event: threading.Event | None = kwargs.get("stop_event")
-        min_tokens = int(kwargs.get("min_tokens", 0))
-        job = self._job(messages, **kwargs)
-        cancel = threading.Event()
-
-        def should_stop(n: int) -> str | None:
-            if cancel.is_set():
-                return "cancelled"
-            if deadline is not None and time.monotonic() >= deadline:
-                return "time"
-            if stop_event is not None and stop_event.is_set() and n >= min_tokens:
-                return "stop_event"
-            return None
-
+        run = _Run(self, self._job(messages, **kwargs), kwargs)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        timed_out_waiting = threading.Event()
-
-        def work() -> None:
-            held: list[threading.Lock] = []
-            try:
-                for lock in job.locks:  # a bounded wait: queued requests respect their budget
-                    timeout = max(0.0, deadline - time.monotonic()) if deadline else -1
-                    if not lock.acquire(timeout=timeout):
-                        timed_out_waiting.set()
-                        return
-                    held.append(lock)
-                for step in job.produce(should_stop):
-                    events.put(("step", step))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                events.put(("error", exc))
-            finally:
-                for lock in reversed(held):
-                    lock.release()
-                events.put(("done", None))
-
-        threading.Thread(target=work, name="specrag-decode", daemon=True).start()
-        text = TextStream(job.tokenizer, job.eos_ids)
-        first_token_s: float | None = None
-        n_tokens = 0
+        run.start(events.put)
         try:
             while True:
                 kind, value = events.get()
@@ -174,36 +136,116 @@ class LocalChatBase(BaseChatModel):
                     raise value
                 if kind == "done":
                     break
-                step: list[Token] = value
-                n_tokens += len(step)
-                if first_token_s is None:
-                    first_token_s = time.monotonic() - started
-                delta = text.push([t.id for t in step])
-                logprobs = [
-                    {"token": job.tokenizer.decode([t.id]), "logprob": t.logprob}
-                    for t in step
-                    if t.id not in job.eos_ids
-                ]
-                chunk = ChatGenerationChunk(
-                    message=AIMessageChunk(
-                        content=delta, response_metadata={"logprobs": {"content": logprobs}}
-                    )
-                )
-                if run_manager and delta:
-                    run_manager.on_llm_new_token(delta, chunk=chunk)
+                chunk = run.chunk(value)
+                if run_manager and chunk.text:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
         finally:
-            cancel.set()
-        finish = "time" if timed_out_waiting.is_set() else (job.finish_reason() or "stop")
-        decoding = {**job.metadata(), "new_tokens": n_tokens}
-        decoding["ttft_s"] = round(first_token_s, 4) if first_token_s is not None else None
-        decoding["total_s"] = round(time.monotonic() - started, 4)
+            run.cancel.set()
+        yield run.final_chunk()
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        # Native async: the decode runs in its own thread and hands tokens to the event loop,
+        # so a run waiting for the model (queued behind others) holds no executor thread.
+        job = await asyncio.to_thread(self._job, messages, **kwargs)
+        run = _Run(self, job, kwargs)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        run.start(lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
+        try:
+            while True:
+                kind, value = await events.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    break
+                chunk = run.chunk(value)
+                if run_manager and chunk.text:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+        finally:
+            run.cancel.set()
+        yield run.final_chunk()
+
+
+class _Run:
+    """One decode in flight: its worker thread, stop conditions and chunk building."""
+
+    def __init__(self, owner: LocalChatBase, job: DecodeJob, kwargs: dict[str, Any]) -> None:
+        self.job = job
+        self.started = time.monotonic()
+        max_time = kwargs.get("max_time", owner.max_time)
+        self.deadline = self.started + max_time if max_time else None
+        self.stop_event: threading.Event | None = kwargs.get("stop_event")
+        self.min_tokens = int(kwargs.get("min_tokens", 0))
+        self.cancel = threading.Event()
+        self.timed_out_waiting = threading.Event()
+        self.text = TextStream(job.tokenizer, job.eos_ids)
+        self.first_token_s: float | None = None
+        self.n_tokens = 0
+
+    def should_stop(self, n: int) -> str | None:
+        if self.cancel.is_set():
+            return "cancelled"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "time"
+        if self.stop_event is not None and self.stop_event.is_set() and n >= self.min_tokens:
+            return "stop_event"
+        return None
+
+    def start(self, put: Callable[[tuple[str, Any]], None]) -> None:
+        def work() -> None:
+            held: list[threading.Lock] = []
+            try:
+                for lock in self.job.locks:  # bounded wait: a queued request keeps its budget
+                    timeout = max(0.0, self.deadline - time.monotonic()) if self.deadline else -1
+                    if not lock.acquire(timeout=timeout):
+                        self.timed_out_waiting.set()
+                        return
+                    held.append(lock)
+                for step in self.job.produce(self.should_stop):
+                    put(("step", step))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                put(("error", exc))
+            finally:
+                for lock in reversed(held):
+                    lock.release()
+                put(("done", None))
+
+        threading.Thread(target=work, name="specrag-decode", daemon=True).start()
+
+    def chunk(self, step: list[Token]) -> ChatGenerationChunk:
+        self.n_tokens += len(step)
+        if self.first_token_s is None:
+            self.first_token_s = time.monotonic() - self.started
+        delta = self.text.push([t.id for t in step])
+        logprobs = [
+            {"token": self.job.tokenizer.decode([t.id]), "logprob": t.logprob}
+            for t in step
+            if t.id not in self.job.eos_ids
+        ]
+        return ChatGenerationChunk(
+            message=AIMessageChunk(content=delta, response_metadata={"logprobs": {"content": logprobs}})
+        )
+
+    def final_chunk(self) -> ChatGenerationChunk:
+        job = self.job
+        finish = "time" if self.timed_out_waiting.is_set() else (job.finish_reason() or "stop")
+        decoding = {**job.metadata(), "new_tokens": self.n_tokens}
+        decoding["ttft_s"] = round(self.first_token_s, 4) if self.first_token_s is not None else None
+        decoding["total_s"] = round(time.monotonic() - self.started, 4)
         usage = UsageMetadata(
             input_tokens=job.input_tokens,
-            output_tokens=n_tokens,
-            total_tokens=job.input_tokens + n_tokens,
+            output_tokens=self.n_tokens,
+            total_tokens=job.input_tokens + self.n_tokens,
         )
-        yield ChatGenerationChunk(
+        return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
                 usage_metadata=usage,

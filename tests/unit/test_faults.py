@@ -1,0 +1,46 @@
+"""Injected faults end in the documented route within the configured budgets."""
+
+import time
+
+from specrag import build_graph, prompts
+from tests.fakes import FakeLogprobChat, ctx, services
+
+
+async def timed(svc, **kw):
+    start = time.perf_counter()
+    result = await build_graph(svc).ainvoke({"question": "capital of France?"}, context=ctx(**kw))
+    return result, time.perf_counter() - start
+
+
+async def test_hanging_draft_model_is_cut_at_its_budget():
+    hung = FakeLogprobChat(reply="never", delay_s=4.0, calls=[])
+    result, elapsed = await timed(services(draft=hung), draft_timeout_s=0.5)
+    assert result["route"] == "generate" and "draft timeout" in result["reason"]
+    assert result["answer"] == "Paris."
+    assert elapsed < 0.5 + 0.5 + 2.0  # budget + grace + answer
+
+
+async def test_hanging_answer_model_ends_in_fallback_within_budgets():
+    hung = FakeLogprobChat(reply="never", delay_s=4.0, calls=[])
+    result, elapsed = await timed(services(answer=hung), answer_timeout_s=0.5)
+    assert result["route"] == "fallback"
+    assert "refine: RuntimeError: no answer within 0.5s" in result["reason"]
+    assert "generate: RuntimeError: no answer within 0.5s" in result["reason"]
+    assert result["answer"].startswith(prompts.UNVERIFIED_PREFIX)
+    assert elapsed < 2 * (0.5 + 0.5) + 1.5
+
+
+async def test_hanging_retriever_is_cut_at_its_budget():
+    result, elapsed = await timed(services(retrieve_delay_s=4.0), retrieval_timeout_s=0.4)
+    assert result["route"] == "fallback" and "timed out" in result["reason"]
+    assert elapsed < 3.0
+
+
+async def test_failing_everything_still_answers():
+    svc = services(draft=FakeLogprobChat(fail=True, calls=[]),
+                   answer=FakeLogprobChat(fail=True, calls=[]),
+                   retrieve_error=RuntimeError("store down"))
+    result, _ = await timed(svc)
+    assert result["route"] == "fallback"
+    assert result["answer"] == prompts.NO_EVIDENCE_ANSWER
+    assert len(result["errors"]) == 2

@@ -1,0 +1,43 @@
+"""A run interrupted mid-way resumes from its last checkpoint (SQLite)."""
+
+import pytest
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from specrag import build_graph
+from tests.fakes import FakeLogprobChat, ctx, services
+
+
+class Crash(BaseException):
+    """Stands in for a process being stopped mid-run (not an Exception: nodes can't catch it)."""
+
+
+async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
+    calls = {"retrieve": 0, "answer": 0}
+
+    class CrashOnce(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            calls["answer"] += 1
+            if calls["answer"] == 1:
+                raise Crash()
+            yield from super()._stream(*a, **k)
+
+    svc = services(answer=CrashOnce(reply="Paris.", calls=[]))
+    inner = svc.retriever
+
+    def counting(question, document, context):
+        calls["retrieve"] += 1
+        return inner(question, document, context)
+
+    svc.retriever = counting
+    config = {"configurable": {"thread_id": "t-1"}}
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        graph = build_graph(svc, checkpointer=saver)
+        with pytest.raises(Crash):
+            await graph.ainvoke({"question": "capital of France?"}, config=config, context=ctx())
+        state = await graph.aget_state(config)
+        assert state.next == ("refine",)  # stopped inside refine, after the gate
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        graph = build_graph(svc, checkpointer=saver)  # a new process would do the same
+        result = await graph.ainvoke(None, config=config, context=ctx())
+    assert result["answer"] == "Paris." and result["route"] == "refine"
+    assert calls["retrieve"] == 1  # retrieval was not repeated
