@@ -1,43 +1,63 @@
 """Writes the notebooks in this folder (kept as code so they stay reviewable and output-free)."""
+
 import nbformat as nbf
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent  # regenerate: python notebooks/_make_notebooks.py
-SETUP = '''import os, tempfile
+SETUP = """import os, tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SPECRAG_DATA_DIR", tempfile.mkdtemp(prefix="specrag-nb-"))
 from specrag.cli import quiet_libraries
 quiet_libraries()
-print("index lives in", os.environ["SPECRAG_DATA_DIR"])'''
+print("index lives in", os.environ["SPECRAG_DATA_DIR"])"""
 
 
 def nb(name, cells):
     book = nbf.v4.new_notebook()
-    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    book.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     for kind, src in cells:
-        book.cells.append(nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src))
+        book.cells.append(
+            nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src)
+        )
     nbf.write(book, OUT / name)
 
 
-nb("01_quickstart.ipynb", [
-    ("md", "# specrag quickstart\nIndex a folder, ask a question, stream the draft and the answer, look at the route and timings. Runs offline on the embedded SmolLM2-135M and all-MiniLM-L6-v2 (CPU, a few minutes)."),
-    ("code", SETUP),
-    ("md", "## 1. A folder of documents\nThree short notes written for this notebook."),
-    ("code", '''from pathlib import Path
+nb(
+    "01_quickstart.ipynb",
+    [
+        (
+            "md",
+            "# specrag quickstart\nIndex a folder, ask a question, stream the draft and the answer, look at the route and timings. Runs offline on the embedded SmolLM2-135M and all-MiniLM-L6-v2 (CPU, a few minutes).",
+        ),
+        ("code", SETUP),
+        ("md", "## 1. A folder of documents\nThree short notes written for this notebook."),
+        (
+            "code",
+            """from pathlib import Path
 docs = Path(os.environ["SPECRAG_DATA_DIR"]) / "docs"
 docs.mkdir(exist_ok=True)
 (docs / "lighthouse.md").write_text("# The Harbor Lighthouse\\nThe Harbor Lighthouse was built in 1874 by the engineer Maria Lind. Its lamp is visible for 22 nautical miles. The lighthouse was automated in 1961.")
 (docs / "bakery.txt").write_text("The North Street Bakery opens at six in the morning. Its best-known bread is a rye sourdough baked in a wood-fired oven. The bakery was founded by Tomas Berg in 1998.")
 (docs / "river.html").write_text("<html><body><h1>The Silver River</h1><p>The Silver River is 312 kilometres long and flows into the Northern Sea. Its largest tributary is the Ash Creek.</p></body></html>")
-sorted(p.name for p in docs.iterdir())'''),
-    ("md", "## 2. Index it (content-hash ids: re-indexing unchanged files adds nothing)"),
-    ("code", '''from specrag.indexing.pipeline import load_files, index_records
+sorted(p.name for p in docs.iterdir())""",
+        ),
+        ("md", "## 2. Index it (content-hash ids: re-indexing unchanged files adds nothing)"),
+        (
+            "code",
+            """from specrag.indexing.pipeline import load_files, index_records
 from specrag.paths import default_index_dir
 report = index_records(load_files([docs]), default_index_dir())
 again = index_records(load_files([docs]), default_index_dir())
-print(f"first run: {report.chunks_added} chunks added; second run: {again.chunks_added} added")'''),
-    ("md", "## 3. Ask, streaming the draft, the route and the answer"),
-    ("code", '''from specrag import graph, SpecRagContext
+print(f"first run: {report.chunks_added} chunks added; second run: {again.chunks_added} added")""",
+        ),
+        ("md", "## 3. Ask, streaming the draft, the route and the answer"),
+        (
+            "code",
+            """from specrag import graph, SpecRagContext
 ctx = SpecRagContext(refine_temperature=0.0, draft_policy="complete")
 final = {}
 async for mode, payload in graph.astream({"question": "Who built the Harbor Lighthouse?"}, context=ctx,
@@ -48,24 +68,42 @@ async for mode, payload in graph.astream({"question": "Who built the Harbor Ligh
         print("  event:", payload)
     elif mode == "values":
         final = payload
-print("\\nANSWER:", final["answer"])'''),
-    ("code", '''print("route:", final["route"], "-", final["reason"])
+print("\\nANSWER:", final["answer"])""",
+        ),
+        (
+            "code",
+            """print("route:", final["route"], "-", final["reason"])
 print("draft:", final["draft"], "| confidence:", final["draft_confidence"])
 print("sources:", [c["source"] for c in final["citations"]])
-final["timings"]'''),
-    ("code", '''assert final["route"] in ("refine", "generate")
-assert "lighthouse" in final["citations"][0]["source"]'''),
-])
+final["timings"]""",
+        ),
+        (
+            "code",
+            """assert final["route"] in ("refine", "generate")
+assert "lighthouse" in final["citations"][0]["source"]""",
+        ),
+    ],
+)
 
-nb("02_speculative_vs_serial.ipynb", [
-    ("md", "# Speculative RAG vs serial RAG\nThe same questions through serial RAG (retrieve, then generate with plain decoding) and speculative RAG in `verify` mode (draft while retrieving; the draft and the evidence become speculative candidates). Greedy answers are identical; we compare latency and forward passes per output token, with an injected retrieval delay modelling a remote store."),
-    ("code", SETUP),
-    ("code", '''from specrag.data.datasets import squad_paragraphs
+nb(
+    "02_speculative_vs_serial.ipynb",
+    [
+        (
+            "md",
+            "# Speculative RAG vs serial RAG\nThe same questions through serial RAG (retrieve, then generate with plain decoding) and speculative RAG in `verify` mode (draft while retrieving; the draft and the evidence become speculative candidates). Greedy answers are identical; we compare latency and forward passes per output token, with an injected retrieval delay modelling a remote store.",
+        ),
+        ("code", SETUP),
+        (
+            "code",
+            """from specrag.data.datasets import squad_paragraphs
 from specrag.indexing.pipeline import index_records
 from specrag.paths import default_index_dir
 records = [(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"]
-print(index_records(records, default_index_dir()))'''),
-    ("code", '''import time
+print(index_records(records, default_index_dir()))""",
+        ),
+        (
+            "code",
+            """import time
 from specrag import build_graph, SpecRagContext
 graph = build_graph()
 questions = ["Who was the Norse leader?", "When was the Duchy of Normandy founded?",
@@ -87,25 +125,40 @@ for delay in (0.0, 1.0):
                              e2e=time.perf_counter() - t, passes=stats.get("passes_per_token"),
                              answer=r["answer"]))
 for row in rows:
-    print(f"{row['system']:22} delay={row['delay']} e2e={row['e2e']:.2f}s passes/token={row['passes']:.2f} {row['route']:8} {row['answer'][:60]}")'''),
-    ("code", '''same = all(a["answer"] == b["answer"] for a in rows if a["system"] == "serial"
+    print(f"{row['system']:22} delay={row['delay']} e2e={row['e2e']:.2f}s passes/token={row['passes']:.2f} {row['route']:8} {row['answer'][:60]}")""",
+        ),
+        (
+            "code",
+            """same = all(a["answer"] == b["answer"] for a in rows if a["system"] == "serial"
            for b in rows if b["system"] != "serial" and b["question"] == a["question"] and b["delay"] == a["delay"]
            and b["route"] == "refine")
-print("verify answers identical to serial RAG where refined:", same)'''),
-    ("code", '''import matplotlib.pyplot as plt
+print("verify answers identical to serial RAG where refined:", same)""",
+        ),
+        (
+            "code",
+            """import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(6, 3.5))
 for name in systems:
     xs = [0.0, 1.0]
     ys = [sum(r["e2e"] for r in rows if r["system"] == name and r["delay"] == d) / len(questions) for d in xs]
     ax.plot(xs, ys, marker="o", label=name)
 ax.set_xlabel("injected retrieval delay (s)"); ax.set_ylabel("mean end-to-end latency (s)"); ax.legend()
-plt.show()'''),
-])
+plt.show()""",
+        ),
+    ],
+)
 
-nb("03_rapid_long_documents.ipynb", [
-    ("md", "# Long documents with RAPID\nThe target reads a ~2K-token HotpotQA document (gold paragraphs hidden among distractors); the drafter reads only the retrieved chunks. We compare target-only decoding with RAPID (`eta=0`, lossless) and RAPID with knowledge transfer, and show the document prefix cache on a repeated question."),
-    ("code", SETUP),
-    ("code", '''import random, time
+nb(
+    "03_rapid_long_documents.ipynb",
+    [
+        (
+            "md",
+            "# Long documents with RAPID\nThe target reads a ~2K-token HotpotQA document (gold paragraphs hidden among distractors); the drafter reads only the retrieved chunks. We compare target-only decoding with RAPID (`eta=0`, lossless) and RAPID with knowledge transfer, and show the document prefix cache on a repeated question.",
+        ),
+        ("code", SETUP),
+        (
+            "code",
+            """import random, time
 from specrag.data.datasets import hotpot_questions, sample
 from specrag.evaluation.bench_rapid import build_document
 from specrag.models.loading import load_lm
@@ -113,8 +166,11 @@ loaded = load_lm("embedded")
 pool = hotpot_questions()
 ex = sample(pool, 1, 7)[0]
 document = build_document(ex, sample(pool, 100, 8), 2048, loaded, random.Random(1))
-print(ex.question, "->", ex.answers, "|", len(loaded.tokenizer(document)["input_ids"]), "tokens")'''),
-    ("code", '''from langchain_core.messages import HumanMessage
+print(ex.question, "->", ex.answers, "|", len(loaded.tokenizer(document)["input_ids"]), "tokens")""",
+        ),
+        (
+            "code",
+            """from langchain_core.messages import HumanMessage
 from specrag import ChatRapid
 from specrag.decoding.prefix_cache import PrefixCache
 from specrag.decoding.sampling import Sampler
@@ -134,30 +190,48 @@ for name, kwargs in {"RAPID eta=0": dict(eta=0.0), "RAPID eta=5": dict(eta=5.0)}
     msg = model.invoke([HumanMessage(ex.question)], document=document)
     m = msg.response_metadata
     results[name] = m
-    print(f"{name:32} {m['new_tokens']} tokens, decode {m['decode_s']:.2f}s, acceptance {m['acceptance_rate']:.2f}, target passes {m['target_forward_passes']} | {msg.content[:70]}")'''),
-    ("code", '''import matplotlib.pyplot as plt
+    print(f"{name:32} {m['new_tokens']} tokens, decode {m['decode_s']:.2f}s, acceptance {m['acceptance_rate']:.2f}, target passes {m['target_forward_passes']} | {msg.content[:70]}")""",
+        ),
+        (
+            "code",
+            """import matplotlib.pyplot as plt
 names = list(results)
 tps = [(results[n]["new_tokens"] - 1) / results[n]["decode_s"] for n in names]
 fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
 ax[0].bar(range(3), tps); ax[0].set_xticks(range(3), names); ax[0].set_ylabel("decode tokens/s")
 ax[1].bar(range(3), [results[n]["acceptance_rate"] for n in names]); ax[1].set_xticks(range(3), names); ax[1].set_ylabel("acceptance rate")
-plt.tight_layout(); plt.show()'''),
-    ("md", "A second question on the same document reuses the cached document prefix:"),
-    ("code", '''model = ChatRapid(max_new_tokens=24, prefix_cache=PrefixCache())
+plt.tight_layout(); plt.show()""",
+        ),
+        ("md", "A second question on the same document reuses the cached document prefix:"),
+        (
+            "code",
+            """model = ChatRapid(max_new_tokens=24, prefix_cache=PrefixCache())
 for attempt in ("first", "repeat"):
     t = time.perf_counter()
     msg = model.invoke([HumanMessage(ex.question)], document=document)
-    print(attempt, f"{time.perf_counter() - t:.2f}s", "prefix_cache_hit =", msg.response_metadata["prefix_cache_hit"])'''),
-])
+    print(attempt, f"{time.perf_counter() - t:.2f}s", "prefix_cache_hit =", msg.response_metadata["prefix_cache_hit"])""",
+        ),
+    ],
+)
 
-nb("04_agent_tool.ipynb", [
-    ("md", "# specrag as a tool for LangChain agents\n`make_specrag_tool()` wraps the graph as a `BaseTool`. With a real tool-calling model, pass e.g. `init_chat_model(\"openai:gpt-4o-mini\")` to `create_agent`. The 135M local model cannot call tools reliably, so to run offline this notebook drives the agent with a small scripted model that calls the tool and then reports what it returned; the tool itself runs the real graph on the embedded models."),
-    ("code", SETUP),
-    ("code", '''from specrag.data.datasets import squad_paragraphs
+nb(
+    "04_agent_tool.ipynb",
+    [
+        (
+            "md",
+            '# specrag as a tool for LangChain agents\n`make_specrag_tool()` wraps the graph as a `BaseTool`. With a real tool-calling model, pass e.g. `init_chat_model("openai:gpt-4o-mini")` to `create_agent`. The 135M local model cannot call tools reliably, so to run offline this notebook drives the agent with a small scripted model that calls the tool and then reports what it returned; the tool itself runs the real graph on the embedded models.',
+        ),
+        ("code", SETUP),
+        (
+            "code",
+            """from specrag.data.datasets import squad_paragraphs
 from specrag.indexing.pipeline import index_records
 from specrag.paths import default_index_dir
-index_records([(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"][:10], default_index_dir())'''),
-    ("code", '''import json
+index_records([(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"][:10], default_index_dir())""",
+        ),
+        (
+            "code",
+            """import json
 from langchain.agents import create_agent
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
@@ -181,13 +255,22 @@ tool = make_specrag_tool(SpecRagContext(refine_temperature=0.0))
 agent = create_agent(ScriptedToolCaller(), tools=[tool])
 result = await agent.ainvoke({"messages": [("user", "Who was the Norse leader?")]})
 for m in result["messages"]:
-    print(type(m).__name__, ":", (m.content or m.tool_calls)[:300] if isinstance(m.content, str) else m.content)'''),
-])
+    print(type(m).__name__, ":", (m.content or m.tool_calls)[:300] if isinstance(m.content, str) else m.content)""",
+        ),
+    ],
+)
 
-nb("05_tracing_and_studio.ipynb", [
-    ("md", "# Tracing with LangSmith, debugging in Studio\nTracing is switched on with environment variables. To run offline, this notebook points the LangSmith client at a tiny local HTTP server that records what would be sent, then rebuilds the trace tree: the graph run, one run per node, and the model calls under them, with route and timings as metadata.\n\nFor real tracing set `LANGSMITH_TRACING=true`, `LANGSMITH_API_KEY` and `LANGSMITH_PROJECT` instead."),
-    ("code", SETUP),
-    ("code", '''import json, threading
+nb(
+    "05_tracing_and_studio.ipynb",
+    [
+        (
+            "md",
+            "# Tracing with LangSmith, debugging in Studio\nTracing is switched on with environment variables. To run offline, this notebook points the LangSmith client at a tiny local HTTP server that records what would be sent, then rebuilds the trace tree: the graph run, one run per node, and the model calls under them, with route and timings as metadata.\n\nFor real tracing set `LANGSMITH_TRACING=true`, `LANGSMITH_API_KEY` and `LANGSMITH_PROJECT` instead.",
+        ),
+        ("code", SETUP),
+        (
+            "code",
+            """import json, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 posted, patched = [], []
 class Collector(BaseHTTPRequestHandler):
@@ -206,8 +289,11 @@ class Collector(BaseHTTPRequestHandler):
 server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 os.environ.update(LANGSMITH_TRACING="true", LANGSMITH_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
-                  LANGSMITH_API_KEY="local", LANGSMITH_DISABLE_RUN_COMPRESSION="true")'''),
-    ("code", '''from specrag.data.datasets import squad_paragraphs
+                  LANGSMITH_API_KEY="local", LANGSMITH_DISABLE_RUN_COMPRESSION="true")""",
+        ),
+        (
+            "code",
+            """from specrag.data.datasets import squad_paragraphs
 from specrag.indexing.pipeline import index_records
 from specrag.paths import default_index_dir
 index_records([(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"][:10], default_index_dir())
@@ -215,8 +301,11 @@ from specrag import graph, SpecRagContext
 from langchain_core.tracers.langchain import wait_for_all_tracers
 result = await graph.ainvoke({"question": "Who was the Norse leader?"}, context=SpecRagContext(refine_temperature=0.0))
 wait_for_all_tracers()
-print(result["route"], "-", result["answer"])'''),
-    ("code", '''runs = {r["id"]: dict(r) for r in posted}
+print(result["route"], "-", result["answer"])""",
+        ),
+        (
+            "code",
+            """runs = {r["id"]: dict(r) for r in posted}
 for p in patched:
     runs.setdefault(p["id"], {}).update({k: v for k, v in p.items() if v is not None})
 children = {}
@@ -229,10 +318,18 @@ def show(run, depth=0):
     for child in sorted(children.get(run["id"], []), key=lambda r: r.get("dotted_order", "")):
         show(child, depth + 1)
 for root in children.get(None, []):
-    show(root)'''),
-    ("md", "## Studio\nThe repository's `langgraph.json` serves the graph. After `make demo`:\n\n```bash\n.venv/bin/langgraph dev --no-browser --port 2024\n```\n\nthen open `https://smith.langchain.com/studio/?baseUrl=http://127.0.0.1:2024`. Studio shows the parallel `retrieve`/`draft` branches, the conditional routes out of `gate`, and a form for every `SpecRagContext` field. The graph drawn here is the same:"),
-    ("code", '''os.environ["LANGSMITH_TRACING"] = "false"
+    show(root)""",
+        ),
+        (
+            "md",
+            "## Studio\nThe repository's `langgraph.json` serves the graph. After `make demo`:\n\n```bash\n.venv/bin/langgraph dev --no-browser --port 2024\n```\n\nthen open `https://smith.langchain.com/studio/?baseUrl=http://127.0.0.1:2024`. Studio shows the parallel `retrieve`/`draft` branches, the conditional routes out of `gate`, and a form for every `SpecRagContext` field. The graph drawn here is the same:",
+        ),
+        (
+            "code",
+            """os.environ["LANGSMITH_TRACING"] = "false"
 server.shutdown()
-print(graph.get_graph().draw_mermaid())'''),
-])
+print(graph.get_graph().draw_mermaid())""",
+        ),
+    ],
+)
 print("written")

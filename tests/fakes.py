@@ -49,7 +49,9 @@ class FakeLogprobChat(BaseChatModel):
             meta = {}
             if self.logprob is not None:
                 meta = {"logprobs": {"content": [{"token": text, "logprob": self.logprob}]}}
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=text, response_metadata=meta))
+            chunk = ChatGenerationChunk(
+                message=AIMessageChunk(content=text, response_metadata=meta)
+            )
             if run_manager:
                 run_manager.on_llm_new_token(text, chunk=chunk)
             yield chunk
@@ -80,8 +82,12 @@ def services(
             raise retrieve_error
         return found
 
-    return Services(chat_model=chat_model, retriever=retriever, rapid_model=lambda ctx: answer,
-                    warm=lambda model: None)
+    return Services(
+        chat_model=chat_model,
+        retriever=retriever,
+        rapid_model=lambda ctx: answer,
+        warm=lambda model: None,
+    )
 
 
 def ctx(**kw: Any) -> SpecRagContext:

@@ -180,8 +180,9 @@ async def run_graph(
 
     async with sqlite_checkpointer() as saver:
         app = build_graph(checkpointer=saver)
-        return await _run(app, question, ctx, document, stream,
-                          {"configurable": {"thread_id": thread}})
+        return await _run(
+            app, question, ctx, document, stream, {"configurable": {"thread_id": thread}}
+        )
 
 
 async def _run(
@@ -236,7 +237,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
             f"no index at {index_dir_of(ctx)}: run `specrag index PATH` or `specrag demo` first"
         )
     preload(ctx, document)
-    result = asyncio.run(run_graph(question, ctx, document, stream=not args.json, thread=args.thread))
+    result = asyncio.run(
+        run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
+    )
     view = result_json(result)
     if args.json:
         print(json.dumps(view, ensure_ascii=False))
@@ -246,7 +249,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     for src in view["sources"]:
         out.print(f"[dim]  [{src['n']}] {src['source']} (score {src['score']})[/dim]")
     t = view["timings"]
-    out.print("[dim]timings: " + ", ".join(f"{k}={v}" for k, v in t.items() if v is not None) + "[/dim]")
+    out.print(
+        "[dim]timings: " + ", ".join(f"{k}={v}" for k, v in t.items() if v is not None) + "[/dim]"
+    )
     return 0
 
 
@@ -284,7 +289,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with progress_bar("indexing") as bar:
         task = bar.add_task("embedding paragraphs", total=len(records))
         report = index_records(
-            records, directory, collection=ctx.collection, embedding_model=ctx.embedding_model,
+            records,
+            directory,
+            collection=ctx.collection,
+            embedding_model=ctx.embedding_model,
             progress=lambda n: bar.advance(task, n),
         )
     err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
@@ -303,7 +311,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for question, r in rows:
         t = r["timings"]
         conf = r["draft_confidence"]
-        draft = f"{r['draft']}\n[dim]confidence {conf:.2f}[/dim]" if conf is not None else r["draft"]
+        draft = (
+            f"{r['draft']}\n[dim]confidence {conf:.2f}[/dim]" if conf is not None else r["draft"]
+        )
         table.add_row(
             question,
             draft,
@@ -347,8 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--index-dir", help="Chroma directory (default: the user data dir)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a context field (see `specrag config`)")
+        p.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a context field (see `specrag config`)",
+        )
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
     p = sub.add_parser("index", help="index .txt/.md/.html files and folders")
@@ -360,8 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("question", nargs="?", default="")
     p.add_argument("--document", help="answer from this file (RAPID when it is long)")
     p.add_argument("--thread", help="conversation id: keep state across runs (SQLite)")
-    p.add_argument("--resume", action="store_true",
-                   help="finish the interrupted run of --thread from its last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the interrupted run of --thread from its last checkpoint",
+    )
     common(p)
     p.set_defaults(func=cmd_ask)
 
@@ -403,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(exc).strip().splitlines() or [""])[0]
         err.print(
             f"specrag: error: {type(exc).__name__}: {first} (set SPECRAG_DEBUG=1 for details)",
-            highlight=False, markup=False, soft_wrap=True,
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
         )
         return 1
 

@@ -31,12 +31,20 @@ def server(tmp_path_factory, smol):
     index_records(records, data / "index")
     port = free_port()
     exe = shutil.which("langgraph", path=str(Path(sys.executable).parent)) or "langgraph"
-    env = {**os.environ, "SPECRAG_DATA_DIR": str(data), "LANGSMITH_TRACING": "false",
-           "HF_HUB_OFFLINE": "1", "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
+    env = {
+        **os.environ,
+        "SPECRAG_DATA_DIR": str(data),
+        "LANGSMITH_TRACING": "false",
+        "HF_HUB_OFFLINE": "1",
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+    }
     log = open(data / "server.log", "w")
     proc = subprocess.Popen(
         [exe, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -73,7 +81,8 @@ async def test_server_streams_draft_then_answer(server):
     order = []
     final = {}
     async for part in client.runs.stream(
-        thread["thread_id"], "specrag",
+        thread["thread_id"],
+        "specrag",
         input={"question": "Who was the Norse leader?"},
         context={"refine_temperature": 0.0, "draft_policy": "complete"},
         stream_mode=["messages-tuple", "custom", "values"],

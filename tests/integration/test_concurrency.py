@@ -12,8 +12,13 @@ MEMORY_BOUND_MB = 1024  # documented in the README (Reliability)
 def test_sixteen_concurrent_runs_match_their_sequential_answers(smol):
     questions, directory = load_questions(16)
     assert len(set(questions)) == 16
-    ctx = SpecRagContext(index_dir=str(directory), collection="bench_load",
-                         refine_temperature=0.0, answer_max_tokens=24, answer_timeout_s=600.0)
+    ctx = SpecRagContext(
+        index_dir=str(directory),
+        collection="bench_load",
+        refine_temperature=0.0,
+        answer_max_tokens=24,
+        answer_timeout_s=600.0,
+    )
     result = measure(questions, ctx, [1, 16])
     sequential, concurrent = result["levels"]
     assert all(o["answer"] for o in concurrent["outputs"])

@@ -15,8 +15,10 @@ from specrag.models.loading import load_embeddings
 
 pytestmark = pytest.mark.integration
 
-WORDS = ("harbor lamp keeper river bread oven bridge tower market garden engine signal "
-         "winter summer copper silver valley island north south").split()
+WORDS = (
+    "harbor lamp keeper river bread oven bridge tower market garden engine signal "
+    "winter summer copper silver valley island north south"
+).split()
 
 
 def make_corpus(folder, n_files=120):
@@ -51,8 +53,12 @@ def test_killed_indexing_then_rerun_is_consistent(tmp_path):
     make_corpus(corpus)
     directory = tmp_path / "index"
     env = {**os.environ, "SPECRAG_DATA_DIR": str(tmp_path / "data")}
-    proc = subprocess.Popen(cli("index", str(corpus), "--index-dir", str(directory)),
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cli("index", str(corpus), "--index-dir", str(directory)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     sqlite = directory / "chroma.sqlite3"
     deadline = time.time() + 120
     while time.time() < deadline and not (sqlite.exists() and sqlite.stat().st_size > 300_000):
@@ -67,8 +73,13 @@ def test_killed_indexing_then_rerun_is_consistent(tmp_path):
     total = sum(len(v) for v in want.values())
     assert 0 < len(ids_partial) < total, "kill happened mid-run"
 
-    done = subprocess.run(cli("index", str(corpus), "--index-dir", str(directory), "--json"),
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cli("index", str(corpus), "--index-dir", str(directory), "--json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     ids, sources = stored(directory)
     assert len(ids) == len(set(ids)) == total  # every chunk exactly once, nothing orphaned
@@ -79,8 +90,13 @@ def test_killed_indexing_then_rerun_is_consistent(tmp_path):
     changed, deleted = corpus / "doc001.txt", corpus / "doc002.txt"
     changed.write_text("A completely new text about lighthouses and harbors.")
     deleted.unlink()
-    again = subprocess.run(cli("index", str(corpus), "--index-dir", str(directory), "--json"),
-                           env=env, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        cli("index", str(corpus), "--index-dir", str(directory), "--json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stderr
     ids, sources = stored(directory)
     want = expected_ids(corpus)

@@ -1,6 +1,5 @@
 """Every notebook runs top to bottom on the embedded CPU defaults; a failing cell fails."""
 
-import os
 from pathlib import Path
 
 import nbformat
@@ -23,7 +22,10 @@ def test_notebook_runs(path, tmp_path, monkeypatch, smol):
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     book = nbformat.read(path, as_version=4)
-    NotebookClient(book, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = [o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    NotebookClient(
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [
+        o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"
+    ]
     assert not errors

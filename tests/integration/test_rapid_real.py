@@ -28,13 +28,32 @@ def test_eta0_greedy_is_token_identical_to_target_only(smol, example):
     head, doc, tail = layout(smol, RAPID_INSTRUCTIONS, document, ex.question)
     d_head, d_doc, d_tail = layout(smol, RAPID_INSTRUCTIONS, gold, ex.question)
     target_prompt, drafter_prompt = head + doc + tail, d_head + d_doc + d_tail
-    ref = [t.id for s in decode(LMState(smol.model), target_prompt, max_new_tokens=40,
-                                sampler=Sampler(0.0), eos_ids=smol.eos_token_ids) for t in s]
+    ref = [
+        t.id
+        for s in decode(
+            LMState(smol.model),
+            target_prompt,
+            max_new_tokens=40,
+            sampler=Sampler(0.0),
+            eos_ids=smol.eos_token_ids,
+        )
+        for t in s
+    ]
     for gamma in (4, 10):
-        out = [t.id for s in rapid_decode(LMState(smol.model), LMState(smol.model),
-                                          target_prompt, drafter_prompt, max_new_tokens=40,
-                                          sampler=Sampler(0.0), cfg=RapidConfig(gamma=gamma, eta=0.0),
-                                          eos_ids=smol.eos_token_ids) for t in s]
+        out = [
+            t.id
+            for s in rapid_decode(
+                LMState(smol.model),
+                LMState(smol.model),
+                target_prompt,
+                drafter_prompt,
+                max_new_tokens=40,
+                sampler=Sampler(0.0),
+                cfg=RapidConfig(gamma=gamma, eta=0.0),
+                eos_ids=smol.eos_token_ids,
+            )
+            for t in s
+        ]
         assert out == ref
 
 
@@ -44,8 +63,15 @@ def test_chat_rapid_metadata_and_prefix_cache(smol, example):
     first = model.invoke([HumanMessage(ex.question)], document=document)
     second = model.invoke([HumanMessage(ex.question)], document=document)
     m1, m2 = first.response_metadata, second.response_metadata
-    for key in ("acceptance_rate", "mean_accepted_per_step", "target_forward_passes",
-                "draft_tokens", "prefix_cache_hit", "eta", "gamma"):
+    for key in (
+        "acceptance_rate",
+        "mean_accepted_per_step",
+        "target_forward_passes",
+        "draft_tokens",
+        "prefix_cache_hit",
+        "eta",
+        "gamma",
+    ):
         assert key in m1
     assert m1["prefix_cache_hit"] is False and m2["prefix_cache_hit"] is True
     assert first.content == second.content  # reuse changes nothing

@@ -77,13 +77,19 @@ def test_verify_is_token_identical_to_serial_rag(normans_index, smol):
 
 def test_local_chat_model_streams_logprobs_and_stops_at_max_time(smol):
     model = ChatLocalLM(temperature=0.8, max_new_tokens=400, speculation="none", seed=1)
-    msg = model.invoke([HumanMessage("Write a long story about a lighthouse keeper.")], max_time=0.8)
+    msg = model.invoke(
+        [HumanMessage("Write a long story about a lighthouse keeper.")], max_time=0.8
+    )
     meta = msg.response_metadata
     assert meta["truncated"] is True and meta["finish_reason"] == "time"
     assert meta["decoding"]["total_s"] < 2.0  # the loop itself stopped
     logprobs = meta["logprobs"]["content"]
     assert logprobs and all(lp["logprob"] <= 0 for lp in logprobs)
-    answer = ChatLocalLM().invoke([SystemMessage("Answer the question directly."),
-                                   HumanMessage("What is the capital of France?")])
+    answer = ChatLocalLM().invoke(
+        [
+            SystemMessage("Answer the question directly."),
+            HumanMessage("What is the capital of France?"),
+        ]
+    )
     assert "Paris" in answer.content
     assert answer.usage_metadata["output_tokens"] > 0

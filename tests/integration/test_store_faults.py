@@ -1,7 +1,6 @@
 """Faults of the real vector store and embedding model: a clear route or a clear error."""
 
 import sqlite3
-import threading
 import time
 
 import pytest
@@ -49,8 +48,14 @@ def test_locked_store_ends_within_the_retrieval_budget(index_dir):
     conn.execute("BEGIN EXCLUSIVE")  # another process holding the database
     try:
         start = time.perf_counter()
-        result = run(SpecRagContext(index_dir=str(index_dir), collection="specrag",
-                                    draft_policy="off", retrieval_timeout_s=1.0))
+        result = run(
+            SpecRagContext(
+                index_dir=str(index_dir),
+                collection="specrag",
+                draft_policy="off",
+                retrieval_timeout_s=1.0,
+            )
+        )
         elapsed = time.perf_counter() - start
     finally:
         conn.rollback()
@@ -62,11 +67,22 @@ def test_locked_store_ends_within_the_retrieval_budget(index_dir):
 
 
 def test_wrong_embedding_model_path(index_dir, capsys):
-    ctx = SpecRagContext(index_dir=str(index_dir), embedding_model="/no/such/embedder",
-                         draft_policy="off")
+    ctx = SpecRagContext(
+        index_dir=str(index_dir), embedding_model="/no/such/embedder", draft_policy="off"
+    )
     result = run(ctx)
     assert result["route"] == "fallback"
     assert any("embedding model path not found" in e for e in result["errors"])
-    code = main(["ask", "q", "--index-dir", str(index_dir),
-                 "--set", "embedding_model=/no/such/embedder", "--set", "draft_policy=off"])
+    code = main(
+        [
+            "ask",
+            "q",
+            "--index-dir",
+            str(index_dir),
+            "--set",
+            "embedding_model=/no/such/embedder",
+            "--set",
+            "draft_policy=off",
+        ]
+    )
     assert code == 2 and "embedding model path not found" in capsys.readouterr().err

@@ -27,12 +27,21 @@ class FakeToolCaller(BaseChatModel):
         last = messages[-1]
         if isinstance(last, ToolMessage):
             data = json.loads(last.content)
-            text = f"{data['answer']} (sources: {', '.join(data['sources'])}; route {data['route']})"
+            text = (
+                f"{data['answer']} (sources: {', '.join(data['sources'])}; route {data['route']})"
+            )
             msg = AIMessage(content=text)
         else:
-            msg = AIMessage(content="", tool_calls=[{
-                "name": "search_documents", "args": {"question": last.content}, "id": "call-1",
-            }])
+            msg = AIMessage(
+                content="",
+                tool_calls=[
+                    {
+                        "name": "search_documents",
+                        "args": {"question": last.content},
+                        "id": "call-1",
+                    }
+                ],
+            )
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
 

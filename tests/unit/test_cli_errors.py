@@ -37,7 +37,9 @@ def test_no_index_yet(capsys, tmp_path):
 
 
 def test_unknown_config_key(capsys):
-    assert "unknown config key 'nope'" in one_line_error(capsys, main(["ask", "q", "--set", "nope=1"]))
+    assert "unknown config key 'nope'" in one_line_error(
+        capsys, main(["ask", "q", "--set", "nope=1"])
+    )
 
 
 def test_bad_config_value(capsys):
@@ -70,7 +72,9 @@ def test_missing_document(capsys, tmp_path):
 def test_bad_model_path(capsys, tmp_path):
     doc = tmp_path / "d.txt"
     doc.write_text("some text")
-    line = one_line_error(capsys, main(["ask", "q", "--document", str(doc),
-                                        "--set", "answer_model=hf:/no/such/model"]))
+    line = one_line_error(
+        capsys,
+        main(["ask", "q", "--document", str(doc), "--set", "answer_model=hf:/no/such/model"]),
+    )
     assert "/no/such/model" in line
     assert "model path not found" in line

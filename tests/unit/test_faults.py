@@ -37,9 +37,11 @@ async def test_hanging_retriever_is_cut_at_its_budget():
 
 
 async def test_failing_everything_still_answers():
-    svc = services(draft=FakeLogprobChat(fail=True, calls=[]),
-                   answer=FakeLogprobChat(fail=True, calls=[]),
-                   retrieve_error=RuntimeError("store down"))
+    svc = services(
+        draft=FakeLogprobChat(fail=True, calls=[]),
+        answer=FakeLogprobChat(fail=True, calls=[]),
+        retrieve_error=RuntimeError("store down"),
+    )
     result, _ = await timed(svc)
     assert result["route"] == "fallback"
     assert result["answer"] == prompts.NO_EVIDENCE_ANSWER

@@ -62,7 +62,9 @@ def langsmith_server(monkeypatch):
     from langsmith import utils
 
     utils.get_env_var.cache_clear()
-    utils.get_tracer_project.cache_clear() if hasattr(utils.get_tracer_project, "cache_clear") else None
+    utils.get_tracer_project.cache_clear() if hasattr(
+        utils.get_tracer_project, "cache_clear"
+    ) else None
     yield Collector
     from langchain_core.tracers.langchain import get_client, wait_for_all_tracers
 
@@ -76,8 +78,9 @@ def langsmith_server(monkeypatch):
 async def test_graph_run_posts_one_trace_with_nodes_and_metadata(langsmith_server):
     from langchain_core.tracers.langchain import wait_for_all_tracers
 
-    result = await build_graph(services()).ainvoke({"question": "capital of France?"},
-                                                   context=ctx())
+    result = await build_graph(services()).ainvoke(
+        {"question": "capital of France?"}, context=ctx()
+    )
     wait_for_all_tracers()
     runs = {}
     for run in langsmith_server.posted:

@@ -59,7 +59,9 @@ def squad_paragraphs() -> list[Paragraph]:
     out = []
     for article in _squad_raw()["data"]:
         for n, para in enumerate(article["paragraphs"]):
-            out.append(Paragraph(f"squad:{article['title']}:{n}", article["title"], para["context"]))
+            out.append(
+                Paragraph(f"squad:{article['title']}:{n}", article["title"], para["context"])
+            )
     return out
 
 

@@ -55,8 +55,10 @@ class RapidConfig:
     @property
     def lossless(self) -> bool:
         """True when the output follows the target alone (no knowledge transfer)."""
-        return self.transfer == "none" or (self.transfer == "shift" and self.eta == 0) or (
-            self.transfer == "mixture" and self.lam == 0
+        return (
+            self.transfer == "none"
+            or (self.transfer == "shift" and self.eta == 0)
+            or (self.transfer == "mixture" and self.lam == 0)
         )
 
 
@@ -187,7 +189,11 @@ def rapid_decode(
             q_rows.append(q)
             if len(drafts) >= min(gamma, room):
                 break
-            if drafts and cfg.min_draft_confidence > 0 and float(q.max()) < cfg.min_draft_confidence:
+            if (
+                drafts
+                and cfg.min_draft_confidence > 0
+                and float(q.max()) < cfg.min_draft_confidence
+            ):
                 break
             d = sampler.pick(q, generator)
             drafts.append(d)

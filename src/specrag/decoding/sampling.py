@@ -16,6 +16,7 @@ class Sampler:
 
     @property
     def greedy(self) -> bool:
+        """True when decoding picks the argmax."""
         return self.temperature <= 0.0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:

@@ -123,7 +123,9 @@ def decode(
         if should_stop is not None and (reason := should_stop(len(generated))):
             return finish(reason)
         room = max_new_tokens - len(generated) - 1  # keep room for the model's own token
-        cands, source = proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
+        cands, source = (
+            proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
+        )
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
         stats.forward_passes += 1
         if cands:
@@ -157,7 +159,11 @@ def decode(
                 break
         else:  # every candidate accepted (or none proposed): the model adds its own next token
             row = len(cands)
-            nxt = best[row] if sampler.greedy else sampler.pick(sampler.probs(logits_all[row]), generator)
+            nxt = (
+                best[row]
+                if sampler.greedy
+                else sampler.pick(sampler.probs(logits_all[row]), generator)
+            )
             step.append(Token(nxt, float(logp_all[row, nxt]), "model"))
             if cands:
                 k = min(k + 2, max_candidates)

@@ -14,7 +14,7 @@ PREFILL_CHUNK = 2048
 
 
 def _cache_kwarg(model: Any) -> str:
-    """transformers >= 5.x names the KV-cache argument ``cache`` (``past_key_values`` before)."""
+    """Transformers >= 5.x names the KV-cache argument ``cache`` (``past_key_values`` before)."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

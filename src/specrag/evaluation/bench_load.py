@@ -58,8 +58,11 @@ class PeakRSS:
 def load_questions(n: int) -> tuple[list[str], Path]:
     """``n`` distinct SQuAD questions about the Normans, and an index of that article."""
     directory = cache_dir() / "bench-index"
-    index_records([(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"],
-                  directory, collection="bench_load")
+    index_records(
+        [(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans"],
+        directory,
+        collection="bench_load",
+    )
     seen: list[str] = []
     for q in squad_questions():
         if q.gold_ids[0].startswith("squad:Normans:") and q.question not in seen:
@@ -69,8 +72,9 @@ def load_questions(n: int) -> tuple[list[str], Path]:
     return seen, directory
 
 
-async def run_level(graph: Any, questions: list[str], ctx: SpecRagContext,
-                    concurrency: int) -> dict[str, Any]:
+async def run_level(
+    graph: Any, questions: list[str], ctx: SpecRagContext, concurrency: int
+) -> dict[str, Any]:
     """All questions with ``concurrency`` in flight; per-run latency and outputs."""
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = [0.0] * len(questions)
@@ -81,16 +85,25 @@ async def run_level(graph: Any, questions: list[str], ctx: SpecRagContext,
             start = time.perf_counter()
             result = await graph.ainvoke({"question": question}, context=ctx)
             latencies[i] = time.perf_counter() - start
-            outputs[i] = {"question": question, "answer": result.get("answer"),
-                          "route": result.get("route"),
-                          "sources": [c.get("source") for c in result.get("citations") or []]}
+            outputs[i] = {
+                "question": question,
+                "answer": result.get("answer"),
+                "route": result.get("route"),
+                "sources": [c.get("source") for c in result.get("citations") or []],
+            }
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i, q) for i, q in enumerate(questions)))
     wall = time.perf_counter() - start
-    return {"concurrency": concurrency, "runs": len(questions), "wall_s": wall,
-            "throughput_qps": len(questions) / wall, "p50_s": metrics.median(latencies),
-            "p90_s": metrics.percentile(latencies, 90), "outputs": outputs}
+    return {
+        "concurrency": concurrency,
+        "runs": len(questions),
+        "wall_s": wall,
+        "throughput_qps": len(questions) / wall,
+        "p50_s": metrics.median(latencies),
+        "p90_s": metrics.percentile(latencies, 90),
+        "outputs": outputs,
+    }
 
 
 def measure(questions: list[str], ctx: SpecRagContext, levels: list[int]) -> dict[str, Any]:
@@ -105,11 +118,16 @@ def measure(questions: list[str], ctx: SpecRagContext, levels: list[int]) -> dic
     reference = {o["question"]: (o["answer"], o["sources"]) for o in results[0]["outputs"]}
     cross_talk = 0
     for res in results[1:]:
-        res["mismatches"] = [o for o in res["outputs"]
-                             if (o["answer"], o["sources"]) != reference[o["question"]]]
+        res["mismatches"] = [
+            o for o in res["outputs"] if (o["answer"], o["sources"]) != reference[o["question"]]
+        ]
         cross_talk += len(res["mismatches"])
-    return {"levels": results, "cross_talk": cross_talk,
-            "peak_rss_mb": rss.peak / 2**20, "rss_growth_mb": (rss.peak - base_rss) / 2**20}
+    return {
+        "levels": results,
+        "cross_talk": cross_talk,
+        "peak_rss_mb": rss.peak / 2**20,
+        "rss_growth_mb": (rss.peak - base_rss) / 2**20,
+    }
 
 
 def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
@@ -117,32 +135,47 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     out_dir = out_dir / "bench_load"
     out_dir.mkdir(parents=True, exist_ok=True)
     questions, directory = load_questions(16)
-    ctx = SpecRagContext(index_dir=str(directory), collection="bench_load",
-                         refine_temperature=0.0, answer_max_tokens=32 if quick else 64,
-                         answer_timeout_s=600.0)
+    ctx = SpecRagContext(
+        index_dir=str(directory),
+        collection="bench_load",
+        refine_temperature=0.0,
+        answer_max_tokens=32 if quick else 64,
+        answer_timeout_s=600.0,
+    )
     ctx = replace(ctx)
     log.print(f"bench load: {len(questions)} questions at concurrency {LEVELS}")
     result = measure(questions, ctx, LEVELS)
-    rows = ["| concurrency | throughput (q/s) | p50 (s) | p90 (s) | mismatches vs concurrency 1 |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| concurrency | throughput (q/s) | p50 (s) | p90 (s) | mismatches vs concurrency 1 |",
+        "|---|---|---|---|---|",
+    ]
     for level in result["levels"]:
-        rows.append(f"| {level['concurrency']} | {level['throughput_qps']:.3f} | "
-                    f"{level['p50_s']:.2f} | {level['p90_s']:.2f} | "
-                    f"{len(level.get('mismatches', []))} |")
-    table = "\n".join(rows) + (f"\n\ncross_talk: {result['cross_talk']}; peak RSS "
-                               f"{result['peak_rss_mb']:.0f} MB (+{result['rss_growth_mb']:.0f} MB "
-                               "during the runs)\n")
+        rows.append(
+            f"| {level['concurrency']} | {level['throughput_qps']:.3f} | "
+            f"{level['p50_s']:.2f} | {level['p90_s']:.2f} | "
+            f"{len(level.get('mismatches', []))} |"
+        )
+    table = "\n".join(rows) + (
+        f"\n\ncross_talk: {result['cross_talk']}; peak RSS "
+        f"{result['peak_rss_mb']:.0f} MB (+{result['rss_growth_mb']:.0f} MB "
+        "during the runs)\n"
+    )
     summary = {
-        "benchmark": "load", "quick": quick,
-        "levels": {str(lv["concurrency"]): {k: lv[k] for k in
-                                            ("throughput_qps", "p50_s", "p90_s", "wall_s", "runs")}
-                   for lv in result["levels"]},
+        "benchmark": "load",
+        "quick": quick,
+        "levels": {
+            str(lv["concurrency"]): {
+                k: lv[k] for k in ("throughput_qps", "p50_s", "p90_s", "wall_s", "runs")
+            }
+            for lv in result["levels"]
+        },
         "cross_talk": result["cross_talk"],
         "peak_rss_mb": round(result["peak_rss_mb"], 1),
         "rss_growth_mb": round(result["rss_growth_mb"], 1),
     }
-    (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": result["levels"]},
-                                                     indent=2, default=str))
+    (out_dir / "summary.json").write_text(
+        json.dumps({**summary, "runs": result["levels"]}, indent=2, default=str)
+    )
     (out_dir / "table.md").write_text(table)
     files = [str(out_dir / "summary.json"), str(out_dir / "table.md")]
     log.print(table)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from langchain_core.messages import HumanMessage, SystemMessage
 from rich.console import Console
 
 from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
@@ -34,6 +35,7 @@ from specrag.graph.services import open_index
 from specrag.indexing.pipeline import index_records
 from specrag.models.chat import ChatLocalLM, encode_chat
 from specrag.models.loading import load_lm
+from specrag.models.worker import MODEL_THREAD
 from specrag.nodes.generate import evidence_messages
 from specrag.paths import cache_dir
 
@@ -48,8 +50,9 @@ def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Pat
 
     with Progress(console=log, transient=True) as bar:
         task = bar.add_task(f"indexing {collection}", total=len(records))
-        index_records(records, directory, collection=collection,
-                      progress=lambda n: bar.advance(task, n))
+        index_records(
+            records, directory, collection=collection, progress=lambda n: bar.advance(task, n)
+        )
     return directory
 
 
@@ -58,9 +61,17 @@ def build_datasets(n_squad: int, n_hotpot: int, log: Console) -> list[dict[str, 
     items: list[dict[str, Any]] = []
     squad_dir = _index("bench_squad", [(p.id, p.text) for p in squad_paragraphs()], log)
     for q in sample(squad_questions(), n_squad, SEED):
-        items.append({"dataset": "squad", "id": q.id, "question": q.question,
-                      "answers": list(q.answers), "gold": list(q.gold_ids),
-                      "index_dir": str(squad_dir), "collection": "bench_squad"})
+        items.append(
+            {
+                "dataset": "squad",
+                "id": q.id,
+                "question": q.question,
+                "answers": list(q.answers),
+                "gold": list(q.gold_ids),
+                "index_dir": str(squad_dir),
+                "collection": "bench_squad",
+            }
+        )
     if n_hotpot:
         pool = hotpot_questions()
         picked = sample(pool, n_hotpot, SEED)
@@ -68,9 +79,17 @@ def build_datasets(n_squad: int, n_hotpot: int, log: Console) -> list[dict[str, 
         paragraphs = {p.id: p.text for ex in [*picked, *others] for p in ex.paragraphs}
         hot_dir = _index("bench_hotpot", list(paragraphs.items()), log)
         for q in picked:
-            items.append({"dataset": "hotpot", "id": q.id, "question": q.question,
-                          "answers": list(q.answers), "gold": list(q.gold_ids),
-                          "index_dir": str(hot_dir), "collection": "bench_hotpot"})
+            items.append(
+                {
+                    "dataset": "hotpot",
+                    "id": q.id,
+                    "question": q.question,
+                    "answers": list(q.answers),
+                    "gold": list(q.gold_ids),
+                    "index_dir": str(hot_dir),
+                    "collection": "bench_hotpot",
+                }
+            )
     return items
 
 
@@ -83,70 +102,98 @@ def _count_passes(model: Any) -> tuple[list[int], Any]:
     return calls, model.register_forward_pre_hook(hook)
 
 
-def run_hf_lookup(question: str, chunks: list[dict[str, Any]], ctx: SpecRagContext) -> dict[str, Any]:
+def run_hf_lookup(
+    question: str, chunks: list[dict[str, Any]], ctx: SpecRagContext
+) -> dict[str, Any]:
     """Serial RAG answer with HF prompt lookup decoding (same prompt as ``generate``)."""
     from transformers import TextIteratorStreamer
 
     loaded = load_lm(ctx.answer_model, ctx.device, ctx.dtype)
     ids = encode_chat(loaded, evidence_messages({"question": question, "chunks": chunks}, ctx))
-    import threading
-
     import torch
 
     streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
     out: dict[str, Any] = {}
     calls, handle = _count_passes(loaded.model)
-    with loaded.lock:
-        start = time.perf_counter()
+    start = time.perf_counter()
 
-        def work() -> None:
-            with torch.inference_mode():
-                out["ids"] = loaded.model.generate(
-                    torch.tensor([ids], device=loaded.device),
-                    attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=loaded.device),
-                    max_new_tokens=ctx.answer_max_tokens, do_sample=False,
-                    prompt_lookup_num_tokens=10, streamer=streamer,
-                    pad_token_id=loaded.tokenizer.eos_token_id,
-                )
+    def work() -> None:
+        try:
+            _generate()
+        except BaseException:
+            streamer.end()  # never leave the reader waiting
+            raise
 
-        thread = threading.Thread(target=work)
-        thread.start()
-        ttft = None
-        text = ""
-        for piece in streamer:
-            if piece and ttft is None:
-                ttft = time.perf_counter() - start
-            text += piece
-        thread.join()
-        elapsed = time.perf_counter() - start
+    def _generate() -> None:
+        with torch.inference_mode():
+            out["ids"] = loaded.model.generate(
+                torch.tensor([ids], device=loaded.device),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=loaded.device),
+                max_new_tokens=ctx.answer_max_tokens,
+                do_sample=False,
+                prompt_lookup_num_tokens=10,
+                streamer=streamer,
+                pad_token_id=loaded.tokenizer.eos_token_id,
+            )
+
+    done = MODEL_THREAD.submit(work)  # the thread all model work runs on
+    ttft = None
+    text = ""
+    for piece in streamer:
+        if piece and ttft is None:
+            ttft = time.perf_counter() - start
+        text += piece
+    done.result()
+    elapsed = time.perf_counter() - start
     handle.remove()
     new = int(out["ids"].shape[1] - len(ids))
-    return {"answer": text.strip(), "ttft_s": ttft, "answer_s": elapsed,
-            "passes_per_token": calls[0] / max(new, 1), "new_tokens": new}
+    return {
+        "answer": text.strip(),
+        "ttft_s": ttft,
+        "answer_s": elapsed,
+        "passes_per_token": calls[0] / max(new, 1),
+        "new_tokens": new,
+    }
 
 
-async def run_one(item: dict[str, Any], system: str, latency: float, graph: Any,
-                  base: SpecRagContext) -> dict[str, Any]:
+async def run_one(
+    item: dict[str, Any], system: str, latency: float, graph: Any, base: SpecRagContext
+) -> dict[str, Any]:
     """One question through one system; returns the measured record."""
-    ctx = replace(base, index_dir=item["index_dir"], collection=item["collection"],
-                  added_retrieval_latency_s=latency)
+    ctx = replace(
+        base,
+        index_dir=item["index_dir"],
+        collection=item["collection"],
+        added_retrieval_latency_s=latency,
+    )
     question = item["question"]
-    rec: dict[str, Any] = {"dataset": item["dataset"], "qid": item["id"], "system": system,
-                           "latency": latency}
+    rec: dict[str, Any] = {
+        "dataset": item["dataset"],
+        "qid": item["id"],
+        "system": system,
+        "latency": latency,
+    }
     start = time.perf_counter()
     if system == "no_rag":
-        model = ChatLocalLM(temperature=ctx.draft_temperature, max_new_tokens=ctx.draft_max_tokens,
-                            speculation="none", seed=SEED)
+        model = ChatLocalLM(
+            temperature=ctx.draft_temperature,
+            max_new_tokens=ctx.draft_max_tokens,
+            speculation="none",
+            seed=SEED,
+        )
         first: list[float] = []
         text = ""
-        async for chunk in model.astream([
-            prompts_system(ctx.draft_prompt), prompts_human(question)
-        ]):
+        async for chunk in model.astream([SystemMessage(ctx.draft_prompt), HumanMessage(question)]):
             if chunk.content and not first:
                 first.append(time.perf_counter() - start)
             text += str(chunk.content)
-        rec.update(answer=text.strip(), ttft_s=first[0] if first else None, route="no_rag",
-                   retrieved=[], passes_per_token=1.0)
+        rec.update(
+            answer=text.strip(),
+            ttft_s=first[0] if first else None,
+            route="no_rag",
+            retrieved=[],
+            passes_per_token=1.0,
+        )
     elif system == "serial_lookup":
         index = open_index(ctx)
         await asyncio.sleep(latency)
@@ -154,10 +201,15 @@ async def run_one(item: dict[str, Any], system: str, latency: float, graph: Any,
         chunks = [c for c in chunks if c["score"] >= ctx.relevance_threshold] or chunks[:1]
         rec["retrieve_s"] = time.perf_counter() - start
         res = await asyncio.to_thread(run_hf_lookup, question, chunks, ctx)
-        rec.update(answer=res["answer"], route="generate", retrieved=[c["source"] for c in chunks],
-                   passes_per_token=res["passes_per_token"],
-                   ttft_s=(rec["retrieve_s"] + res["ttft_s"]) if res["ttft_s"] else None,
-                   decode_s=res["answer_s"])
+        rec.update(
+            answer=res["answer"],
+            route="generate",
+            retrieved=[c["source"] for c in chunks],
+            passes_per_token=res["passes_per_token"],
+            ttft_s=(rec["retrieve_s"] + res["ttft_s"]) if res["ttft_s"] else None,
+            # decode time after the first token, like the graph's decoding stats
+            decode_s=res["answer_s"] - (res["ttft_s"] or 0.0),
+        )
     else:
         overrides = {
             "serial_plain": {"draft_policy": "off", "speculation": "none"},
@@ -168,38 +220,34 @@ async def run_one(item: dict[str, Any], system: str, latency: float, graph: Any,
         stats = result.get("stats") or {}
         node_stats = stats.get(result.get("route", ""), {}) if isinstance(stats, dict) else {}
         timings = result.get("timings") or {}
-        rec.update(answer=result.get("answer", ""), route=result.get("route"),
-                   retrieved=[c.get("source") for c in result.get("chunks") or []],
-                   ttft_s=timings.get("ttft_s"), draft_ttft_s=timings.get("draft_ttft_s"),
-                   passes_per_token=node_stats.get("passes_per_token"),
-                   decode_s=node_stats.get("decode_s"),
-                   accepted=node_stats.get("candidates_accepted"),
-                   proposed=node_stats.get("candidates_proposed"))
+        rec.update(
+            answer=result.get("answer", ""),
+            route=result.get("route"),
+            retrieved=[c.get("source") for c in result.get("chunks") or []],
+            ttft_s=timings.get("ttft_s"),
+            draft_ttft_s=timings.get("draft_ttft_s"),
+            passes_per_token=node_stats.get("passes_per_token"),
+            decode_s=node_stats.get("decode_s"),
+            accepted=node_stats.get("candidates_accepted"),
+            proposed=node_stats.get("candidates_proposed"),
+        )
     rec["e2e_s"] = time.perf_counter() - start
     rec["em"] = metrics.exact_match(rec["answer"], item["answers"])
     rec["f1"] = metrics.f1(rec["answer"], item["answers"])
     rec["contains"] = metrics.contains(rec["answer"], item["answers"])
     gold = set(item["gold"])
-    rec["recall_at_k"] = (len(gold & set(rec["retrieved"])) / len(gold)) if system != "no_rag" else None
+    rec["recall_at_k"] = (
+        (len(gold & set(rec["retrieved"])) / len(gold)) if system != "no_rag" else None
+    )
     return rec
-
-
-def prompts_system(text: str) -> Any:
-    from langchain_core.messages import SystemMessage
-
-    return SystemMessage(text)
-
-
-def prompts_human(text: str) -> Any:
-    from langchain_core.messages import HumanMessage
-
-    return HumanMessage(text)
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per system and added latency: accuracy, latency and decoding figures."""
     out: dict[str, Any] = {}
-    serial = {(r["qid"], r["latency"]): r["answer"] for r in records if r["system"] == "serial_plain"}
+    serial = {
+        (r["qid"], r["latency"]): r["answer"] for r in records if r["system"] == "serial_plain"
+    }
     for system in SYSTEMS:
         per: dict[str, Any] = {}
         for latency in LATENCIES:
@@ -218,7 +266,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "recall_at_k": metrics.mean(recall) if recall else None,
                 "ttft_s_median": metrics.median([r["ttft_s"] for r in rs if r.get("ttft_s")]),
                 "draft_ttft_s_median": metrics.median(
-                    [r["draft_ttft_s"] for r in rs if r.get("draft_ttft_s")]) or None,
+                    [r["draft_ttft_s"] for r in rs if r.get("draft_ttft_s")]
+                )
+                or None,
                 "e2e_s_median": metrics.median([r["e2e_s"] for r in rs]),
                 "e2e_s_p90": metrics.percentile([r["e2e_s"] for r in rs], 90),
                 "passes_per_token": metrics.mean(ppt) if ppt else None,
@@ -226,8 +276,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "routes": dict(Counter(r.get("route") for r in rs)),
             }
             if system in ("spec_verify", "spec_rewrite"):
-                same = [r["answer"] == serial.get((r["qid"], r["latency"])) for r in rs
-                        if (r["qid"], r["latency"]) in serial]
+                same = [
+                    r["answer"] == serial.get((r["qid"], r["latency"]))
+                    for r in rs
+                    if (r["qid"], r["latency"]) in serial
+                ]
                 row["identical_to_serial_plain"] = metrics.mean([float(s) for s in same])
             per[str(latency)] = row
         out[system] = per
@@ -243,7 +296,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     row["decode_vs_serial_plain"] = row["decode_s_mean"] / base["decode_s_mean"]
                 if row.get("draft_ttft_s_median") and base.get("ttft_s_median"):
                     row["draft_ttft_vs_serial_ttft"] = (
-                        row["draft_ttft_s_median"] / base["ttft_s_median"])
+                        row["draft_ttft_s_median"] / base["ttft_s_median"]
+                    )
             if row and look and system != "serial_lookup":
                 row["e2e_vs_serial_lookup"] = row["e2e_s_median"] / look["e2e_s_median"]
     return out
@@ -257,19 +311,36 @@ def _fmt(v: Any) -> str:
 
 def markdown(summary: dict[str, Any]) -> str:
     """The results as a markdown table."""
-    cols = ["em", "f1", "contains", "recall_at_k", "draft_ttft_s_median", "ttft_s_median",
-            "e2e_s_median", "e2e_s_p90", "passes_per_token", "decode_vs_serial_plain",
-            "draft_ttft_vs_serial_ttft", "e2e_vs_serial_plain", "e2e_vs_serial_lookup",
-            "identical_to_serial_plain"]
-    lines = ["| system | added latency (s, injected) | " + " | ".join(cols) + " | routes |",
-             "|---|---|" + "---|" * len(cols) + "---|"]
+    cols = [
+        "em",
+        "f1",
+        "contains",
+        "recall_at_k",
+        "draft_ttft_s_median",
+        "ttft_s_median",
+        "e2e_s_median",
+        "e2e_s_p90",
+        "passes_per_token",
+        "decode_vs_serial_plain",
+        "draft_ttft_vs_serial_ttft",
+        "e2e_vs_serial_plain",
+        "e2e_vs_serial_lookup",
+        "identical_to_serial_plain",
+    ]
+    lines = [
+        "| system | added latency (s, injected) | " + " | ".join(cols) + " | routes |",
+        "|---|---|" + "---|" * len(cols) + "---|",
+    ]
     for system, per in summary.items():
         for latency, row in per.items():
             if system == "no_rag" and latency != "0.0":
                 continue  # the draft alone does not wait for retrieval
             routes = ", ".join(f"{k}:{v}" for k, v in row["routes"].items())
-            lines.append(f"| {system} | {latency} | " + " | ".join(_fmt(row.get(c)) for c in cols)
-                         + f" | {routes} |")
+            lines.append(
+                f"| {system} | {latency} | "
+                + " | ".join(_fmt(row.get(c)) for c in cols)
+                + f" | {routes} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -329,8 +400,13 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     work += [(item, s, lat) for lat in LATENCIES for item in items for s in SYSTEMS[1:]]
 
     async def go() -> None:
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=log) as bar:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=log,
+        ) as bar:
             task = bar.add_task("bench rag", total=len(work))
             for item, system, latency in work:
                 key = f"{item['dataset']}|{item['id']}|{system}|{latency}"
@@ -345,9 +421,19 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "table.md").write_text(markdown(summary))
     pngs = plots(summary, out_dir)
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), *map(str, pngs),
-             str(runlog.path)]
+    files = [
+        str(out_dir / "summary.json"),
+        str(out_dir / "table.md"),
+        *map(str, pngs),
+        str(runlog.path),
+    ]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
-    return {"benchmark": "rag", "quick": quick, "questions": len(items),
-            "added_latencies_s": LATENCIES, "systems": summary, "files": files}
+    return {
+        "benchmark": "rag",
+        "quick": quick,
+        "questions": len(items),
+        "added_latencies_s": LATENCIES,
+        "systems": summary,
+        "files": files,
+    }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from specrag.evaluation import metrics
 from specrag.evaluation.store import RunLog
 from specrag.models.loading import LoadedLM, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
+from specrag.models.worker import MODEL_THREAD
 
 LENGTHS = [2048, 4096, 8192]
 METHODS = ["target_only", "hf_assisted", "hf_prompt_lookup", "rapid_eta0", "rapid_kt"]
@@ -43,13 +43,19 @@ SEED = 7
 MAX_NEW = 48
 
 
-def build_document(ex: QAExample, pool: list[QAExample], tokens: int, loaded: LoadedLM,
-                   rng: random.Random) -> str:
+def build_document(
+    ex: QAExample, pool: list[QAExample], tokens: int, loaded: LoadedLM, rng: random.Random
+) -> str:
     """Gold paragraphs hidden among distractors, about ``tokens`` tokens long."""
     count = lambda t: len(loaded.tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
     gold = [f"{p.title}: {p.text}" for p in ex.paragraphs if p.id in ex.gold_ids]
-    distractors = [f"{p.title}: {p.text}" for other in pool if other.id != ex.id
-                   for p in other.paragraphs if p.id not in ex.gold_ids]
+    distractors = [
+        f"{p.title}: {p.text}"
+        for other in pool
+        if other.id != ex.id
+        for p in other.paragraphs
+        if p.id not in ex.gold_ids
+    ]
     rng.shuffle(distractors)
     budget = tokens - 200 - sum(count(g) for g in gold)  # room for the question and answer
     body: list[str] = []
@@ -81,53 +87,80 @@ def hf_generate(loaded: LoadedLM, prompt: list[int], cache: Any, **kwargs: Any) 
             with torch.inference_mode():
                 ids = torch.tensor([prompt], device=loaded.device)
                 out["ids"] = loaded.model.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=MAX_NEW,
                     **({"cache": cache} if cache is not None else {}),
-                    do_sample=False, streamer=streamer,
-                    pad_token_id=loaded.tokenizer.eos_token_id, **kwargs)
+                    do_sample=False,
+                    streamer=streamer,
+                    pad_token_id=loaded.tokenizer.eos_token_id,
+                    **kwargs,
+                )
         except Exception as exc:  # noqa: BLE001 - re-raised below
             out["error"] = exc
             streamer.end()
 
     start = time.perf_counter()
-    thread = threading.Thread(target=work)
-    thread.start()
+    done = MODEL_THREAD.submit(work)  # the thread all model work runs on (see models/worker)
     ttft = None
     text = ""
     for piece in streamer:
         if ttft is None:
             ttft = time.perf_counter() - start
         text += piece
-    thread.join()
+    done.result()
     total = time.perf_counter() - start
     handle.remove()
     if "error" in out:
         raise out["error"]
     new = int(out["ids"].shape[1] - len(prompt))
     decode_s = total - (ttft or total)
-    return {"answer": text.strip(), "new_tokens": new, "ttft_s": ttft, "total_s": total,
-            "decode_s": decode_s, "target_forward_passes": calls[0],
-            "tokens_per_s": (new - 1) / decode_s if decode_s > 0 and new > 1 else None}
+    return {
+        "answer": text.strip(),
+        "new_tokens": new,
+        "ttft_s": ttft,
+        "total_s": total,
+        "decode_s": decode_s,
+        "target_forward_passes": calls[0],
+        "tokens_per_s": (new - 1) / decode_s if decode_s > 0 and new > 1 else None,
+    }
 
 
-def run_case(ex: QAExample, document: str, length: int, loaded: LoadedLM, eta: float,
-             method: str, shared: dict[str, Any]) -> dict[str, Any]:
+def run_case(
+    ex: QAExample,
+    document: str,
+    length: int,
+    loaded: LoadedLM,
+    eta: float,
+    method: str,
+    shared: dict[str, Any],
+) -> dict[str, Any]:
     """One method on one (question, document)."""
     if method.startswith("rapid"):
         cache: PrefixCache = shared.setdefault("prefix_cache", PrefixCache())
-        model = ChatRapid(eta=0.0 if method == "rapid_eta0" else eta, max_new_tokens=MAX_NEW,
-                          prefix_cache=cache, adaptive_gamma=True)
+        model = ChatRapid(
+            eta=0.0 if method == "rapid_eta0" else eta,
+            max_new_tokens=MAX_NEW,
+            prefix_cache=cache,
+            adaptive_gamma=True,
+        )
         start = time.perf_counter()
         msg = model.invoke([HumanMessage(ex.question)], document=document)
         first_e2e = time.perf_counter() - start
         meta = msg.response_metadata
-        rec = {"answer": str(msg.content), "new_tokens": meta["new_tokens"],
-               "decode_s": meta["decode_s"], "target_forward_passes": meta["target_forward_passes"],
-               "acceptance_rate": meta["acceptance_rate"],
-               "mean_accepted_per_step": meta["mean_accepted_per_step"],
-               "prefix_cache_hit": meta["prefix_cache_hit"], "e2e_s": first_e2e,
-               "tokens_per_s": (meta["new_tokens"] - 1) / meta["decode_s"]
-               if meta["decode_s"] and meta["new_tokens"] > 1 else None}
+        rec = {
+            "answer": str(msg.content),
+            "new_tokens": meta["new_tokens"],
+            "decode_s": meta["decode_s"],
+            "target_forward_passes": meta["target_forward_passes"],
+            "acceptance_rate": meta["acceptance_rate"],
+            "mean_accepted_per_step": meta["mean_accepted_per_step"],
+            "prefix_cache_hit": meta["prefix_cache_hit"],
+            "e2e_s": first_e2e,
+            "tokens_per_s": (meta["new_tokens"] - 1) / meta["decode_s"]
+            if meta["decode_s"] and meta["new_tokens"] > 1
+            else None,
+        }
         if method == "rapid_kt":  # repeat the question: the document prefix is cached now
             start = time.perf_counter()
             again = model.invoke([HumanMessage(ex.question)], document=document)
@@ -140,20 +173,25 @@ def run_case(ex: QAExample, document: str, length: int, loaded: LoadedLM, eta: f
         # Target-only decoding starts from the document prefill the first RAPID run cached
         # (plus the question): the same prompt, and decode speed is measured after the
         # first token anyway.
-        state = shared["prefix_cache"].get(prefix_key(loaded.key, head + doc))
-        if state is None:
-            from specrag.decoding.state import LMState
+        def prefilled() -> Any:
+            state = shared["prefix_cache"].get(prefix_key(loaded.key, head + doc))
+            if state is None:
+                from specrag.decoding.state import LMState
 
-            state = LMState(loaded.model, loaded.device)
-            state.extend(head + doc, all_logits=False)
-        state.extend(tail[:-1], all_logits=False)
+                state = LMState(loaded.model, loaded.device)
+                state.extend(head + doc, all_logits=False)
+            state.extend(tail[:-1], all_logits=False)
+            return state
+
+        state = MODEL_THREAD.call(prefilled)
         res = hf_generate(loaded, prompt, state.cache)
     else:
         # HF's speculative paths run as users run them: from the prompt, with their own
         # prefill (assisted generation prefills the assistant on the same long prompt too).
         # Handing them a pre-filled cache changed their greedy output in transformers 5.24.
         kwargs: dict[str, Any] = (
-            {"assistant_model": loaded.model} if method == "hf_assisted"
+            {"assistant_model": loaded.model}
+            if method == "hf_assisted"
             else {"prompt_lookup_num_tokens": 10}
         )
         res = hf_generate(loaded, prompt, None, **kwargs)
@@ -168,8 +206,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [r for r in records if r["length"] == length]
         if not rows:
             continue
-        per: dict[str, Any] = {"tokens_per_s": {}, "speedup_vs_target": {}, "accuracy": {},
-                               "f1": {}, "acceptance_rate": {}}
+        per: dict[str, Any] = {
+            "tokens_per_s": {},
+            "speedup_vs_target": {},
+            "accuracy": {},
+            "f1": {},
+            "acceptance_rate": {},
+        }
         for method in METHODS:
             rs = [r for r in rows if r["method"] == method]
             if not rs:
@@ -187,8 +230,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         kt = [r for r in rows if r["method"] == "rapid_kt" and r.get("repeat_e2e_s")]
         per["first_question_s"] = metrics.mean([r["e2e_s"] for r in kt]) if kt else None
         per["repeat_question_s"] = metrics.mean([r["repeat_e2e_s"] for r in kt]) if kt else None
-        per["repeat_question_speedup"] = (per["first_question_s"] / per["repeat_question_s"]
-                                          if kt else None)
+        per["repeat_question_speedup"] = (
+            per["first_question_s"] / per["repeat_question_s"] if kt else None
+        )
         per["n_questions"] = len({r["qid"] for r in rows})
         per["document_tokens"] = metrics.mean([r["document_tokens"] for r in rows])
         out[str(length)] = per
@@ -197,26 +241,33 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(summary: dict[str, Any]) -> str:
     """Results table."""
-    head = ("| context | method | tokens/s | speedup vs target | acceptance | accuracy (contains) "
-            "| F1 |\n|---|---|---|---|---|---|---|\n")
+    head = (
+        "| context | method | tokens/s | speedup vs target | acceptance | accuracy (contains) "
+        "| F1 |\n|---|---|---|---|---|---|---|\n"
+    )
     lines = []
     f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for length, per in summary.items():
         for method in METHODS:
             if method not in per["tokens_per_s"]:
                 continue
-            lines.append(f"| {length} | {method} | {f(per['tokens_per_s'][method])} | "
-                         f"{f(per['speedup_vs_target'].get(method))} | "
-                         f"{f(per['acceptance_rate'].get(method))} | "
-                         f"{f(per['accuracy'][method])} | {f(per['f1'][method])} |")
-        lines.append(f"| {length} | repeat question (rapid_kt, prefix cache) | "
-                     f"first {f(per['first_question_s'])} s | repeat {f(per['repeat_question_s'])} s "
-                     f"| speedup {f(per['repeat_question_speedup'])} | | |")
+            lines.append(
+                f"| {length} | {method} | {f(per['tokens_per_s'][method])} | "
+                f"{f(per['speedup_vs_target'].get(method))} | "
+                f"{f(per['acceptance_rate'].get(method))} | "
+                f"{f(per['accuracy'][method])} | {f(per['f1'][method])} |"
+            )
+        lines.append(
+            f"| {length} | repeat question (rapid_kt, prefix cache) | "
+            f"first {f(per['first_question_s'])} s | repeat {f(per['repeat_question_s'])} s "
+            f"| speedup {f(per['repeat_question_speedup'])} | | |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
-def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False,
-        eta: float = 5.0) -> dict[str, Any]:
+def run(
+    *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, eta: float = 5.0
+) -> dict[str, Any]:
     """Run (or resume) the benchmark and write JSON + markdown."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -230,8 +281,13 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False,
     distractor_pool = sample(pool, 300, SEED + 1)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     work = [(ex, length) for length in LENGTHS for ex in picked]
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=log) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=log,
+    ) as bar:
         task = bar.add_task("bench rapid", total=len(work) * len(METHODS))
         for ex, length in work:
             rng = random.Random(f"{SEED}:{ex.id}:{length}")
@@ -239,16 +295,25 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False,
             n_tokens = len(loaded.tokenizer(document, add_special_tokens=False)["input_ids"])
             shared: dict[str, Any] = {}
             # RAPID first: its first run pays (and caches) the document prefill
-            for method in ["rapid_kt", "rapid_eta0", "target_only", "hf_prompt_lookup",
-                           "hf_assisted"]:
+            for method in [
+                "rapid_kt",
+                "rapid_eta0",
+                "target_only",
+                "hf_prompt_lookup",
+                "hf_assisted",
+            ]:
                 key = f"{ex.id}|{length}|{method}"
                 bar.update(task, description=f"{length} tokens: {method}")
                 if not runlog.done(key):
                     rec = run_case(ex, document, length, loaded, eta, method, shared)
-                    rec.update(qid=ex.id, length=length, method=method,
-                               document_tokens=n_tokens,
-                               contains=metrics.contains(rec["answer"], ex.answers),
-                               f1=metrics.f1(rec["answer"], ex.answers))
+                    rec.update(
+                        qid=ex.id,
+                        length=length,
+                        method=method,
+                        document_tokens=n_tokens,
+                        contains=metrics.contains(rec["answer"], ex.answers),
+                        f1=metrics.f1(rec["answer"], ex.answers),
+                    )
                     runlog.add(key, rec)
                 bar.advance(task)
     keys = {f"{ex.id}|{length}|{m}" for ex, length in work for m in METHODS}
@@ -258,5 +323,11 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False,
     files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runlog.path)]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
-    return {"benchmark": "rapid", "quick": quick, "eta": eta, "max_new_tokens": MAX_NEW,
-            "per_context_length": summary, "files": files}
+    return {
+        "benchmark": "rapid",
+        "quick": quick,
+        "eta": eta,
+        "max_new_tokens": MAX_NEW,
+        "per_context_length": summary,
+        "files": files,
+    }

@@ -25,21 +25,29 @@ class SpecRagContext:
     # --- models ---------------------------------------------------------------------------
     draft_model: str = _f(
         "embedded",
-        "Draft model: 'embedded' (SmolLM2-135M-Instruct), 'hf:<hub id or path>' for any local "
-        "Hugging Face causal LM, or 'provider:model' for init_chat_model (e.g. 'openai:gpt-4o-mini').",
+        "Draft model: 'embedded' (SmolLM2-135M-Instruct), 'hf:<hub id or path>' for any "
+        "local Hugging Face causal LM, or 'provider:model' for init_chat_model "
+        "(e.g. 'openai:gpt-4o-mini').",
     )
-    answer_model: str = _f(
-        "embedded", "Refine/generate model; same forms as draft_model."
-    )
+    answer_model: str = _f("embedded", "Refine/generate model; same forms as draft_model.")
     device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N.")
-    dtype: str = _f("auto", "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.")
-    embedding_model: str = _f("embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id.")
+    dtype: str = _f(
+        "auto",
+        "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.",
+    )
+    embedding_model: str = _f(
+        "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."
+    )
     index_dir: str = _f("", "Chroma directory; empty = the default data dir (SPECRAG_DATA_DIR).")
     collection: str = _f("specrag", "Chroma collection name.")
     # --- retrieval ------------------------------------------------------------------------
     top_k: int = _f(3, "Chunks retrieved per question.")
-    relevance_threshold: float = _f(0.2, "Minimum cosine similarity for a chunk to count as evidence.")
-    retrieval_timeout_s: float = _f(3.0, "Retrieval budget; past it the run takes the fallback route.")
+    relevance_threshold: float = _f(
+        0.2, "Minimum cosine similarity for a chunk to count as evidence."
+    )
+    retrieval_timeout_s: float = _f(
+        3.0, "Retrieval budget; past it the run takes the fallback route."
+    )
     added_retrieval_latency_s: float = _f(
         0.0, "INJECTED delay before retrieval results return (models a remote store; benchmarks)."
     )
@@ -75,9 +83,13 @@ class SpecRagContext:
         1024, "Documents longer than this (target-model tokens) take the rapid_generate route."
     )
     rapid_gamma: int = _f(10, "RAPID draft tokens per step.")
-    rapid_transfer: Literal["shift", "mixture", "none"] = _f("shift", "RAPID knowledge-transfer rule.")
+    rapid_transfer: Literal["shift", "mixture", "none"] = _f(
+        "shift", "RAPID knowledge-transfer rule."
+    )
     rapid_eta: float = _f(5.0, "RAPID shift strength (0 = lossless speculative decoding).")
-    rapid_drafter_tokens: int = _f(768, "Token budget of retrieved chunks given to the RAPID drafter.")
+    rapid_drafter_tokens: int = _f(
+        768, "Token budget of retrieved chunks given to the RAPID drafter."
+    )
     rapid_chunk_tokens: int = _f(128, "Chunk size (tokens) for splitting a long document.")
     # --- prompts ----------------------------------------------------------------------------
     draft_prompt: str = _f(prompts.DRAFT_SYSTEM, "System prompt of the draft.")

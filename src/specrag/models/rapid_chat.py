@@ -44,9 +44,7 @@ RAPID_INSTRUCTIONS = (
 )
 
 
-def split_messages(
-    messages: list[BaseMessage], document: str | None
-) -> tuple[str, str, str]:
+def split_messages(messages: list[BaseMessage], document: str | None) -> tuple[str, str, str]:
     """(instructions, document, question) from chat messages."""
     doc = document
     instructions = []
@@ -59,7 +57,9 @@ def split_messages(
     if not humans:
         raise InputError("ChatRapid needs a human message with the question")
     if not doc:
-        raise InputError("ChatRapid needs a document (document= or a system message named 'document')")
+        raise InputError(
+            "ChatRapid needs a document (document= or a system message named 'document')"
+        )
     return "\n".join(instructions) or RAPID_INSTRUCTIONS, doc, str(humans[-1].text)
 
 
@@ -125,8 +125,13 @@ class ChatRapid(LocalChatBase):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"target": self.target_model, "drafter": self.drafter_model or self.target_model,
-                "gamma": self.gamma, "transfer": self.transfer, "eta": self.eta}
+        return {
+            "target": self.target_model,
+            "drafter": self.drafter_model or self.target_model,
+            "gamma": self.gamma,
+            "transfer": self.transfer,
+            "eta": self.eta,
+        }
 
     def load(self) -> tuple[LoadedLM, LoadedLM]:
         """Load target and drafter (once per process)."""
@@ -136,8 +141,15 @@ class ChatRapid(LocalChatBase):
 
     def config(self, **overrides: Any) -> RapidConfig:
         """The engine configuration of this model (per-call overrides allowed)."""
-        fields = ("gamma", "transfer", "eta", "alpha", "lam", "adaptive_gamma",
-                  "min_draft_confidence")
+        fields = (
+            "gamma",
+            "transfer",
+            "eta",
+            "alpha",
+            "lam",
+            "adaptive_gamma",
+            "min_draft_confidence",
+        )
         return RapidConfig(**{f: overrides.get(f, getattr(self, f)) for f in fields})
 
     def _job(self, messages: list[BaseMessage], **kwargs: Any) -> DecodeJob:
@@ -202,10 +214,6 @@ class ChatRapid(LocalChatBase):
                 stats=stats,
             )
 
-        locks = [target.lock] if drafter is target else sorted(
-            [target.lock, drafter.lock], key=id
-        )
-
         def metadata() -> dict[str, Any]:
             return {
                 **stats.as_dict(),
@@ -221,7 +229,6 @@ class ChatRapid(LocalChatBase):
 
         return DecodeJob(
             produce=produce,
-            locks=locks,
             tokenizer=target.tokenizer,
             eos_ids=target.eos_token_ids,
             input_tokens=len(target_prompt),

@@ -191,9 +191,11 @@ async def answer_update(
     if result.timed_out:
         decoding["truncated"] = True
     ttft_abs = marks[node] + result.ttft_s if result.ttft_s is not None else None
-    timings = {"answer_s": round(result.elapsed_s, 4), **run_timings({**state, "marks": {
-        **(state.get("marks") or {}), **marks}}, ttft_abs)}
-    emit({"event": "answered", "node": node, **timings})
+    timings = {
+        "answer_s": round(result.elapsed_s, 4),
+        **run_timings({**state, "marks": {**(state.get("marks") or {}), **marks}}, ttft_abs),
+    }
+    emit({"event": "answered", "node": node, **timings, "decoding": decoding})
     return {
         "answer": result.text,
         "answer_error": "",

@@ -26,8 +26,14 @@ def make_draft(services: Services):  # noqa: ANN201
         ctx = runtime.context or SpecRagContext()
         marks = {"draft": now()}
         if ctx.draft_policy == "off":
-            return {"marks": marks, "draft": "", "draft_status": "off", "draft_tokens": 0,
-                    "draft_confidence": None, "draft_truncated": False}
+            return {
+                "marks": marks,
+                "draft": "",
+                "draft_status": "off",
+                "draft_tokens": 0,
+                "draft_confidence": None,
+                "draft_truncated": False,
+            }
         try:
             model = services.chat_model(ctx.draft_model, ctx)
             await asyncio.to_thread(services.warm, model)  # a first load is not a timeout
@@ -51,9 +57,15 @@ def make_draft(services: Services):  # noqa: ANN201
                 stop_event=retrieval_signal(runtime) if until_retrieval else None,
             )
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
-            return {"marks": marks, "draft": "", "draft_status": "failed", "draft_tokens": 0,
-                    "draft_confidence": None, "draft_truncated": False,
-                    "errors": [f"draft: {short_error(exc)}"]}
+            return {
+                "marks": marks,
+                "draft": "",
+                "draft_status": "failed",
+                "draft_tokens": 0,
+                "draft_confidence": None,
+                "draft_truncated": False,
+                "errors": [f"draft: {short_error(exc)}"],
+            }
         truncated = result.timed_out or result.stopped
         if not result.text:
             status = "timeout" if result.timed_out else "empty"
@@ -62,8 +74,15 @@ def make_draft(services: Services):  # noqa: ANN201
         timings = {"draft_s": round(result.elapsed_s, 4)}
         if result.ttft_s is not None:
             timings["draft_ttft_s"] = round(start - marks["draft"] + result.ttft_s, 4)
-        emit({"event": "drafted", "status": status, "tokens": result.tokens,
-              "confidence": result.confidence, **timings})
+        emit(
+            {
+                "event": "drafted",
+                "status": status,
+                "tokens": result.tokens,
+                "confidence": result.confidence,
+                **timings,
+            }
+        )
         return {
             "marks": marks,
             "draft": result.text,

@@ -38,8 +38,10 @@ def make_rapid_generate(services: Services):  # noqa: ANN201
                 },
             )
         except Exception as exc:  # noqa: BLE001 - routed to generate
-            return {"answer_error": f"rapid_generate: {short_error(exc)}",
-                    "errors": [f"rapid_generate: {short_error(exc)}"]}
+            return {
+                "answer_error": f"rapid_generate: {short_error(exc)}",
+                "errors": [f"rapid_generate: {short_error(exc)}"],
+            }
         return update
 
     return rapid_generate

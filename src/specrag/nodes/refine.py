@@ -60,8 +60,10 @@ def make_refine(services: Services):  # noqa: ANN201
                 },
             )
         except Exception as exc:  # noqa: BLE001 - routed to generate
-            return {"answer_error": f"refine: {short_error(exc)}",
-                    "errors": [f"refine: {short_error(exc)}"]}
+            return {
+                "answer_error": f"refine: {short_error(exc)}",
+                "errors": [f"refine: {short_error(exc)}"],
+            }
         update["stats"] = {**update["stats"], "refine_mode": ctx.refine_mode}
         return update
 

@@ -58,8 +58,14 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         finally:
             signal.set()  # "draft while you wait" stops now
         update["timings"] = {"retrieve_s": round(now() - start, 4)}
-        emit({"event": "retrieved", "status": update["retrieval_status"],
-              "chunks": len(update["chunks"]), "retrieve_s": update["timings"]["retrieve_s"]})
+        emit(
+            {
+                "event": "retrieved",
+                "status": update["retrieval_status"],
+                "chunks": len(update["chunks"]),
+                "retrieve_s": update["timings"]["retrieve_s"],
+            }
+        )
         return update
 
     return retrieve

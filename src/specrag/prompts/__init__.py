@@ -1,5 +1,7 @@
-"""Prompt templates (module constants). English and Chinese questions both work: every prompt
-asks for an answer in the language of the question.
+"""Prompt templates (module constants).
+
+English and Chinese questions both work: every prompt asks for an answer in the language of
+the question.
 
 Evidence is always wrapped in numbered ``<evidence>`` blocks and declared to be data, so text
 inside a document cannot pose as an instruction, a route marker or a system prompt.

@@ -1,0 +1,122 @@
+"""One thread for all model (torch) work, with decode jobs advanced a step at a time.
+
+Why: on 2 CPU cores a SmolLM2 decode step took ~62-72 ms on the only thread that ran torch,
+but ~90-100 ms once a second thread had run torch work too (measured; each calling thread gets
+its own OpenMP team and they degrade each other). So every model call - decoding, embedding,
+loading - runs here.
+
+How: tasks are callables in a FIFO. A decode job is a generator; each turn runs ONE step
+(``next``) and puts the job back at the end of the queue, so concurrent runs interleave
+fairly and a quick task (embedding a question) waits at most one decode step. At most
+``max_active`` decode jobs hold KV caches at once; the rest wait their turn (bounded memory).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ModelThread:
+    """A single daemon thread running submitted tasks and stepping decode generators."""
+
+    def __init__(self, max_active: int = 4) -> None:
+        self.max_active = max_active
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._waiting: deque[Callable[[], None]] = deque()  # decode jobs not yet started
+        self._active = 0
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="specrag-model", daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        """Thread id of the model thread."""
+        return self._thread.ident
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._tasks:
+                    self._cv.wait()
+                task = self._tasks.popleft()
+            task()  # tasks never raise: they report through futures or callbacks
+
+    def _push(self, task: Callable[[], None]) -> None:
+        with self._cv:
+            self._tasks.append(task)
+            self._cv.notify()
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+        """Run ``fn`` on the model thread; the future holds its result or exception."""
+        future: Future[T] = Future()
+
+        def task() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+        self._push(task)
+        return future
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` on the model thread and wait (directly when already on it)."""
+        if threading.get_ident() == self.ident:
+            return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result()
+
+    def run_steps(
+        self,
+        start: Callable[[], Iterator[Any] | None],
+        on_item: Callable[[Any], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        """Step the generator ``start()`` returns, one item per turn, interleaved with others.
+
+        ``start`` runs on the model thread when the job gets a slot (it may return None to
+        skip the job); ``on_end`` is always called once, with the exception if one was raised.
+        """
+        gen: Iterator[Any] | None = None
+
+        def finish(exc: BaseException | None) -> None:
+            with self._cv:
+                self._active -= 1
+                if self._waiting:
+                    self._active += 1
+                    self._tasks.append(self._waiting.popleft())
+                    self._cv.notify()
+            on_end(exc)
+
+        def step() -> None:
+            nonlocal gen
+            try:
+                if gen is None:
+                    gen = start()
+                    if gen is None:
+                        return finish(None)
+                item = next(gen)
+            except StopIteration:
+                return finish(None)
+            except BaseException as exc:  # noqa: BLE001 - reported through on_end
+                return finish(exc)
+            on_item(item)
+            self._push(step)  # back of the queue: other jobs and tasks get a turn
+
+        with self._cv:
+            if self._active < self.max_active:
+                self._active += 1
+                self._tasks.append(step)
+                self._cv.notify()
+            else:
+                self._waiting.append(step)
+
+
+MODEL_THREAD = ModelThread()
