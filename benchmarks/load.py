@@ -1,4 +1,4 @@
-"""Run `specrag bench load` as a script: python benchmarks/load.py [--quick] [--json] [--out DIR]."""
+"""Run `specrag bench load` as a script (same flags: --quick, --json, --out DIR, --fresh)."""
 
 import sys
 

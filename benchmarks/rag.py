@@ -1,4 +1,4 @@
-"""Run `specrag bench rag` as a script: python benchmarks/rag.py [--quick] [--json] [--out DIR]."""
+"""Run `specrag bench rag` as a script (same flags: --quick, --json, --out DIR, --fresh)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Run `specrag bench rapid` as a script: python benchmarks/rapid.py [--quick] [--json] [--out DIR]."""
+"""Run `specrag bench rapid` as a script (same flags: --quick, --json, --out DIR, --fresh)."""
 
 import sys
 

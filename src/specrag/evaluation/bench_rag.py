@@ -197,8 +197,9 @@ async def run_one(
     elif system == "serial_lookup":
         index = open_index(ctx)
         await asyncio.sleep(latency)
-        chunks = [c.as_dict() for c in await asyncio.to_thread(index.search, question, ctx.top_k)]
-        chunks = [c for c in chunks if c["score"] >= ctx.relevance_threshold] or chunks[:1]
+        found = await asyncio.to_thread(index.search, question, ctx.top_k)
+        relevant = [c for c in found if c.score >= ctx.relevance_threshold] or found[:1]
+        chunks = [c.as_dict() for c in relevant]
         rec["retrieve_s"] = time.perf_counter() - start
         res = await asyncio.to_thread(run_hf_lookup, question, chunks, ctx)
         rec.update(
@@ -211,7 +212,7 @@ async def run_one(
             decode_s=res["answer_s"] - (res["ttft_s"] or 0.0),
         )
     else:
-        overrides = {
+        overrides: dict[str, Any] = {
             "serial_plain": {"draft_policy": "off", "speculation": "none"},
             "spec_rewrite": {"refine_mode": "rewrite"},
             "spec_verify": {"refine_mode": "verify"},
@@ -285,11 +286,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             per[str(latency)] = row
         out[system] = per
     # ratios measured in this run
-    for latency in map(str, LATENCIES):
-        base = out.get("serial_plain", {}).get(latency)
-        look = out.get("serial_lookup", {}).get(latency)
+    for lat_key in map(str, LATENCIES):
+        base = out.get("serial_plain", {}).get(lat_key)
+        look = out.get("serial_lookup", {}).get(lat_key)
         for system in ("spec_verify", "spec_rewrite", "serial_lookup"):
-            row = out.get(system, {}).get(latency)
+            row = out.get(system, {}).get(lat_key)
             if row and base:
                 row["e2e_vs_serial_plain"] = row["e2e_s_median"] / base["e2e_s_median"]
                 if base.get("decode_s_mean") and row.get("decode_s_mean"):

@@ -55,7 +55,7 @@ def build_graph(
     builder.add_conditional_edges("rapid_generate", route_after_refine, ["generate", END])
     builder.add_conditional_edges("generate", route_after_generate, ["fallback", END])
     builder.add_edge("fallback", END)
-    return builder.compile(name="specrag", checkpointer=checkpointer)  # type: ignore[arg-type]
+    return builder.compile(name="specrag", checkpointer=checkpointer)  # type: ignore[arg-type,return-value]
 
 
 graph = build_graph()

@@ -159,7 +159,11 @@ class LocalChatBase(BaseChatModel):
         run = _Run(self, job, kwargs)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        run.start(lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
+
+        def put(item: tuple[str, Any]) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
+        run.start(put)
         try:
             while True:
                 kind, value = await events.get()

@@ -124,7 +124,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
     # transformers refuses to serialise a model that still carries its GGUF quantizer marker,
     # although the weights are already de-quantized: drop the marker, then save normally.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed non-optional
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
@@ -187,7 +187,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     with torch.inference_mode():  # warm-up: the first forward pays one-off kernel setup costs
         model(input_ids=torch.tensor([[1, 2, 3, 4]], device=device))
