@@ -88,40 +88,36 @@ def index_dir_of(ctx: Any) -> Path:
     return Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir()
 
 
-def progress_bar(description: str):  # noqa: ANN201
-    """A rich progress bar on stderr."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-    )
-
-
 # --- commands -------------------------------------------------------------------------------
+
+
+def index_with_progress(
+    records: list[tuple[str, str]], ctx: Any, label: str, prune_roots: list[str] | None = None
+) -> Any:
+    """Index records into the context's index with a progress bar on stderr."""
+    from specrag.indexing.pipeline import index_records
+    from specrag.progress import progress_bar
+
+    with progress_bar(err) as bar:
+        task = bar.add_task(label, total=len(records))
+        return index_records(
+            records,
+            index_dir_of(ctx),
+            collection=ctx.collection,
+            embedding_model=ctx.embedding_model,
+            progress=lambda n: bar.advance(task, n),
+            prune_roots=prune_roots or (),
+        )
 
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
-    from specrag.indexing.pipeline import folder_roots, index_records, load_files
+    from specrag.indexing.pipeline import folder_roots, load_files
 
     ctx = make_context(args)
     directory = index_dir_of(ctx)
     records = load_files(args.paths)  # validates every input before the index is opened
-    with progress_bar("indexing") as bar:
-        task = bar.add_task("indexing files", total=len(records))
-        report = index_records(
-            records,
-            directory,
-            collection=ctx.collection,
-            embedding_model=ctx.embedding_model,
-            progress=lambda n: bar.advance(task, n),
-            prune_roots=folder_roots(args.paths),
-        )
+    report = index_with_progress(records, ctx, "indexing files", folder_roots(args.paths))
     summary = {
         "index_dir": str(directory),
         "files": report.files,
@@ -277,7 +273,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from specrag.data.datasets import squad_paragraphs
-    from specrag.indexing.pipeline import index_records
 
     if not any(s.startswith("refine_temperature=") for s in args.set or []):
         args.set = [*(args.set or []), "refine_temperature=0"]  # reproducible demo answers
@@ -286,15 +281,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     paragraphs = squad_paragraphs()
     records = [(p.id, p.text) for p in paragraphs]
     err.print(f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {directory}")
-    with progress_bar("indexing") as bar:
-        task = bar.add_task("embedding paragraphs", total=len(records))
-        report = index_records(
-            records,
-            directory,
-            collection=ctx.collection,
-            embedding_model=ctx.embedding_model,
-            progress=lambda n: bar.advance(task, n),
-        )
+    report = index_with_progress(records, ctx, "embedding paragraphs")
     err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
     preload(ctx, None)
     rows = []

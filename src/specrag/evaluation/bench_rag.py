@@ -38,6 +38,7 @@ from specrag.models.loading import load_lm
 from specrag.models.worker import MODEL_THREAD
 from specrag.nodes.generate import evidence_messages
 from specrag.paths import cache_dir
+from specrag.progress import progress_bar
 
 SYSTEMS = ["no_rag", "serial_plain", "serial_lookup", "spec_rewrite", "spec_verify"]
 LATENCIES = [0.0, 0.5, 1.0, 2.0]
@@ -46,9 +47,7 @@ SEED = 2026
 
 def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Path:
     directory = cache_dir() / "bench-index"
-    from rich.progress import Progress
-
-    with Progress(console=log, transient=True) as bar:
+    with progress_bar(log, transient=True) as bar:
         task = bar.add_task(f"indexing {collection}", total=len(records))
         index_records(
             records, directory, collection=collection, progress=lambda n: bar.advance(task, n)
@@ -387,8 +386,6 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
     """Run (or resume) the benchmark; write JSON, markdown and plots; return the summary."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     out_dir = out_dir / "bench_rag"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot = (4, 2) if quick else (40, 20)
@@ -401,13 +398,7 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     work += [(item, s, lat) for lat in LATENCIES for item in items for s in SYSTEMS[1:]]
 
     async def go() -> None:
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=log,
-        ) as bar:
+        with progress_bar(log) as bar:
             task = bar.add_task("bench rag", total=len(work))
             for item, system, latency in work:
                 key = f"{item['dataset']}|{item['id']}|{system}|{latency}"

@@ -36,6 +36,7 @@ from specrag.evaluation.store import RunLog
 from specrag.models.loading import LoadedLM, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
 from specrag.models.worker import MODEL_THREAD
+from specrag.progress import progress_bar
 
 LENGTHS = [2048, 4096, 8192]
 METHODS = ["target_only", "hf_assisted", "hf_prompt_lookup", "rapid_eta0", "rapid_kt"]
@@ -269,8 +270,6 @@ def run(
     *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, eta: float = 5.0
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark and write JSON + markdown."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     out_dir = out_dir / "bench_rapid"
     out_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_lm("embedded", "auto", "auto")
@@ -281,13 +280,7 @@ def run(
     distractor_pool = sample(pool, 300, SEED + 1)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     work = [(ex, length) for length in LENGTHS for ex in picked]
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=log,
-    ) as bar:
+    with progress_bar(log) as bar:
         task = bar.add_task("bench rapid", total=len(work) * len(METHODS))
         for ex, length in work:
             rng = random.Random(f"{SEED}:{ex.id}:{length}")
