@@ -100,3 +100,29 @@ async def test_server_streams_draft_then_answer(server):
     assert "draft" in order
     answer_node = final["route"]
     assert order.index("draft") < order.index(answer_node)  # draft tokens came first
+
+
+async def test_server_concurrent_runs_keep_their_own_answers(server):
+    import asyncio
+
+    from langgraph_sdk import get_client
+
+    client = get_client(url=server)
+    questions = [
+        "Who was the Norse leader?",
+        "In what country is Normandy located?",
+        "When were the Normans in Normandy?",
+        "From which countries did the Norse originate?",
+    ]
+    context = {"refine_temperature": 0.0, "answer_max_tokens": 32}
+
+    async def ask(question):
+        thread = await client.threads.create()
+        result = await client.runs.wait(
+            thread["thread_id"], "specrag", input={"question": question}, context=context
+        )
+        return result["answer"], [c["source"] for c in result.get("citations") or []]
+
+    alone = [await ask(q) for q in questions]
+    together = await asyncio.gather(*(ask(q) for q in questions))
+    assert list(together) == alone  # each concurrent answer belongs to its own question

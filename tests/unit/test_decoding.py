@@ -259,3 +259,30 @@ def test_prefix_cache_reuse_gives_same_output(model):
     assert reused.forward_passes < 25  # the document was not prefilled again
     again = cache.get(key)  # the cached entry was not modified by the first use
     assert again.tokens == doc
+
+
+@pytest.mark.parametrize("eta", [0.0, 5.0])
+def test_rapid_caches_after_rejections_equal_fresh_forward(model, eta):
+    doc = torch.randint(0, 64, (120,), generator=torch.Generator().manual_seed(5)).tolist()
+    target_prompt, drafter_prompt = doc + [1, 2], doc[-20:] + [1, 2]
+    target, drafter = LMState(model), LMState(tiny(seed=9))
+    stats = RapidStats()
+    out = run(
+        rapid_decode(
+            target,
+            drafter,
+            target_prompt,
+            drafter_prompt,
+            max_new_tokens=25,
+            sampler=Sampler(0.0),
+            cfg=RapidConfig(gamma=6, eta=eta),
+            stats=stats,
+        )
+    )
+    assert stats.draft_tokens > stats.accepted_tokens  # there were rejections
+    # both caches hold exactly their prompt + every emitted token but the last
+    assert target.tokens == target_prompt + out[:-1]
+    assert drafter.tokens == drafter_prompt + out[: len(drafter.tokens) - len(drafter_prompt)]
+    cached = target.extend([out[-1]])[-1]
+    fresh = LMState(model).extend(target_prompt + out)[-1]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
