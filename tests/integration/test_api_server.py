@@ -77,6 +77,9 @@ async def test_server_streams_draft_then_answer(server):
     client = get_client(url=server)
     assistants = await client.assistants.search(graph_id="specrag")
     assert assistants, "graph 'specrag' not served"
+    # a first run loads the models in the server process; the asserted run is the second
+    warm = await client.threads.create()
+    await client.runs.wait(warm["thread_id"], "specrag", input={"question": "Who was Rollo?"})
     thread = await client.threads.create()
     order = []
     final = {}
@@ -84,7 +87,7 @@ async def test_server_streams_draft_then_answer(server):
         thread["thread_id"],
         "specrag",
         input={"question": "Who was the Norse leader?"},
-        context={"refine_temperature": 0.0, "draft_policy": "complete"},
+        context={"refine_temperature": 0.0, "draft_policy": "complete", "draft_timeout_s": 10.0},
         stream_mode=["messages-tuple", "custom", "values"],
     ):
         if part.event == "messages":

@@ -230,9 +230,10 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
                 raise ModelLoadError(f"embedding model path not found: {name}")
             path = str(p) if p.exists() else name
         try:
+            # Built here (reading weights needs no parallel compute), so a first load never
+            # holds up decode steps on the model thread; embedding itself runs there.
             emb = ModelThreadEmbeddings(
-                on_model_thread(
-                    HuggingFaceEmbeddings,
+                HuggingFaceEmbeddings(
                     model_name=path,
                     model_kwargs={"device": "cpu"},
                     encode_kwargs={"normalize_embeddings": True},
