@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from specrag.decoding.sampling import Sampler
+from specrag.decoding.sampling import Sampler, token_logprob
 from specrag.decoding.speculative import Token, prefill
 from specrag.decoding.state import LMState
 
@@ -75,7 +75,6 @@ class RapidStats:
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str = ""
-    gamma_trace: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -160,14 +159,11 @@ def rapid_decode(
         st.new_tokens = len(generated)
         st.decode_s = time.perf_counter() - t_start
 
-    def logprob(z: torch.Tensor, tok: int) -> float:
-        return float(torch.log_softmax(z, dim=-1)[tok])
-
     # First token: from the transfer distribution at the prompt's last position.
     _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler.temperature)
     first = int(p_hat0[0].argmax()) if greedy else sampler.pick(p_hat0[0], generator)
     generated.append(first)
-    yield [Token(first, logprob(z0, first), "target")]
+    yield [Token(first, token_logprob(z0, first), "target")]
     gamma = cfg.gamma
     while True:
         last = generated[-1]
@@ -177,7 +173,6 @@ def rapid_decode(
             return finish("length")
         if should_stop is not None and (reason := should_stop(len(generated))):
             return finish(reason)
-        st.gamma_trace.append(gamma)
         room = max_new_tokens - len(generated) - 1
         # --- draft: up to gamma tokens, keeping q at every position (+1 for the bonus) ----
         drafts: list[int] = []
@@ -228,18 +223,18 @@ def rapid_decode(
                     total = resid.sum()
                     resid = resid / total if total > 0 else p_hat[i]
                     nxt = sampler.pick(resid, generator)
-                step.append(Token(nxt, logprob(z[i], nxt), "target"))
+                step.append(Token(nxt, token_logprob(z[i], nxt), "target"))
                 gamma = max(1, gamma - 1) if cfg.adaptive_gamma else gamma
                 break
             n_acc += 1
-            step.append(Token(d, logprob(z[i], d), "drafter"))
+            step.append(Token(d, token_logprob(z[i], d), "drafter"))
             if d in eos_ids:
                 hit_eos = True
                 break
         else:  # all accepted: bonus token from the last position
             row = p_hat[len(drafts)]
             nxt = int(row.argmax()) if greedy else sampler.pick(row, generator)
-            step.append(Token(nxt, logprob(z[len(drafts)], nxt), "target"))
+            step.append(Token(nxt, token_logprob(z[len(drafts)], nxt), "target"))
             if cfg.adaptive_gamma and drafts:
                 gamma = min(cfg.max_gamma, gamma + 1)
         st.accepted_tokens += n_acc

@@ -14,7 +14,6 @@ import asyncio
 import json
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +141,6 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
         answer_max_tokens=32 if quick else 64,
         answer_timeout_s=600.0,
     )
-    ctx = replace(ctx)
     log.print(f"bench load: {len(questions)} questions at concurrency {LEVELS}")
     result = measure(questions, ctx, LEVELS)
     rows = [

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
+from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
@@ -35,7 +36,6 @@ from specrag.graph.services import open_index
 from specrag.indexing.pipeline import index_records
 from specrag.models.chat import ChatLocalLM, encode_chat
 from specrag.models.loading import load_lm
-from specrag.models.worker import MODEL_THREAD
 from specrag.nodes.generate import evidence_messages
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
@@ -92,67 +92,17 @@ def build_datasets(n_squad: int, n_hotpot: int, log: Console) -> list[dict[str, 
     return items
 
 
-def _count_passes(model: Any) -> tuple[list[int], Any]:
-    calls = [0]
-
-    def hook(*_: Any) -> None:
-        calls[0] += 1
-
-    return calls, model.register_forward_pre_hook(hook)
-
-
 def run_hf_lookup(
     question: str, chunks: list[dict[str, Any]], ctx: SpecRagContext
 ) -> dict[str, Any]:
     """Serial RAG answer with HF prompt lookup decoding (same prompt as ``generate``)."""
-    from transformers import TextIteratorStreamer
-
     loaded = load_lm(ctx.answer_model, ctx.device, ctx.dtype)
     ids = encode_chat(loaded, evidence_messages({"question": question, "chunks": chunks}, ctx))
-    import torch
-
-    streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
-    out: dict[str, Any] = {}
-    calls, handle = _count_passes(loaded.model)
-    start = time.perf_counter()
-
-    def work() -> None:
-        try:
-            _generate()
-        except BaseException:
-            streamer.end()  # never leave the reader waiting
-            raise
-
-    def _generate() -> None:
-        with torch.inference_mode():
-            out["ids"] = loaded.model.generate(
-                torch.tensor([ids], device=loaded.device),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=loaded.device),
-                max_new_tokens=ctx.answer_max_tokens,
-                do_sample=False,
-                prompt_lookup_num_tokens=10,
-                streamer=streamer,
-                pad_token_id=loaded.tokenizer.eos_token_id,
-            )
-
-    done = MODEL_THREAD.submit(work)  # the thread all model work runs on
-    ttft = None
-    text = ""
-    for piece in streamer:
-        if piece and ttft is None:
-            ttft = time.perf_counter() - start
-        text += piece
-    done.result()
-    elapsed = time.perf_counter() - start
-    handle.remove()
-    new = int(out["ids"].shape[1] - len(ids))
-    return {
-        "answer": text.strip(),
-        "ttft_s": ttft,
-        "answer_s": elapsed,
-        "passes_per_token": calls[0] / max(new, 1),
-        "new_tokens": new,
-    }
+    res = hf_generate(
+        loaded, ids, max_new_tokens=ctx.answer_max_tokens, prompt_lookup_num_tokens=10
+    )
+    res["passes_per_token"] = res["forward_passes"] / max(res["new_tokens"], 1)
+    return res
 
 
 async def run_one(
@@ -208,7 +158,7 @@ async def run_one(
             passes_per_token=res["passes_per_token"],
             ttft_s=(rec["retrieve_s"] + res["ttft_s"]) if res["ttft_s"] else None,
             # decode time after the first token, like the graph's decoding stats
-            decode_s=res["answer_s"] - (res["ttft_s"] or 0.0),
+            decode_s=res["decode_s"],
         )
     else:
         overrides: dict[str, Any] = {

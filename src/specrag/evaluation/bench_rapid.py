@@ -32,6 +32,7 @@ from rich.console import Console
 from specrag.data.datasets import QAExample, hotpot_questions, sample
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.evaluation import metrics
+from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
 from specrag.models.loading import LoadedLM, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
@@ -72,59 +73,6 @@ def build_document(
     for g in gold:  # the gold position varies with the seed
         body.insert(rng.randint(0, len(body)), g)
     return "\n\n".join(body)
-
-
-def hf_generate(loaded: LoadedLM, prompt: list[int], cache: Any, **kwargs: Any) -> dict[str, Any]:
-    """HF generate from a prefilled cache, timing the first token with a streamer."""
-    from transformers import TextIteratorStreamer
-
-    streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
-    out: dict[str, Any] = {}
-    calls = [0]
-    handle = loaded.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-
-    def work() -> None:
-        try:
-            with torch.inference_mode():
-                ids = torch.tensor([prompt], device=loaded.device)
-                out["ids"] = loaded.model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=MAX_NEW,
-                    **({"cache": cache} if cache is not None else {}),
-                    do_sample=False,
-                    streamer=streamer,
-                    pad_token_id=loaded.tokenizer.eos_token_id,
-                    **kwargs,
-                )
-        except Exception as exc:  # noqa: BLE001 - re-raised below
-            out["error"] = exc
-            streamer.end()
-
-    start = time.perf_counter()
-    done = MODEL_THREAD.submit(work)  # the thread all model work runs on (see models/worker)
-    ttft = None
-    text = ""
-    for piece in streamer:
-        if ttft is None:
-            ttft = time.perf_counter() - start
-        text += piece
-    done.result()
-    total = time.perf_counter() - start
-    handle.remove()
-    if "error" in out:
-        raise out["error"]
-    new = int(out["ids"].shape[1] - len(prompt))
-    decode_s = total - (ttft or total)
-    return {
-        "answer": text.strip(),
-        "new_tokens": new,
-        "ttft_s": ttft,
-        "total_s": total,
-        "decode_s": decode_s,
-        "target_forward_passes": calls[0],
-        "tokens_per_s": (new - 1) / decode_s if decode_s > 0 and new > 1 else None,
-    }
 
 
 def run_case(
@@ -185,7 +133,7 @@ def run_case(
             return state
 
         state = MODEL_THREAD.call(prefilled)
-        res = hf_generate(loaded, prompt, state.cache)
+        res = hf_generate(loaded, prompt, max_new_tokens=MAX_NEW, cache=state.cache)
     else:
         # HF's speculative paths run as users run them: from the prompt, with their own
         # prefill (assisted generation prefills the assistant on the same long prompt too).
@@ -195,8 +143,9 @@ def run_case(
             if method == "hf_assisted"
             else {"prompt_lookup_num_tokens": 10}
         )
-        res = hf_generate(loaded, prompt, None, **kwargs)
+        res = hf_generate(loaded, prompt, max_new_tokens=MAX_NEW, **kwargs)
     res["e2e_s"] = res.pop("total_s")
+    res["target_forward_passes"] = res.pop("forward_passes")
     return res
 
 

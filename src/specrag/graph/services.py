@@ -19,7 +19,7 @@ from specrag.graph.context import SpecRagContext
 from specrag.indexing.document_search import search_document
 from specrag.indexing.documents import Chunk
 from specrag.indexing.store import VectorIndex
-from specrag.models.chat import ChatLocalLM
+from specrag.models.chat import LocalChatBase
 from specrag.models.loading import load_embeddings, load_lm
 from specrag.models.registry import chat_model_from_spec
 from specrag.paths import default_index_dir
@@ -68,14 +68,13 @@ def answer_token_length(ctx: SpecRagContext) -> Callable[[str], int]:
 def default_retriever(question: str, document: str | None, ctx: SpecRagContext) -> list[Chunk]:
     """Search the document when one is given, else the persistent index."""
     if document:
-        budget = ctx.rapid_drafter_tokens if document else 0
         return search_document(
             document,
             question,
             embeddings=load_embeddings(ctx.embedding_model),
             token_length=answer_token_length(ctx),
             chunk_tokens=ctx.rapid_chunk_tokens,
-            token_budget=budget,
+            token_budget=ctx.rapid_drafter_tokens,
         )
     return open_index(ctx).search(question, ctx.top_k)
 
@@ -129,4 +128,4 @@ class Services:
 
 def is_local(model: Any) -> bool:
     """True for models that accept specrag's per-call decoding arguments."""
-    return isinstance(model, ChatLocalLM) or getattr(model, "_specrag_local", False)
+    return isinstance(model, LocalChatBase)

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -94,7 +94,6 @@ class DecodeJob:
     metadata: Callable[[], dict[str, Any]]  # called after decoding: response_metadata extras
     finish_reason: Callable[[], str]
     model_name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     flatten: bool = False  # also put the decoding statistics at the top of response_metadata
 
 
@@ -107,7 +106,6 @@ class LocalChatBase(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     max_time: float | None = None
-    _specrag_local: bool = True
 
     def _job(self, messages: list[BaseMessage], **kwargs: Any) -> DecodeJob:
         raise NotImplementedError
@@ -262,7 +260,6 @@ class _Run:
                     "truncated": finish in ("time", "stop_event", "cancelled"),
                     "decoding": decoding,
                     **(decoding if job.flatten else {}),
-                    **job.extra,
                 },
                 chunk_position="last",
             )
