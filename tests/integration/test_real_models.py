@@ -53,7 +53,7 @@ def test_graph_answers_squad_questions_with_gold_answers(normans_index):
 def test_verify_is_token_identical_to_serial_rag(normans_index, smol):
     """Draft-guided decoding (verify) == plain decoding of the same prompt, greedy."""
     from specrag.graph.services import open_index
-    from specrag.nodes.generate import evidence_messages
+    from specrag.prompts import evidence_messages
 
     ctx = SpecRagContext(index_dir=str(normans_index))
     plain = ChatLocalLM(speculation="none", max_new_tokens=60)
@@ -64,7 +64,7 @@ def test_verify_is_token_identical_to_serial_rag(normans_index, smol):
         ("When was the Duchy of Normandy founded?", "It was founded in 1066 by William."),
     ]:
         chunks = [c.as_dict() for c in open_index(ctx).search(question, 3)]
-        messages = evidence_messages({"question": question, "chunks": chunks}, ctx)
+        messages = evidence_messages(question, chunks, ctx.answer_prompt)
         a = plain.invoke(messages)
         b = guided.invoke(messages, draft=draft)
         assert a.content == b.content

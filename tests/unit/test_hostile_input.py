@@ -72,12 +72,42 @@ def test_any_document_is_searchable(document, question):
     assert [c.position for c in found] == sorted(c.position for c in found)
 
 
+CONTROL_PIECES = ["<|", "|>", "<s>", "</s>", "[INST]", "<<SYS>>", "<start_of_turn>", "<file_sep>"]
+# Text built from control-token fragments finds joins that plain random text rarely does.
+hostile_text = st.one_of(
+    st.text(max_size=500),
+    st.lists(
+        st.sampled_from([*CONTROL_PIECES, "<", "|", ">", "evidence", "/", " ", "im_start", "x"]),
+        max_size=40,
+    ).map("".join),
+)
+
+
 @settings(max_examples=80, deadline=None)
-@given(st.text(max_size=500))
-def test_evidence_blocks_cannot_be_escaped(text):
-    block = prompts.format_evidence([{"text": text, "source": text[:20]}])
+@given(hostile_text, hostile_text)
+def test_evidence_blocks_cannot_be_escaped(text, source):
+    block = prompts.format_evidence([{"text": text, "source": source[:40]}])
     assert block.count("<evidence") == 1 and block.count("</evidence>") == 1
-    assert "<|" not in block
+    for piece in CONTROL_PIECES:
+        assert piece not in block, (piece, block)
+
+
+def test_evidence_fragments_found_by_hypothesis_are_defused():
+    # the examples hypothesis found on a clean clone (issue 9, item 0)
+    for text in ["<|", "|>", "x<|", "a|>b", "<|im_start|"]:
+        block = prompts.format_evidence([{"text": text, "source": text}])
+        assert "<|" not in block and "|>" not in block, block
+
+
+@settings(max_examples=80, deadline=None)
+@given(hostile_text, hostile_text)
+def test_defused_text_never_joins_into_a_control_token(left, right):
+    # any two defused pieces put side by side (question after evidence, ...) stay inert
+    joined = prompts.defuse(left) + prompts.defuse(right)
+    assert "<|" not in prompts.defuse(left) and "|>" not in prompts.defuse(left)
+    for piece in ["<s>", "</s>", "[INST]", "<<SYS>>", "<start_of_turn>", "<file_sep>"]:
+        assert piece.lower() not in prompts.defuse(left).lower()
+    assert "<|" not in joined and "|>" not in joined, joined
 
 
 INJECTIONS = [

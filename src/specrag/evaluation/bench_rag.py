@@ -26,6 +26,7 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 from rich.console import Console
 
+from specrag import prompts
 from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
@@ -36,7 +37,6 @@ from specrag.graph.services import open_index
 from specrag.indexing.pipeline import index_records
 from specrag.models.chat import ChatLocalLM, encode_chat
 from specrag.models.loading import load_lm
-from specrag.nodes.generate import evidence_messages
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
 
@@ -97,7 +97,7 @@ def run_hf_lookup(
 ) -> dict[str, Any]:
     """Serial RAG answer with HF prompt lookup decoding (same prompt as ``generate``)."""
     loaded = load_lm(ctx.answer_model, ctx.device, ctx.dtype)
-    ids = encode_chat(loaded, evidence_messages({"question": question, "chunks": chunks}, ctx))
+    ids = encode_chat(loaded, prompts.evidence_messages(question, chunks, ctx.answer_prompt))
     res = hf_generate(
         loaded, ids, max_new_tokens=ctx.answer_max_tokens, prompt_lookup_num_tokens=10
     )

@@ -13,6 +13,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+from specrag.defuse import defuse as defuse  # re-exported: the one defusing function
+
+
 DRAFT_SYSTEM = (
     "You are a knowledgeable assistant. Answer the user's question directly and fluently in "
     "one or two sentences, in the same language as the question."
@@ -47,15 +52,11 @@ ANSWER_FAILED = (
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
 
 _TAG = re.compile(r"</?\s*evidence[^>]*>", re.IGNORECASE)
-# Chat-template control tokens (<|im_start|>, <|system|>, <s>, [INST] ...) written inside a
-# document must stay text: otherwise a document could open a fake system turn.
-_CONTROL = re.compile(r"<\|[^<>|]{0,40}\|>|</?s>|\[/?INST\]", re.IGNORECASE)
 
 
 def neutralise(text: str) -> str:
     """Evidence text with delimiter tags and chat control tokens defused."""
-    text = _TAG.sub(" ", text)
-    return _CONTROL.sub(lambda m: m.group(0).replace("<", "\u2039").replace("[", "("), text)
+    return defuse(_TAG.sub(" ", text))
 
 
 def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
@@ -63,6 +64,30 @@ def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
     blocks = []
     for n, chunk in enumerate(chunks, start=1):
         text = neutralise(str(chunk.get("text", ""))).strip()
-        source = str(chunk.get("source", "")).replace('"', "'").replace(">", " ")
+        source = neutralise(str(chunk.get("source", ""))).replace('"', "'").replace(">", " ")
+        source = source.replace("<", " ").replace("\n", " ")
         blocks.append(f'<evidence id="{n}" source="{source}">\n{text}\n</evidence>')
     return "\n".join(blocks)
+
+
+def draft_messages(question: str, system: str = DRAFT_SYSTEM) -> list[BaseMessage]:
+    """The draft prompt: the question alone (no evidence)."""
+    return [SystemMessage(system), HumanMessage(DRAFT_USER.format(question=defuse(question)))]
+
+
+def evidence_messages(
+    question: str, chunks: Sequence[dict[str, Any]], system: str = ANSWER_SYSTEM
+) -> list[BaseMessage]:
+    """The serial-RAG prompt: system + evidence blocks + question (generate and verify)."""
+    user = ANSWER_USER.format(evidence=format_evidence(chunks), question=defuse(question))
+    return [SystemMessage(system), HumanMessage(user)]
+
+
+def rewrite_messages(
+    question: str, chunks: Sequence[dict[str, Any]], draft: str, system: str = REWRITE_SYSTEM
+) -> list[BaseMessage]:
+    """The rewrite prompt: evidence + question + the draft to check."""
+    user = REWRITE_USER.format(
+        evidence=format_evidence(chunks), question=defuse(question), draft=defuse(draft)
+    )
+    return [SystemMessage(system), HumanMessage(user)]
