@@ -24,4 +24,5 @@ settings.register_profile(
 settings.register_profile(
     "dev", database=DirectoryBasedExampleDatabase(str(cache_dir() / "hypothesis"))
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(_PROFILE)

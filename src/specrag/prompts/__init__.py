@@ -17,7 +17,6 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from specrag.defuse import defuse as defuse  # re-exported: the one defusing function
 
-
 DRAFT_SYSTEM = (
     "You are a knowledgeable assistant. Answer the user's question directly and fluently in "
     "one or two sentences, in the same language as the question."
