@@ -22,3 +22,53 @@ def test_context_rejects_bad_values():
     with pytest.raises(InputError, match="unknown config key"):
         SpecRagContext.from_overrides({"bogus": "1"})
     assert SpecRagContext.from_overrides({"top_k": "5"}).top_k == 5
+
+
+def test_tool_sync_invoke_runs_the_async_graph():
+    # issue 9 #3: graph.invoke on async-only nodes raised, so tool.invoke always failed
+    tool = make_specrag_tool(ctx(), graph=build_graph(services()))
+    out = json.loads(tool.invoke({"question": "What is the capital of France?"}))
+    assert out["answer"] == "Paris." and out["route"] == "refine"
+
+
+async def test_tool_sync_invoke_works_inside_a_running_event_loop():
+    # as in Jupyter: a loop is running in this thread while the sync API is called
+    tool = make_specrag_tool(ctx(), graph=build_graph(services()))
+    out = json.loads(tool.invoke({"question": "What is the capital of France?"}))
+    assert out["answer"] == "Paris." and out["sources"] == ["doc.txt"]
+
+
+def test_every_setting_is_validated_with_a_one_line_error():
+    # issue 9 #9: every Literal and numeric range of SpecRagContext is checked in one place
+    import dataclasses
+    import typing
+
+    import pytest
+
+    from specrag.errors import InputError
+    from specrag.graph.context import SpecRagContext
+
+    with pytest.raises(InputError, match=r"rapid_transfer='foo' \(allowed: shift, mixture, none\)"):
+        SpecRagContext(rapid_transfer="foo")
+    hints = typing.get_type_hints(SpecRagContext)
+    literals = [f for f in dataclasses.fields(SpecRagContext) if typing.get_origin(hints[f.name])]
+    assert {f.name for f in literals} >= {"draft_policy", "refine_mode", "speculation"}
+    for f in literals:
+        with pytest.raises(InputError) as info:
+            SpecRagContext(**{f.name: "bogus"})
+        message = str(info.value)
+        assert f.name in message and "allowed" in message and "\n" not in message
+    ranged = [f for f in dataclasses.fields(SpecRagContext) if {"ge", "gt"} & set(f.metadata)]
+    assert len(ranged) >= 15
+    for f in ranged:
+        low = f.metadata.get("ge", f.metadata.get("gt"))
+        bad = low - 1 if "ge" in f.metadata else low
+        bad = int(bad) if isinstance(f.default, int) else float(bad)
+        with pytest.raises(InputError, match=f"{f.name}="):
+            SpecRagContext(**{f.name: bad})
+    with pytest.raises(InputError, match="confidence_threshold=1.5"):
+        SpecRagContext(confidence_threshold=1.5)
+    with pytest.raises(InputError, match="top_k='3'"):
+        SpecRagContext(top_k="3")
+    with pytest.raises(InputError, match="expected a number"):
+        SpecRagContext.from_overrides({"rapid_eta": "strong"})

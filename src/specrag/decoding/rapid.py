@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 
 from specrag.decoding.sampling import Sampler, token_logprob
-from specrag.decoding.speculative import Token, prefill
-from specrag.decoding.state import LMState
+from specrag.decoding.speculative import Token, prefill, prefill_stop
+from specrag.decoding.state import LMState, Stopped
 
 Transfer = Literal["shift", "mixture", "none"]
 
@@ -145,12 +145,6 @@ def rapid_decode(
     def draft_dist(logits: torch.Tensor) -> torch.Tensor:  # drafter q at one position, [vocab]
         return torch.softmax(logits, dim=-1) if greedy else sampler.probs(logits)
 
-    t0 = time.perf_counter()
-    z0 = prefill(target, target_prompt)  # [vocab]
-    st.target_prefill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    d0 = prefill(drafter, drafter_prompt)
-    st.drafter_prefill_s = time.perf_counter() - t0
     t_start = time.perf_counter()
     generated: list[int] = []
 
@@ -158,6 +152,18 @@ def rapid_decode(
         st.finish_reason = reason
         st.new_tokens = len(generated)
         st.decode_s = time.perf_counter() - t_start
+
+    before = prefill_stop(should_stop)
+    try:  # budgets apply to both prefills
+        t0 = time.perf_counter()
+        z0 = prefill(target, target_prompt, before)  # [vocab]
+        st.target_prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        d0 = prefill(drafter, drafter_prompt, before)
+        st.drafter_prefill_s = time.perf_counter() - t0
+    except Stopped as stop:
+        return finish(stop.reason)
+    t_start = time.perf_counter()
 
     # First token: from the transfer distribution at the prompt's last position.
     _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler.temperature)

@@ -23,7 +23,7 @@ import torch
 
 from specrag.decoding.candidates import Proposer
 from specrag.decoding.sampling import Sampler, token_logprob
-from specrag.decoding.state import LMState
+from specrag.decoding.state import LMState, Stopped
 
 
 @dataclass
@@ -69,15 +69,27 @@ class DecodeStats:
         }
 
 
-def prefill(lm: LMState, prompt: list[int]) -> torch.Tensor:
+def prefill(
+    lm: LMState, prompt: list[int], should_stop: Callable[[], str | None] | None = None
+) -> torch.Tensor:
     """Make ``lm`` hold ``prompt[:-1]`` ... ``prompt`` and return next-token logits ``[vocab]``.
 
-    Reuses whatever prefix of ``prompt`` the cache already holds (prefix caching).
+    Reuses whatever prefix of ``prompt`` the cache already holds (prefix caching). A long
+    prefill checks ``should_stop`` between slices and raises :class:`Stopped` when told to.
     """
     lm.sync(prompt)
     if len(lm) == len(prompt):  # fully cached: recompute the last position's logits
         lm.crop(len(prompt) - 1)
-    return lm.extend(prompt[len(lm) :], all_logits=False)[-1]
+    return lm.extend(prompt[len(lm) :], all_logits=False, should_stop=should_stop)[-1]
+
+
+def prefill_stop(
+    should_stop: Callable[[int], str | None] | None,
+) -> Callable[[], str | None] | None:
+    """The stop check for a prefill: no token has been generated yet."""
+    if should_stop is None:
+        return None
+    return lambda: should_stop(0)
 
 
 def decode(
@@ -101,9 +113,7 @@ def decode(
     stats = stats if stats is not None else DecodeStats()
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
-    logits = prefill(lm, prompt)  # [vocab]
-    stats.prefill_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t1 = t0
     generated: list[int] = []
     k = max_candidates
 
@@ -111,6 +121,14 @@ def decode(
         stats.finish_reason = reason
         stats.new_tokens = len(generated)
         stats.decode_s = time.perf_counter() - t1
+
+    try:  # budgets apply to prefill too: a long prompt stops between prefill slices
+        logits = prefill(lm, prompt, prefill_stop(should_stop))  # [vocab]
+    except Stopped as stop:
+        stats.prefill_s = time.perf_counter() - t0
+        return finish(stop.reason)
+    stats.prefill_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
 
     last = sampler.pick(sampler.probs(logits), generator)
     generated.append(last)

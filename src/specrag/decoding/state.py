@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-# Prefill long prompts in slices so that peak activation memory stays bounded.
+# Prefill long prompts in slices so that peak activation memory stays bounded, and so that a
+# budget can stop a long prefill between slices.
 PREFILL_CHUNK = 2048
+
+
+class Stopped(Exception):
+    """A budget or stop signal ended a prefill between two slices (``reason`` says which)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -38,18 +48,28 @@ class LMState:
         return len(self.tokens)
 
     @torch.inference_mode()
-    def extend(self, ids: list[int], *, all_logits: bool = True) -> torch.Tensor:
+    def extend(
+        self,
+        ids: list[int],
+        *,
+        all_logits: bool = True,
+        should_stop: Callable[[], str | None] | None = None,
+    ) -> torch.Tensor:
         """Feed ``ids`` after the cached tokens.
 
         Returns float32 logits ``[len(ids), vocab]`` (or ``[1, vocab]`` for the last position
         when ``all_logits`` is False - used by prefill, where a full logits matrix of an 8K
-        prompt would need gigabytes).
+        prompt would need gigabytes). ``should_stop`` is asked before every prefill slice
+        after the first; a reason it returns raises :class:`Stopped` (the slices already
+        fed stay cached, so the invariant holds).
         """
         if not ids:
             raise ValueError("extend() needs at least one token")
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
         for start in range(0, len(ids), step):
+            if start and should_stop is not None and (reason := should_stop()):
+                raise Stopped(reason)
             piece = ids[start : start + step]
             input_ids = torch.tensor([piece], dtype=torch.long, device=self.device)
             kwargs = {self._kw: self.cache, "use_cache": True}

@@ -1,12 +1,15 @@
 """Assembling the graph.
 
 ```
-START ─┬─► retrieve ─┐
-       └─► draft ────┴─► gate ─┬─► refine ──────────► END   (error ─► generate)
-                               ├─► rapid_generate ──► END   (error ─► generate)
-                               ├─► generate ────────► END   (error ─► fallback)
-                               └─► fallback ────────► END
+START ─► prepare ─┬─► retrieve ─┐
+                  └─► draft ────┴─► gate ─┬─► refine ──────────► END   (error ─► generate)
+                                          ├─► rapid_generate ──► END   (error ─► generate)
+                                          ├─► generate ────────► END   (error ─► fallback)
+                                          └─► fallback ────────► END
 ```
+``prepare`` loads models (``load_s``, outside every budget), starts a clean run state (a
+thread's next question inherits nothing) and indexes a long document outside the retrieval
+budget. ``retrieve`` and ``draft`` then run in parallel and join at ``gate``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from specrag.nodes.draft import make_draft
 from specrag.nodes.fallback import fallback
 from specrag.nodes.gate import gate
 from specrag.nodes.generate import make_generate
+from specrag.nodes.prepare import make_prepare
 from specrag.nodes.rapid import make_rapid_generate
 from specrag.nodes.refine import make_refine
 from specrag.nodes.retrieve import make_retrieve
@@ -35,6 +39,7 @@ def build_graph(
     builder = StateGraph(
         State, context_schema=SpecRagContext, input_schema=InputState, output_schema=OutputState
     )
+    builder.add_node("prepare", make_prepare(services))
     builder.add_node("retrieve", make_retrieve(services))
     builder.add_node("draft", make_draft(services))
     builder.add_node("gate", gate)
@@ -43,8 +48,9 @@ def build_graph(
     builder.add_node("generate", make_generate(services))
     builder.add_node("fallback", fallback)
 
-    builder.add_edge(START, "retrieve")
-    builder.add_edge(START, "draft")
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "retrieve")
+    builder.add_edge("prepare", "draft")
     builder.add_edge(["retrieve", "draft"], "gate")  # the join: waits for both
     builder.add_conditional_edges(
         "gate",

@@ -7,6 +7,8 @@ that runs fully offline on the embedded models.
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,8 +16,28 @@ from specrag import prompts
 from specrag.errors import InputError
 
 
-def _f(default: Any, description: str) -> Any:
-    return field(default=default, metadata={"description": description})
+def _f(
+    default: Any,
+    description: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A field with its description (Studio's form) and its allowed numeric range."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
+    return field(default=default, metadata={"description": description, **bounds})
+
+
+def _range_text(meta: Any) -> str:
+    parts = []
+    if "gt" in meta:
+        parts.append(f"> {meta['gt']}")
+    if "ge" in meta:
+        parts.append(f">= {meta['ge']}")
+    if "le" in meta:
+        parts.append(f"<= {meta['le']}")
+    return " and ".join(parts)
 
 
 @dataclass(kw_only=True)
@@ -41,15 +63,17 @@ class SpecRagContext:
     index_dir: str = _f("", "Chroma directory; empty = the default data dir (SPECRAG_DATA_DIR).")
     collection: str = _f("specrag", "Chroma collection name.")
     # --- retrieval ------------------------------------------------------------------------
-    top_k: int = _f(3, "Chunks retrieved per question.")
+    top_k: int = _f(3, "Chunks retrieved per question.", ge=1)
     relevance_threshold: float = _f(
-        0.2, "Minimum cosine similarity for a chunk to count as evidence."
+        0.2, "Minimum cosine similarity for a chunk to count as evidence.", ge=-1.0, le=1.0
     )
     retrieval_timeout_s: float = _f(
-        3.0, "Retrieval budget; past it the run takes the fallback route."
+        3.0, "Retrieval budget; past it the run takes the fallback route.", gt=0
     )
     added_retrieval_latency_s: float = _f(
-        0.0, "INJECTED delay before retrieval results return (models a remote store; benchmarks)."
+        0.0,
+        "INJECTED delay before retrieval results return (models a remote store; benchmarks).",
+        ge=0,
     )
     # --- draft ----------------------------------------------------------------------------
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
@@ -57,12 +81,17 @@ class SpecRagContext:
         "until_retrieval: draft while retrieval runs and stop within one token of it "
         "finishing; complete: draft to the end or the budget; off: no draft.",
     )
-    draft_timeout_s: float = _f(2.0, "Draft budget (the decode loop itself stops at it).")
-    draft_temperature: float = _f(0.8, "Draft sampling temperature.")
-    draft_max_tokens: int = _f(64, "Maximum draft tokens.")
-    min_draft_tokens: int = _f(6, "A draft with fewer tokens is not usable (route: generate).")
+    draft_timeout_s: float = _f(2.0, "Draft budget (the decode loop itself stops at it).", gt=0)
+    draft_temperature: float = _f(0.8, "Draft sampling temperature.", ge=0)
+    draft_max_tokens: int = _f(64, "Maximum draft tokens.", ge=1)
+    min_draft_tokens: int = _f(
+        6, "A draft with fewer tokens is not usable (route: generate).", ge=0
+    )
     confidence_threshold: float = _f(
-        0.35, "Drafts with confidence exp(mean token log-prob) below this go to generate."
+        0.35,
+        "Drafts with confidence exp(mean token log-prob) below this go to generate.",
+        ge=0,
+        le=1,
     )
     # --- answer ---------------------------------------------------------------------------
     refine_mode: Literal["verify", "rewrite"] = _f(
@@ -74,46 +103,74 @@ class SpecRagContext:
     speculation: Literal["draft+prompt", "prompt", "none"] = _f(
         "draft+prompt", "Candidate sources for draft-guided decoding of the answer."
     )
-    refine_temperature: float = _f(0.2, "Temperature of refine/generate (0 = greedy).")
-    answer_max_tokens: int = _f(128, "Maximum answer tokens.")
-    answer_timeout_s: float = _f(60.0, "Budget for refine/generate/rapid_generate.")
-    max_question_chars: int = _f(2000, "Longer questions are rejected.")
+    refine_temperature: float = _f(0.2, "Temperature of refine/generate (0 = greedy).", ge=0)
+    answer_max_tokens: int = _f(128, "Maximum answer tokens.", ge=1)
+    answer_timeout_s: float = _f(
+        60.0,
+        "One answer budget for the run: refine or rapid_generate, and a generate that runs "
+        "after either failed, share it (prefill included).",
+        gt=0,
+    )
+    max_question_chars: int = _f(2000, "Longer questions are rejected.", ge=1)
     # --- long documents (RAPID) -------------------------------------------------------------
     long_document_tokens: int = _f(
-        1024, "Documents longer than this (target-model tokens) take the rapid_generate route."
+        1024,
+        "Documents longer than this (target-model tokens) take the rapid_generate route.",
+        ge=0,
     )
-    rapid_gamma: int = _f(10, "RAPID draft tokens per step.")
+    rapid_gamma: int = _f(10, "RAPID draft tokens per step.", ge=1)
     rapid_transfer: Literal["shift", "mixture", "none"] = _f(
         "shift", "RAPID knowledge-transfer rule."
     )
-    rapid_eta: float = _f(5.0, "RAPID shift strength (0 = lossless speculative decoding).")
+    rapid_eta: float = _f(5.0, "RAPID shift strength (0 = lossless speculative decoding).", ge=0)
     rapid_drafter_tokens: int = _f(
-        768, "Token budget of retrieved chunks given to the RAPID drafter."
+        768, "Token budget of retrieved chunks given to the RAPID drafter.", ge=1
     )
-    rapid_chunk_tokens: int = _f(128, "Chunk size (tokens) for splitting a long document.")
+    rapid_chunk_tokens: int = _f(128, "Chunk size (tokens) for splitting a long document.", ge=8)
+    seed: int = _f(
+        -1, "Sampling seed; -1 draws a new one per run (reported in the output as `seed`).", ge=-1
+    )
     # --- prompts ----------------------------------------------------------------------------
     draft_prompt: str = _f(prompts.DRAFT_SYSTEM, "System prompt of the draft.")
     answer_prompt: str = _f(prompts.ANSWER_SYSTEM, "System prompt of generate / verify.")
     rewrite_prompt: str = _f(prompts.REWRITE_SYSTEM, "System prompt of rewrite refine.")
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.top_k >= 1, "top_k must be >= 1"),
-            (self.draft_timeout_s > 0, "draft_timeout_s must be > 0"),
-            (self.retrieval_timeout_s > 0, "retrieval_timeout_s must be > 0"),
-            (self.answer_timeout_s > 0, "answer_timeout_s must be > 0"),
-            (0 <= self.confidence_threshold <= 1, "confidence_threshold must be in [0, 1]"),
-            (self.refine_mode in ("verify", "rewrite"), "refine_mode must be verify or rewrite"),
-            (
-                self.draft_policy in ("until_retrieval", "complete", "off"),
-                "draft_policy must be until_retrieval, complete or off",
-            ),
-            (self.speculation in ("draft+prompt", "prompt", "none"), "bad speculation value"),
-            (self.max_question_chars >= 1, "max_question_chars must be >= 1"),
-        ]
-        for ok, message in checks:
+        """Check every field in one place: its type, its allowed values, its range."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value, hint = getattr(self, f.name), hints[f.name]
+            if typing.get_origin(hint) is Literal:
+                allowed = typing.get_args(hint)
+                if value not in allowed:
+                    raise InputError(
+                        f"invalid configuration: {f.name}={value!r} "
+                        f"(allowed: {', '.join(map(str, allowed))})"
+                    )
+                continue
+            if hint is bool:
+                ok = isinstance(value, bool)
+            elif hint is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif hint is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok = ok and math.isfinite(value)
+            else:
+                ok = isinstance(value, str) if hint is str else True
             if not ok:
-                raise InputError(f"invalid configuration: {message}")
+                raise InputError(
+                    f"invalid configuration: {f.name}={value!r} "
+                    f"(expected {getattr(hint, '__name__', hint)})"
+                )
+            meta = f.metadata
+            if (
+                ("ge" in meta and value < meta["ge"])
+                or ("gt" in meta and value <= meta["gt"])
+                or ("le" in meta and value > meta["le"])
+            ):
+                raise InputError(
+                    f"invalid configuration: {f.name}={value!r} (allowed: {_range_text(meta)})"
+                )
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:
@@ -133,7 +190,9 @@ class SpecRagContext:
                     elif isinstance(default, float):
                         value = float(value)
                 except ValueError as exc:
-                    raise InputError(f"config {key}: expected a number, got {value!r}") from exc
+                    raise InputError(
+                        f"invalid configuration: {key}={value!r} (expected a number)"
+                    ) from exc
             kwargs[key] = value
         return cls(**kwargs)
 

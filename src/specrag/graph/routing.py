@@ -13,6 +13,20 @@ from specrag.graph.context import SpecRagContext
 GateRoute = Literal["refine", "generate", "rapid_generate", "fallback"]
 
 
+def draft_usable(state: dict[str, Any], ctx: SpecRagContext) -> tuple[bool, str]:
+    """Whether the draft can be used (refined, or shown as unverified), and why not.
+
+    The one place the draft policy is decided: the gate and ``fallback`` both ask it.
+    """
+    status = state.get("draft_status", "failed")
+    tokens = int(state.get("draft_tokens") or 0)
+    if status not in ("ok", "truncated") or not (state.get("draft") or "").strip():
+        return False, f"draft {status}"
+    if tokens < ctx.min_draft_tokens:
+        return False, f"draft too short ({tokens} < {ctx.min_draft_tokens} tokens)"
+    return True, "draft usable"
+
+
 def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
     """Choose the answer route after retrieve and draft have both finished."""
     retrieval = state.get("retrieval_status", "failed")
@@ -29,14 +43,9 @@ def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
         return "rapid_generate", (
             f"long document ({doc_tokens} tokens > {ctx.long_document_tokens}): RAPID decoding"
         )
-    status = state.get("draft_status", "failed")
-    tokens = int(state.get("draft_tokens") or 0)
-    if status in ("off", "failed", "timeout", "empty"):
-        return "generate", f"draft {status}: serial RAG without a draft"
-    if tokens < ctx.min_draft_tokens:
-        return "generate", (
-            f"draft too short ({tokens} < {ctx.min_draft_tokens} tokens): serial RAG"
-        )
+    usable, why = draft_usable(state, ctx)
+    if not usable:
+        return "generate", f"{why}: serial RAG without a draft"
     confidence = state.get("draft_confidence")
     cut = " (truncated)" if state.get("draft_truncated") else ""
     if confidence is None:

@@ -16,7 +16,7 @@ from typing import Any
 from langchain_core.language_models.chat_models import BaseChatModel
 
 from specrag.graph.context import SpecRagContext
-from specrag.indexing.document_search import search_document
+from specrag.indexing.document_search import index_document, search_document
 from specrag.indexing.documents import Chunk
 from specrag.indexing.store import VectorIndex
 from specrag.models.chat import LocalChatBase
@@ -79,6 +79,21 @@ def default_retriever(question: str, document: str | None, ctx: SpecRagContext) 
     return open_index(ctx).search(question, ctx.top_k)
 
 
+def default_document_tokens(ctx: SpecRagContext, document: str) -> int:
+    """Length of a document in answer-model tokens (decides the RAPID route)."""
+    return answer_token_length(ctx)(document)
+
+
+def default_index_document(ctx: SpecRagContext, document: str) -> None:
+    """Chunk and embed a document now (cached), so retrieval only searches it."""
+    index_document(
+        document,
+        embeddings=load_embeddings(ctx.embedding_model),
+        token_length=answer_token_length(ctx),
+        chunk_tokens=ctx.rapid_chunk_tokens,
+    )
+
+
 def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
     """A :class:`ChatRapid` with the context's answer model as target and drafter."""
     from specrag.models.rapid_chat import ChatRapid
@@ -113,6 +128,13 @@ class Services:
     retriever: Retriever = default_retriever
     rapid_model: RapidFactory = default_rapid_model
     warm: Callable[[BaseChatModel], None] = warm_model
+    document_tokens: Callable[[SpecRagContext, str], int] = default_document_tokens
+    index_document_now: Callable[[SpecRagContext, str], None] = default_index_document
+
+    def index_document(self, ctx: SpecRagContext, document: str) -> None:
+        """Index the run's document outside the retrieval budget (default retriever only)."""
+        if self.retriever is default_retriever:
+            self.index_document_now(ctx, document)
 
     def warm_retriever(self, ctx: SpecRagContext, document: str | None) -> None:
         """Load the embedding model outside the retrieval budget.

@@ -7,7 +7,12 @@ Keys written by the two parallel branches (``retrieve`` and ``draft``) are disjo
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
+
+DraftStatus = Literal["ok", "truncated", "timeout", "failed", "off", "empty"]
+"""ok: finished; truncated: cut by its budget or by retrieval; the rest: no usable text."""
+RetrievalStatus = Literal["ok", "timeout", "failed", "empty", "irrelevant"]
+"""ok: evidence found; otherwise why not (the run then takes the fallback route)."""
 
 
 def merge_dicts(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
@@ -44,7 +49,10 @@ class OutputState(TypedDict, total=False):
     citations: list[dict[str, Any]]
     """Sources the answer was given, numbered as in the evidence blocks."""
     timings: Annotated[dict[str, float], merge_dicts]
-    """Seconds per stage: retrieve_s, draft_s, draft_ttft_s, answer_s, ttft_s, total_s."""
+    """Seconds: load_s (model loading, before the run's origin), document_index_s, and from
+    the origin: retrieve_s, draft_s, draft_ttft_s, answer_s, ttft_s, total_s."""
+    seed: int
+    """Sampling seed of this run (pass it as the ``seed`` setting to reproduce the answer)."""
     stats: Annotated[dict[str, Any], merge_dicts]
     """Decoding statistics (candidates proposed/accepted, forward passes, RAPID counters)."""
     errors: Annotated[list[str], operator.add]
@@ -55,15 +63,17 @@ class State(InputState, OutputState, total=False):
     """Full working state."""
 
     marks: Annotated[dict[str, float], merge_dicts]
-    """Absolute clock readings (time.perf_counter) per stage start, for total and TTFT."""
-    draft_status: str
-    """ok | truncated | timeout | failed | off | empty."""
+    """Clock readings (time.perf_counter): ``origin`` (the run's start, after model loading)
+    and ``answer`` (start of the first answer node: the one answer budget)."""
+    run_document: str
+    """This run's document: ``prepare`` moves the input ``document`` here and clears the
+    input key, so the next question on the same thread does not inherit it."""
+    draft_status: DraftStatus
     draft_truncated: bool
     """True when the draft was cut short (by its time budget or by retrieval finishing)."""
     draft_tokens: int
     """Number of draft tokens produced."""
-    retrieval_status: str
-    """ok | timeout | failed | empty | irrelevant."""
+    retrieval_status: RetrievalStatus
     document_tokens: int
     """Length of the input document in answer-model tokens (0 without a document)."""
     answer_error: str

@@ -75,3 +75,31 @@ def search_document(
         if used >= token_budget:
             break
     return sorted(picked, key=lambda c: c.position)
+
+
+def drafter_context(
+    text: str,
+    question: str,
+    embeddings: Any,
+    token_length: Callable[[str], int],
+    chunk_tokens: int = 128,
+    token_budget: int = 768,
+) -> str:
+    """The RAPID drafter's context: the best chunks within the budget, in document order."""
+    chunks = search_document(
+        text,
+        question,
+        embeddings=embeddings,
+        token_length=token_length,
+        chunk_tokens=chunk_tokens,
+        token_budget=token_budget,
+    )
+    return "\n\n".join(c.text for c in chunks)
+
+
+def index_document(
+    text: str, *, embeddings: Any, token_length: Callable[[str], int], chunk_tokens: int = 128
+) -> int:
+    """Chunk and embed ``text`` now (cached by content), so a later search is fast; chunks."""
+    chunks, _ = _embedded_chunks(text, embeddings, token_length, chunk_tokens)
+    return len(chunks)

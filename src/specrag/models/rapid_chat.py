@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
@@ -28,12 +28,16 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.speculative import Token
-from specrag.decoding.state import LMState
+from specrag.decoding.speculative import Token, prefill_stop
+from specrag.decoding.state import LMState, Stopped
+from specrag.defuse import defuse
 from specrag.errors import InputError
-from specrag.indexing.document_search import search_document
-from specrag.models.chat import DecodeJob, LocalChatBase, StopCheck, make_generator
-from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_embeddings, load_lm
+from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm
+from specrag.models.local import DecodeJob, LocalChatBase, StopCheck, make_generator
+from specrag.models.options import DecodeOptions
+
+# (document, question, token_length, chunk_tokens, token_budget) -> the drafter's context
+DrafterRetriever = Callable[[str, str, Callable[[str], int], int, int], str]
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,11 @@ def layout(
     """Token ids ``(head, context, tail)``; the cacheable prefix is ``head + context``.
 
     The three parts are tokenised separately so the prefix's ids never depend on the question.
+    The context and the question are user text: chat control tokens in them are defused, so
+    a document cannot open a system turn of its own.
     """
     tok = loaded.tokenizer
+    context, question = defuse(context), defuse(question)
     user = f"<document>\n{_PLACEHOLDER}\n</document>\n\nQuestion: {question}"
     msgs = [{"role": "system", "content": instructions}, {"role": "user", "content": user}]
     if getattr(tok, "chat_template", None):
@@ -115,6 +122,7 @@ class ChatRapid(LocalChatBase):
     drafter_tokens: int = 768
     chunk_tokens: int = 128
     embedding_model: str = EMBEDDED_LM
+    drafter_retriever: DrafterRetriever | None = None  # None: document search, embedding_model
     use_prefix_cache: bool = True
     seed: int | None = None
     prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
@@ -139,8 +147,22 @@ class ChatRapid(LocalChatBase):
         drafter = load_lm(self.drafter_model or self.target_model, self.device, self.dtype)
         return target, drafter
 
+    def _default_retriever(self) -> DrafterRetriever:
+        """The default: document search with ``embedding_model`` (imported only when needed)."""
+        from specrag.indexing.document_search import drafter_context
+        from specrag.models.loading import load_embeddings
+
+        embeddings = load_embeddings(self.embedding_model)
+
+        def retrieve(
+            document: str, question: str, count: Any, chunk_tokens: int, budget: int
+        ) -> str:
+            return drafter_context(document, question, embeddings, count, chunk_tokens, budget)
+
+        return retrieve
+
     def config(self, **overrides: Any) -> RapidConfig:
-        """The engine configuration of this model (per-call overrides allowed)."""
+        """The engine configuration of this model (``overrides`` replace fields)."""
         fields = (
             "gamma",
             "transfer",
@@ -152,27 +174,26 @@ class ChatRapid(LocalChatBase):
         )
         return RapidConfig(**{f: overrides.get(f, getattr(self, f)) for f in fields})
 
-    def _job(self, messages: list[BaseMessage], **kwargs: Any) -> DecodeJob:
+    def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         target, drafter = self.load()
         if target.tokenizer.get_vocab() != drafter.tokenizer.get_vocab():
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
-        instructions, document, question = split_messages(messages, kwargs.get("document"))
-        max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
-        cfg = self.config(**kwargs)
+        instructions, document, question = split_messages(messages, options.document)
+        max_new = options.max_new_tokens or self.max_new_tokens
+        cfg = self.config()
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        drafter_context = kwargs.get("drafter_context")
+        drafter_context = options.drafter_context
         if drafter_context is None:
+            retriever = self.drafter_retriever or self._default_retriever()
             tok = target.tokenizer
-            chunks = search_document(
+            drafter_context = retriever(
                 document,
                 question,
-                embeddings=load_embeddings(self.embedding_model),
-                token_length=lambda t: len(tok(t, add_special_tokens=False)["input_ids"]),
-                chunk_tokens=self.chunk_tokens,
-                token_budget=self.drafter_tokens,
+                lambda t: len(tok(t, add_special_tokens=False)["input_ids"]),
+                self.chunk_tokens,
+                self.drafter_tokens,
             )
-            drafter_context = "\n\n".join(c.text for c in chunks)
         timings["retrieve_s"] = round(time.perf_counter() - t0, 4)
         head, doc_ids, tail = layout(target, instructions, document, question)
         doc_ids, truncated = fit(head, doc_ids, tail, target.max_context - max_new - 1)
@@ -182,8 +203,10 @@ class ChatRapid(LocalChatBase):
         d_ids, _ = fit(d_head, d_ids, d_tail, drafter.max_context - max_new - 1)
         target_prompt = head + doc_ids + tail
         drafter_prompt = d_head + d_ids + d_tail
-        sampler = Sampler(float(kwargs.get("temperature", self.temperature)))
-        generator = make_generator(target.device, sampler, self.seed)
+        temperature = self.temperature if options.temperature is None else options.temperature
+        sampler = Sampler(float(temperature))
+        seed = self.seed if options.seed is None else options.seed
+        generator = make_generator(target.device, sampler, seed)
         cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
         stats = RapidStats()
         hit = {"value": False}
@@ -197,7 +220,13 @@ class ChatRapid(LocalChatBase):
             if target_state is None:
                 target_state = LMState(target.model, target.device)
                 if self.use_prefix_cache:
-                    target_state.extend(prefix, all_logits=False)
+                    try:  # the budget applies to the document prefill too
+                        target_state.extend(
+                            prefix, all_logits=False, should_stop=prefill_stop(should_stop)
+                        )
+                    except Stopped as stop:
+                        stats.finish_reason = stop.reason
+                        return
                     cache.put(key, target_state)
             timings["prefix_s"] = round(time.perf_counter() - t1, 4)
             yield from rapid_decode(

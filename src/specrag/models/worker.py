@@ -13,6 +13,7 @@ fairly and a quick task (embedding a question) waits at most one decode step. At
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ModelThread:
@@ -45,7 +47,10 @@ class ModelThread:
                 while not self._tasks:
                     self._cv.wait()
                 task = self._tasks.popleft()
-            task()  # tasks never raise: they report through futures or callbacks
+            try:
+                task()  # tasks report through futures or callbacks ...
+            except BaseException:  # noqa: BLE001 - ... and one that raises fails alone
+                log.exception("a model-thread task failed; the thread keeps serving")
 
     def _push(self, task: Callable[[], None]) -> None:
         with self._cv:
@@ -87,13 +92,22 @@ class ModelThread:
         gen: Iterator[Any] | None = None
 
         def finish(exc: BaseException | None) -> None:
+            # the slot is released first, whatever the job's callbacks do next
             with self._cv:
                 self._active -= 1
                 if self._waiting:
                     self._active += 1
                     self._tasks.append(self._waiting.popleft())
                     self._cv.notify()
-            on_end(exc)
+            if gen is not None:
+                try:
+                    gen.close()  # type: ignore[attr-defined]  # frees the job's KV caches now
+                except BaseException:  # noqa: BLE001
+                    log.exception("closing a decode job failed")
+            try:
+                on_end(exc)
+            except BaseException:  # noqa: BLE001 - e.g. the consumer's event loop is closed
+                log.warning("a decode job's consumer is gone (%s)", exc or "finished")
 
         def step() -> None:
             nonlocal gen
@@ -107,7 +121,10 @@ class ModelThread:
                 return finish(None)
             except BaseException as exc:  # noqa: BLE001 - reported through on_end
                 return finish(exc)
-            on_item(item)
+            try:
+                on_item(item)
+            except BaseException as exc:  # noqa: BLE001 - the consumer failed: end this job only
+                return finish(exc)
             self._push(step)  # back of the queue: other jobs and tasks get a turn
 
         with self._cv:

@@ -8,21 +8,18 @@ from langgraph.runtime import Runtime
 
 from specrag import prompts
 from specrag.graph.context import SpecRagContext
+from specrag.graph.routing import draft_usable
 from specrag.graph.state import State
-from specrag.nodes.common import emit, now, run_timings
+from specrag.nodes.answer import run_timings
+from specrag.nodes.streaming import emit, now
 
 
 async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
     """Answer without evidence: never raises."""
     ctx = runtime.context or SpecRagContext()
-    draft = (state.get("draft") or "").strip()
-    usable = (
-        draft
-        and state.get("draft_status") in ("ok", "truncated")
-        and int(state.get("draft_tokens") or 0) >= ctx.min_draft_tokens
-    )
+    usable, _ = draft_usable(dict(state), ctx)
     if usable:
-        answer = prompts.UNVERIFIED_PREFIX + draft
+        answer = prompts.UNVERIFIED_PREFIX + (state.get("draft") or "").strip()
     elif state.get("retrieval_status") == "ok" and state.get("answer_error"):
         answer = prompts.ANSWER_FAILED  # evidence was found but no model could answer from it
     else:

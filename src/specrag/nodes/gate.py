@@ -9,7 +9,7 @@ from langgraph.runtime import Runtime
 from specrag.graph.context import SpecRagContext
 from specrag.graph.routing import decide
 from specrag.graph.state import State
-from specrag.nodes.common import emit
+from specrag.nodes.streaming import emit
 
 
 async def gate(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:

@@ -5,43 +5,29 @@ The target reads the whole document; the drafter reads the chunks ``retrieve`` f
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from langchain_core.messages import HumanMessage, SystemMessage
-from langgraph.runtime import Runtime
 
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
-from specrag.nodes.common import answer_update, short_error
+from specrag.models.options import DecodeOptions
+from specrag.nodes.answer import AnswerCall, make_answer_node
 
 
 def make_rapid_generate(services: Services):  # noqa: ANN201
-    """Build the rapid_generate node."""
+    """Build the rapid_generate node (an error routes to ``generate``)."""
 
-    async def rapid_generate(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
-        ctx = runtime.context or SpecRagContext()
+    def build(state: State, ctx: SpecRagContext) -> AnswerCall:
         chunks = state.get("chunks") or []
-        try:
-            model = services.rapid_model(ctx)
-            await asyncio.to_thread(services.warm, model)
-            update = await answer_update(
-                model,
-                [SystemMessage(ctx.answer_prompt), HumanMessage(state.get("question", ""))],
-                dict(state),
-                node="rapid_generate",
-                budget_s=ctx.answer_timeout_s,
-                local_kwargs={
-                    "document": state.get("document", ""),
-                    "drafter_context": "\n\n".join(str(c.get("text", "")) for c in chunks),
-                },
-            )
-        except Exception as exc:  # noqa: BLE001 - routed to generate
-            return {
-                "answer_error": f"rapid_generate: {short_error(exc)}",
-                "errors": [f"rapid_generate: {short_error(exc)}"],
-            }
-        return update
+        return AnswerCall(
+            # ChatRapid defuses control tokens in the document, the chunks and the question
+            model=services.rapid_model(ctx),
+            messages=[SystemMessage(ctx.answer_prompt), HumanMessage(state.get("question", ""))],
+            options=DecodeOptions(
+                document=state.get("run_document", ""),
+                drafter_context="\n\n".join(str(c.get("text", "")) for c in chunks),
+                seed=state.get("seed"),
+            ),
+        )
 
-    return rapid_generate
+    return make_answer_node("rapid_generate", services, build)

@@ -9,62 +9,44 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
-from langchain_core.messages import HumanMessage, SystemMessage
-from langgraph.runtime import Runtime
-
 from specrag import prompts
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
-from specrag.nodes.common import answer_update, short_error
-from specrag.nodes.generate import evidence_messages
-
-
-def rewrite_messages(state: State, ctx: SpecRagContext) -> list[Any]:
-    """The rewrite prompt: evidence + question + draft."""
-    user = prompts.REWRITE_USER.format(
-        evidence=prompts.format_evidence(state.get("chunks") or []),
-        question=state.get("question", ""),
-        draft=state.get("draft", ""),
-    )
-    return [SystemMessage(ctx.rewrite_prompt), HumanMessage(user)]
+from specrag.models.options import DecodeOptions
+from specrag.nodes.answer import AnswerCall, make_answer_node
 
 
 def make_refine(services: Services):  # noqa: ANN201
-    """Build the refine node."""
+    """Build the refine node (an error routes to ``generate``)."""
 
-    async def refine(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
-        ctx = runtime.context or SpecRagContext()
-        try:
-            model = services.chat_model(ctx.answer_model, ctx)
-            await asyncio.to_thread(services.warm, model)
-            messages = (
-                evidence_messages(state, ctx)
-                if ctx.refine_mode == "verify"
-                else rewrite_messages(state, ctx)
+    def build(state: State, ctx: SpecRagContext) -> AnswerCall:
+        question, chunks = state.get("question", ""), state.get("chunks") or []
+        if ctx.refine_mode == "verify":
+            messages = prompts.evidence_messages(question, chunks, ctx.answer_prompt)
+        else:
+            messages = prompts.rewrite_messages(
+                question, chunks, state.get("draft", ""), ctx.rewrite_prompt
             )
-            update = await answer_update(
-                model,
-                messages,
-                dict(state),
-                node="refine",
-                budget_s=ctx.answer_timeout_s,
-                local_kwargs={
-                    "temperature": ctx.refine_temperature,
-                    "max_new_tokens": ctx.answer_max_tokens,
-                    "speculation": ctx.speculation,
-                    "draft": state.get("draft", ""),
-                },
-            )
-        except Exception as exc:  # noqa: BLE001 - routed to generate
-            return {
-                "answer_error": f"refine: {short_error(exc)}",
-                "errors": [f"refine: {short_error(exc)}"],
-            }
-        update["stats"] = {**update["stats"], "refine_mode": ctx.refine_mode}
+        return AnswerCall(
+            model=services.chat_model(ctx.answer_model, ctx),
+            messages=messages,
+            options=DecodeOptions(
+                temperature=ctx.refine_temperature,
+                max_new_tokens=ctx.answer_max_tokens,
+                speculation=ctx.speculation,
+                draft=state.get("draft", ""),
+                seed=state.get("seed"),
+            ),
+        )
+
+    node = make_answer_node("refine", services, build)
+
+    async def refine(state: State, runtime):  # noqa: ANN001, ANN202
+        update = await node(state, runtime)
+        if "answer" in update:
+            ctx = runtime.context or SpecRagContext()
+            update["stats"] = {**update["stats"], "refine_mode": ctx.refine_mode}
         return update
 
     return refine

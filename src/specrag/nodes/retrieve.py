@@ -1,4 +1,4 @@
-"""``retrieve``: search the index (or the input document) under the retrieval budget."""
+"""``retrieve``: search the index (or the run's document) under the retrieval budget."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from specrag.graph.context import SpecRagContext
-from specrag.graph.services import Services, answer_token_length
+from specrag.graph.services import Services
+from specrag.graph.signals import retrieval_signal
 from specrag.graph.state import State
-from specrag.nodes.common import emit, now, retrieval_signal, short_error
+from specrag.nodes.answer import short_error
+from specrag.nodes.streaming import emit, now
 
 
 def make_retrieve(services: Services):  # noqa: ANN201 - a node function
@@ -19,16 +21,10 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
     async def retrieve(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
         ctx = runtime.context or SpecRagContext()
         question = state.get("question", "")
-        document = state.get("document") or None
-        signal = retrieval_signal(runtime)
-        update: dict[str, Any] = {"marks": {"retrieve": now()}, "document_tokens": 0}
+        document = state.get("run_document") or None
+        start = now()
+        update: dict[str, Any] = {}
         try:
-            # Loading the embedding model (first run only) is not part of the budget.
-            await asyncio.to_thread(services.warm_retriever, ctx, document)
-            if document:
-                count = answer_token_length(ctx)
-                update["document_tokens"] = await asyncio.to_thread(count, document)
-            start = now()
 
             async def search() -> list[Any]:
                 if ctx.added_retrieval_latency_s > 0:  # injected (benchmarks only)
@@ -48,15 +44,15 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                     f"< relevance_threshold {ctx.relevance_threshold}"
                 ]
         except TimeoutError:
-            start = update["marks"]["retrieve"]
             update.update(chunks=[], retrieval_status="timeout")
             update["errors"] = [f"retrieve: no result within {ctx.retrieval_timeout_s}s"]
         except Exception as exc:  # noqa: BLE001 - becomes the fallback route
-            start = update["marks"]["retrieve"]
             update.update(chunks=[], retrieval_status="failed")
             update["errors"] = [f"retrieve: {short_error(exc)}"]
-        finally:
-            signal.set()  # "draft while you wait" stops now
+        if update["retrieval_status"] == "ok":
+            # "draft while you wait" stops now. Without evidence the draft runs on within its
+            # own budget: it may become the run's (unverified) answer.
+            retrieval_signal(runtime).set()
         update["timings"] = {"retrieve_s": round(now() - start, 4)}
         emit(
             {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
@@ -53,8 +55,15 @@ def make_specrag_tool(
         return format_result(result)
 
     def run(question: str) -> str:
-        result = graph.invoke({"question": question}, context=ctx)
-        return format_result(result)
+        # The graph's nodes are async-only: run them on an event loop of our own. Inside a
+        # running loop (Jupyter, an async agent calling the sync API) that loop lives in a
+        # helper thread, since a loop cannot be nested in the thread that runs one.
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(arun(question))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specrag-tool") as pool:
+            return pool.submit(asyncio.run, arun(question)).result()
 
     return StructuredTool.from_function(
         func=run, coroutine=arun, name=name, description=description, args_schema=AskInput

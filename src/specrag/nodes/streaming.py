@@ -1,21 +1,21 @@
-"""What every node shares: streaming a chat model under a budget, timings, custom events."""
+"""Streaming a chat model under a budget, and custom stream events."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langgraph.config import get_stream_writer
-from langgraph.runtime import Runtime
 
 from specrag.graph.services import is_local
+from specrag.models.options import DecodeOptions
 
 # Extra wall-clock allowed past a budget before an unresponsive model call is abandoned
 # (local models stop themselves at the budget; this only catches hung remote calls).
@@ -73,22 +73,26 @@ async def stream_model(
     *,
     budget_s: float,
     tags: list[str],
-    local_kwargs: dict[str, Any] | None = None,
+    options: DecodeOptions | None = None,
     stop_event: threading.Event | None = None,
     min_tokens: int = 0,
 ) -> Streamed:
     """Stream ``model`` for at most ``budget_s`` seconds; never raises on timeout.
 
-    Local models get ``max_time`` (and the stop event) so their decode loop stops itself;
-    other models are cut off by ``asyncio.timeout`` and the stop event is polled per chunk.
+    Local models get ``max_time`` (and the stop event) in their :class:`DecodeOptions`, so
+    their decode loop - prefill included - stops itself; other models are cut off by
+    ``asyncio.timeout`` and the stop event is polled per chunk.
     """
     out = Streamed()
     start = now()
     kwargs: dict[str, Any] = {}
     if is_local(model):
-        kwargs = {"max_time": budget_s, **(local_kwargs or {})}
-        if stop_event is not None:
-            kwargs.update(stop_event=stop_event, min_tokens=min_tokens)
+        kwargs["options"] = dataclasses.replace(
+            options or DecodeOptions(),
+            max_time=budget_s,
+            stop_event=stop_event,
+            min_tokens=min_tokens,
+        )
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
     try:
         async with asyncio.timeout(budget_s + GRACE_S):
@@ -124,85 +128,3 @@ async def stream_model(
         out.stopped = True
     out.text = out.text.strip()
     return out
-
-
-# --- "retrieval finished" signal between the two parallel start nodes ----------------------
-# Both start tasks of one run share the checkpoint id of their superstep, which identifies
-# the run without any extra state key. The table is bounded, so nothing leaks.
-_SIGNALS: OrderedDict[str, threading.Event] = OrderedDict()
-_SIGNALS_LOCK = threading.Lock()
-
-
-def retrieval_signal(runtime: Runtime[Any]) -> threading.Event:
-    """The event set when this run's retrieval has finished."""
-    info = getattr(runtime, "execution_info", None)
-    key = f"{getattr(info, 'thread_id', '')}:{getattr(info, 'checkpoint_id', '') or id(runtime)}"
-    with _SIGNALS_LOCK:
-        event = _SIGNALS.get(key)
-        if event is None:
-            event = _SIGNALS[key] = threading.Event()
-            while len(_SIGNALS) > 4096:
-                _SIGNALS.popitem(last=False)
-        return event
-
-
-def run_timings(state: dict[str, Any], answer_ttft_abs: float | None) -> dict[str, float]:
-    """total_s and ttft_s of the run, from the stage marks."""
-    marks = state.get("marks") or {}
-    start = min(marks.values()) if marks else now()
-    out = {"total_s": round(now() - start, 4)}
-    if answer_ttft_abs is not None:
-        out["ttft_s"] = round(answer_ttft_abs - start, 4)
-    return out
-
-
-def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Numbered citations matching the evidence blocks."""
-    return [
-        {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
-        for n, c in enumerate(chunks, start=1)
-    ]
-
-
-def short_error(exc: BaseException) -> str:
-    """``Type: first line`` of an exception."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-async def answer_update(
-    model: BaseChatModel,
-    messages: list[BaseMessage],
-    state: dict[str, Any],
-    *,
-    node: str,
-    budget_s: float,
-    local_kwargs: dict[str, Any],
-) -> dict[str, Any]:
-    """Run an answer model and build the state update (raises when nothing came back)."""
-    marks = {node: now()}
-    result = await stream_model(
-        model, messages, budget_s=budget_s, tags=["answer", node], local_kwargs=local_kwargs
-    )
-    if not result.text:
-        why = f"no answer within {budget_s}s" if result.timed_out else "empty answer"
-        raise RuntimeError(why)
-    decoding = dict(result.metadata.get("decoding") or {})
-    if result.timed_out:
-        decoding["truncated"] = True
-    ttft_abs = marks[node] + result.ttft_s if result.ttft_s is not None else None
-    timings = {
-        "answer_s": round(result.elapsed_s, 4),
-        **run_timings({**state, "marks": {**(state.get("marks") or {}), **marks}}, ttft_abs),
-    }
-    emit({"event": "answered", "node": node, **timings, "decoding": decoding})
-    return {
-        "answer": result.text,
-        "answer_error": "",
-        "route": node,
-        "verified": True,
-        "citations": citations(state.get("chunks") or []),
-        "timings": timings,
-        "stats": {node: decoding} if decoding else {},
-        "marks": marks,
-    }

@@ -1,0 +1,279 @@
+"""The machinery every local decoder shares: prompts, streaming, time bounds, the model thread.
+
+:class:`LocalChatBase` streams a :class:`DecodeJob` (built by a subclass: :class:`ChatLocalLM`
+or :class:`ChatRapid`) on the model thread and turns its tokens into ``AIMessageChunk``s with
+log-probabilities. What it adds over a plain wrapper:
+
+* **real time bounds** - ``max_time`` (seconds) ends the decode loop itself, prefill included,
+  so a timed-out generation stops using the CPU/GPU instead of running on in the background;
+* **token log-probabilities** in ``response_metadata["logprobs"]["content"]`` (OpenAI layout:
+  ``[{"token", "logprob"}]``), the basis of draft confidence;
+* a stop event ("retrieval finished") and cancellation when the consumer goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict
+
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import Token
+from specrag.models.loading import LoadedLM
+from specrag.models.options import DecodeOptions
+from specrag.models.worker import MODEL_THREAD
+
+log = logging.getLogger(__name__)
+
+
+def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
+    """LangChain messages -> ``[{"role", "content"}]`` for a chat template."""
+    roles = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"}
+    return [{"role": roles.get(m.type, "user"), "content": str(m.text)} for m in messages]
+
+
+def encode_chat(loaded: LoadedLM, messages: list[BaseMessage]) -> list[int]:
+    """Token ids of the chat prompt, generation prompt included."""
+    tok = loaded.tokenizer
+    dicts = to_chat_dicts(messages)
+    if getattr(tok, "chat_template", None):
+        enc = tok.apply_chat_template(dicts, add_generation_prompt=True, tokenize=True)
+        ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
+        return [int(i) for i in ids]
+    text = "\n\n".join(f"{d['role']}: {d['content']}" for d in dicts) + "\n\nassistant:"
+    return [int(i) for i in tok(text)["input_ids"]]
+
+
+class TextStream:
+    """Incremental detokenisation that never emits half of a multi-byte character."""
+
+    def __init__(self, tokenizer: Any, skip_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.skip = set(skip_ids)
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, ids: list[int]) -> str:
+        """Add tokens; return the new text that is now stable."""
+        self.ids.extend(i for i in ids if i not in self.skip)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next token
+            return ""
+        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
+        self.emitted = text if text.startswith(self.emitted) else self.emitted
+        return delta
+
+
+StopCheck = Callable[[int], "str | None"]
+
+
+@dataclass
+class DecodeJob:
+    """Everything :class:`LocalChatBase` needs to stream one local decode."""
+
+    produce: Callable[[StopCheck], Iterator[list[Token]]]  # stepped on the model thread
+    tokenizer: Any
+    eos_ids: tuple[int, ...]
+    input_tokens: int
+    metadata: Callable[[], dict[str, Any]]  # called after decoding: response_metadata extras
+    finish_reason: Callable[[], str]
+    model_name: str = ""
+    flatten: bool = False  # also put the decoding statistics at the top of response_metadata
+
+
+class LocalChatBase(BaseChatModel):
+    """Streaming machinery shared by local decoders.
+
+    A worker thread, a time bound, a stop event, log-probabilities per chunk; subclasses
+    build a :class:`DecodeJob`.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    max_time: float | None = None
+
+    def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
+        raise NotImplementedError
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        options = DecodeOptions.from_call(kwargs)
+        run = _Run(self, self._job(messages, options), options)
+        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        run.start(events.put)
+        try:
+            while True:
+                kind, value = events.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    break
+                chunk = run.chunk(value)
+                if run_manager and chunk.text:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+        finally:
+            run.cancel.set()
+        yield run.final_chunk()
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        # Native async: the decode runs in its own thread and hands tokens to the event loop,
+        # so a run waiting for the model (queued behind others) holds no executor thread.
+        options = DecodeOptions.from_call(kwargs)
+        job = await asyncio.to_thread(self._job, messages, options)
+        run = _Run(self, job, options)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def put(item: tuple[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # the consumer's event loop is closed: nobody is listening
+                run.cancel.set()
+
+        run.start(put)
+        try:
+            while True:
+                kind, value = await events.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    break
+                chunk = run.chunk(value)
+                if run_manager and chunk.text:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+        finally:
+            run.cancel.set()
+        yield run.final_chunk()
+
+
+class _Run:
+    """One decode in flight: its worker thread, stop conditions and chunk building."""
+
+    def __init__(self, owner: LocalChatBase, job: DecodeJob, options: DecodeOptions) -> None:
+        self.job = job
+        self.started = time.monotonic()
+        max_time = options.max_time if options.max_time is not None else owner.max_time
+        self.deadline = self.started + max_time if max_time else None
+        self.stop_event: threading.Event | None = options.stop_event
+        self.min_tokens = int(options.min_tokens)
+        self.cancel = threading.Event()
+        self.timed_out_waiting = threading.Event()
+        self.text = TextStream(job.tokenizer, job.eos_ids)
+        self.first_token_s: float | None = None
+        self.n_tokens = 0
+
+    def should_stop(self, n: int) -> str | None:
+        if self.cancel.is_set():
+            return "cancelled"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "time"
+        if self.stop_event is not None and self.stop_event.is_set() and n >= self.min_tokens:
+            return "stop_event"
+        return None
+
+    def start(self, put: Callable[[tuple[str, Any]], None]) -> None:
+        """Queue the decode on the model thread; events arrive through ``put``."""
+
+        def begin() -> Iterator[list[Token]] | None:
+            if self.cancel.is_set():
+                return None
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.timed_out_waiting.set()  # its budget ran out while queued
+                return None
+            return self.job.produce(self.should_stop)
+
+        def end(exc: BaseException | None) -> None:
+            if exc is not None:
+                put(("error", exc))
+            put(("done", None))
+
+        MODEL_THREAD.run_steps(begin, lambda step: put(("step", step)), end)
+
+    def chunk(self, step: list[Token]) -> ChatGenerationChunk:
+        self.n_tokens += len(step)
+        if self.first_token_s is None:
+            self.first_token_s = time.monotonic() - self.started
+        delta = self.text.push([t.id for t in step])
+        logprobs = [
+            {"token": self.job.tokenizer.decode([t.id]), "logprob": t.logprob}
+            for t in step
+            if t.id not in self.job.eos_ids
+        ]
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=delta, response_metadata={"logprobs": {"content": logprobs}}
+            )
+        )
+
+    def final_chunk(self) -> ChatGenerationChunk:
+        job = self.job
+        finish = "time" if self.timed_out_waiting.is_set() else (job.finish_reason() or "stop")
+        decoding = {**job.metadata(), "new_tokens": self.n_tokens}
+        decoding["ttft_s"] = (
+            round(self.first_token_s, 4) if self.first_token_s is not None else None
+        )
+        decoding["total_s"] = round(time.monotonic() - self.started, 4)
+        usage = UsageMetadata(
+            input_tokens=job.input_tokens,
+            output_tokens=self.n_tokens,
+            total_tokens=job.input_tokens + self.n_tokens,
+        )
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata=usage,
+                response_metadata={
+                    "model_name": job.model_name,
+                    "finish_reason": finish,
+                    "truncated": finish in ("time", "stop_event", "cancelled"),
+                    "decoding": decoding,
+                    **(decoding if job.flatten else {}),
+                },
+                chunk_position="last",
+            )
+        )
+
+
+def make_generator(
+    device: torch.device, sampler: Sampler, seed: int | None
+) -> torch.Generator | None:
+    """A seeded generator for sampling (None when greedy)."""
+    if sampler.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
+    return generator

@@ -1,0 +1,52 @@
+"""``DecodeOptions``: the typed per-call settings of a local decode.
+
+Nodes build one and pass it as ``model.astream(messages, options=DecodeOptions(...))``. Plain
+keyword arguments (``model.invoke(msgs, temperature=0.0)``) still work for LangChain users;
+they are checked against the same fields, so a misspelt key is an error, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Speculation = Literal["none", "prompt", "draft+prompt"]
+
+# Keyword arguments LangChain itself may add to a model call; they are not decode settings.
+_LANGCHAIN_KWARGS = ("stop", "callbacks", "tags", "metadata", "run_name", "run_id")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Per-call decode settings; ``None`` means "the model's own default"."""
+
+    temperature: float | None = None
+    max_new_tokens: int | None = None
+    speculation: Speculation | None = None
+    draft: str | None = None  # candidate text for speculation="draft+prompt"
+    seed: int | None = None  # sampling seed (reproducible answers)
+    max_time: float | None = None  # seconds; the decode loop (prefill included) stops at it
+    stop_event: threading.Event | None = None  # stop once set and min_tokens exist
+    min_tokens: int = 0
+    document: str | None = None  # RAPID: the long document the target reads
+    drafter_context: str | None = None  # RAPID: the retrieved text the drafter reads
+
+    @classmethod
+    def from_call(cls, kwargs: dict[str, Any]) -> DecodeOptions:
+        """Options from a call's keyword arguments (``options=`` plus loose keys)."""
+        base = kwargs.get("options") or cls()
+        if not isinstance(base, DecodeOptions):
+            raise TypeError(f"options must be DecodeOptions, got {type(base).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        loose = {}
+        for key, value in kwargs.items():
+            if key == "options" or key in _LANGCHAIN_KWARGS or key.startswith("ls_"):
+                continue
+            if key not in names:
+                raise TypeError(
+                    f"unknown decode option {key!r} (known: {', '.join(sorted(names))})"
+                )
+            loose[key] = value
+        return dataclasses.replace(base, **loose) if loose else base

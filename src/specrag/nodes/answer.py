@@ -1,0 +1,125 @@
+"""What the answer nodes share: one budget, one node shape, timings and citations.
+
+``refine``, ``generate`` and ``rapid_generate`` are all built by :func:`make_answer_node`: each
+supplies its model and prompt; the budget, the stream, the timings and the error route are the
+same. The answer budget (``answer_timeout_s``) starts when the FIRST answer node starts; a
+``generate`` that runs after a failed ``refine``/``rapid_generate`` gets what is left of it, so
+a run never spends more than one answer budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langgraph.runtime import Runtime
+
+from specrag.graph.context import SpecRagContext
+from specrag.graph.services import Services
+from specrag.graph.state import State
+from specrag.models.options import DecodeOptions
+from specrag.nodes.streaming import emit, now, stream_model
+
+
+@dataclass
+class AnswerCall:
+    """One answer node's model, prompt and decode options."""
+
+    model: BaseChatModel
+    messages: list[BaseMessage]
+    options: DecodeOptions
+
+
+AnswerBuilder = Callable[[State, SpecRagContext], AnswerCall]
+
+
+def run_timings(state: dict[str, Any], answer_ttft_abs: float | None) -> dict[str, float]:
+    """total_s and ttft_s of the run, measured from the run's origin (after model loading)."""
+    marks = state.get("marks") or {}
+    origin = marks.get("origin", min(marks.values()) if marks else now())
+    out = {"total_s": round(now() - origin, 4)}
+    if answer_ttft_abs is not None:
+        out["ttft_s"] = round(answer_ttft_abs - origin, 4)
+    return out
+
+
+def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Numbered citations matching the evidence blocks."""
+    return [
+        {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
+        for n, c in enumerate(chunks, start=1)
+    ]
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: first line`` of an exception."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def answer_budget(state: State, ctx: SpecRagContext, started: float) -> float:
+    """Seconds left of the run's one answer budget (it starts with the first answer node)."""
+    first = (state.get("marks") or {}).get("answer", started)
+    return ctx.answer_timeout_s - (started - first)
+
+
+def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # noqa: ANN201
+    """An answer node: stream ``build(state, ctx)`` under the shared answer budget.
+
+    On failure it records ``answer_error``; the node's conditional edge routes on it
+    (refine / rapid_generate -> generate, generate -> fallback).
+    """
+
+    async def answer(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
+        ctx = runtime.context or SpecRagContext()
+        started = now()
+        marks = {"answer": (state.get("marks") or {}).get("answer", started)}
+        try:
+            budget = answer_budget(state, ctx, started)
+            if budget <= 0:
+                raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
+            call = build(state, ctx)
+            await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
+            result = await stream_model(
+                call.model,
+                call.messages,
+                budget_s=budget,
+                tags=["answer", node],
+                options=call.options,
+            )
+            if not result.text:
+                why = f"no answer within {budget:.1f}s" if result.timed_out else "empty answer"
+                raise RuntimeError(why)
+        except Exception as exc:  # noqa: BLE001 - becomes the error route
+            message = f"{node}: {short_error(exc)}"
+            earlier = state.get("answer_error")  # refine/rapid_generate failed first
+            chain = f"{earlier} -> {node}; {message}" if earlier else message
+            return {"answer_error": chain, "errors": [message], "marks": marks}
+        decoding = dict(result.metadata.get("decoding") or {})
+        if result.timed_out:
+            decoding["truncated"] = True
+        ttft_abs = started + result.ttft_s if result.ttft_s is not None else None
+        timings = {"answer_s": round(now() - started, 4), **run_timings(dict(state), ttft_abs)}
+        if "answer_ttft_s" not in timings and result.ttft_s is not None:
+            timings["answer_ttft_s"] = round(result.ttft_s, 4)
+        emit({"event": "answered", "node": node, **timings, "decoding": decoding})
+        update: dict[str, Any] = {
+            "answer": result.text,
+            "answer_error": "",
+            "route": node,
+            "verified": True,
+            "citations": citations(state.get("chunks") or []),
+            "timings": timings,
+            "stats": {node: decoding} if decoding else {},
+            "marks": marks,
+        }
+        if state.get("answer_error"):  # reached after a failed refine / rapid_generate
+            update["reason"] = f"{state.get('reason', '')}; {state['answer_error']} -> {node}"
+        return update
+
+    answer.__name__ = node
+    return answer

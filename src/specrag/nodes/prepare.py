@@ -1,0 +1,78 @@
+"""``prepare``: start a clean run - load models, reset the run state, index a document.
+
+* **Loading** (first run in a process only) happens here, before the run's origin, and is
+  reported as ``load_s``: no stage timing or budget includes it.
+* **A clean run state**: on a thread (a checkpointer), state persists between runs. Each new
+  question starts from fresh run keys (errors, timings, stats, route, draft, ...); the input
+  ``document`` is moved to ``run_document`` and cleared, so the next question on the thread
+  does not inherit it. The checkpoints keep the thread's history for ``--resume``.
+* **A long document** is chunked and embedded here (``document_index_s``), outside the
+  retrieval budget, which then only covers the search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from langgraph.runtime import Runtime
+from langgraph.types import Overwrite
+
+from specrag.graph.context import SpecRagContext
+from specrag.graph.services import Services
+from specrag.graph.state import State
+from specrag.nodes.streaming import emit, now
+
+
+def make_prepare(services: Services):  # noqa: ANN201
+    """Build the prepare node."""
+
+    async def prepare(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
+        ctx = runtime.context or SpecRagContext()
+        document = state.get("document") or ""
+        t0 = now()
+        models = [services.chat_model(ctx.answer_model, ctx)]
+        if ctx.draft_policy != "off" and ctx.draft_model != ctx.answer_model:
+            models.append(services.chat_model(ctx.draft_model, ctx))
+        for model in models:
+            await asyncio.to_thread(services.warm, model)
+        await asyncio.to_thread(services.warm_retriever, ctx, document or None)
+        origin = now()
+        timings = {"load_s": round(origin - t0, 4)}
+        document_tokens = 0
+        if document:
+            document_tokens = await asyncio.to_thread(services.document_tokens, ctx, document)
+            if document_tokens > ctx.long_document_tokens:
+                await asyncio.to_thread(services.warm, services.rapid_model(ctx))
+                origin = now()
+                timings["load_s"] = round(origin - t0, 4)
+            start = now()
+            await asyncio.to_thread(services.index_document, ctx, document)
+            timings["document_index_s"] = round(now() - start, 4)
+        seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
+        emit({"event": "prepared", "seed": seed, **timings})
+        return {
+            "document": "",
+            "run_document": document,
+            "document_tokens": document_tokens,
+            "seed": seed,
+            "marks": Overwrite({"origin": origin}),
+            "timings": Overwrite(timings),
+            "stats": Overwrite({}),
+            "errors": Overwrite([]),
+            "answer": "",
+            "answer_error": "",
+            "route": "",
+            "reason": "",
+            "verified": False,
+            "draft": "",
+            "draft_confidence": None,
+            "draft_status": "off",
+            "draft_tokens": 0,
+            "draft_truncated": False,
+            "chunks": [],
+            "citations": [],
+        }
+
+    return prepare

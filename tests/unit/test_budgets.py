@@ -1,0 +1,181 @@
+"""Budgets stop prefill too; the model thread survives any job's failure (issue 9 #5, #6)."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specrag.decoding import state as state_module
+from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import DecodeStats, Token, decode
+from specrag.decoding.state import LMState, Stopped
+from specrag.models.local import DecodeJob, LocalChatBase
+from specrag.models.worker import MODEL_THREAD, ModelThread
+
+
+def tiny():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+class StopAfter:
+    """A stop check that says "time" once ``calls`` checks have passed (counts the checks)."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls, self.seen = calls, 0
+
+    def __call__(self, n_generated: int) -> str | None:
+        self.seen += 1
+        return "time" if self.seen > self.calls else None
+
+
+def test_a_budget_stops_a_long_prefill_between_slices(monkeypatch):
+    monkeypatch.setattr(state_module, "PREFILL_CHUNK", 16)
+    model = tiny()
+    lm = LMState(model)
+    prompt = list(range(1, 64)) * 2  # 126 tokens = 8 slices of 16
+    stats = DecodeStats()
+    out = list(
+        decode(
+            lm,
+            prompt,
+            max_new_tokens=8,
+            sampler=Sampler(0.0),
+            should_stop=StopAfter(2),
+            stats=stats,
+        )
+    )
+    assert out == [] and stats.finish_reason == "time"
+    assert len(lm) == 3 * 16  # stopped after the third slice: the rest was never computed
+    # without a stop the same prompt decodes normally
+    assert list(decode(LMState(model), prompt, max_new_tokens=3, sampler=Sampler(0.0)))
+
+
+def test_a_budget_stops_rapid_prefills(monkeypatch):
+    monkeypatch.setattr(state_module, "PREFILL_CHUNK", 16)
+    model = tiny()
+    target, drafter = LMState(model), LMState(model)
+    stats = RapidStats()
+    out = list(
+        rapid_decode(
+            target,
+            drafter,
+            list(range(1, 64)) * 2,
+            list(range(1, 40)),
+            max_new_tokens=8,
+            sampler=Sampler(0.0),
+            cfg=RapidConfig(eta=0.0),
+            should_stop=StopAfter(1),
+            stats=stats,
+        )
+    )
+    assert out == [] and stats.finish_reason == "time"
+    assert len(target) == 2 * 16 and len(drafter) == 0
+
+
+def test_extend_raises_stopped_and_keeps_the_cache_consistent(monkeypatch):
+    monkeypatch.setattr(state_module, "PREFILL_CHUNK", 8)
+    lm = LMState(tiny())
+    with pytest.raises(Stopped):
+        lm.extend(list(range(1, 30)), all_logits=False, should_stop=lambda: "time")
+    assert len(lm) == 8 and lm.tokens == list(range(1, 9))
+    lm.extend([9, 10])  # the cache still matches its tokens
+    assert len(lm) == 10
+
+
+# --- the model thread survives failing jobs ------------------------------------------------
+
+
+def test_model_thread_survives_callbacks_that_raise():
+    worker = ModelThread(max_active=2)
+    ends = []
+
+    def job():
+        yield 1
+        yield 2
+
+    def boom(item):
+        raise RuntimeError("Event loop is closed")
+
+    def boom_end(exc):
+        ends.append(exc)
+        raise RuntimeError("Event loop is closed")
+
+    worker.run_steps(job, boom, boom_end)  # on_item raises: this job fails, alone
+    worker.submit(lambda: (_ for _ in ()).throw(ValueError("task"))).exception(timeout=5)
+    worker._push(lambda: 1 / 0)  # a raw task that raises
+    assert worker.submit(lambda: 42).result(timeout=5) == 42  # still serving
+    assert len(ends) == 1 and isinstance(ends[0], RuntimeError)
+    assert worker._active == 0  # the failed job gave its slot back
+    done = threading.Event()
+    worker.run_steps(job, lambda item: None, lambda exc: done.set())
+    assert done.wait(5)
+
+
+class SlowLocal(LocalChatBase):
+    """A local model whose decode ignores stop requests for a while (as a long step does)."""
+
+    steps: int = 30
+    step_s: float = 0.01
+
+    @property
+    def _llm_type(self) -> str:
+        return "slow-local"
+
+    def _job(self, messages, options):
+        class Tok:
+            def decode(self, ids, skip_special_tokens=True):
+                return "".join(f"t{i} " for i in ids)
+
+        def produce(should_stop):
+            for i in range(self.steps):
+                time.sleep(self.step_s)
+                yield [Token(i, -0.1, "model")]
+
+        return DecodeJob(
+            produce=produce,
+            tokenizer=Tok(),
+            eos_ids=(),
+            input_tokens=1,
+            metadata=dict,
+            finish_reason=lambda: "stop",
+        )
+
+
+def test_cancelled_runs_on_closed_loops_do_not_kill_the_model_thread():
+    model = SlowLocal()
+
+    async def take_two():
+        async for i, _ in _aenumerate(model.astream("hi")):
+            if i == 1:
+                return  # the consumer leaves mid-job; its loop closes right after
+
+    for _ in range(3):
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(take_two())
+        loop.close()  # later tokens of the still-running job hit a closed loop
+    time.sleep(0.5)
+    assert MODEL_THREAD._thread.is_alive()
+    text = asyncio.run(model.ainvoke("again")).content  # and the next call is served
+    assert text.startswith("t0 t1")
+    assert MODEL_THREAD.submit(lambda: "ok").result(timeout=10) == "ok"
+
+
+async def _aenumerate(aiter):
+    i = 0
+    async for item in aiter:
+        yield i, item
+        i += 1

@@ -1,0 +1,135 @@
+"""Routes that need the draft to outlive a failed retrieval, clean state per thread question,
+timings from one origin, and the rapid_generate route through the graph (issue 9)."""
+
+import asyncio
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langgraph.checkpoint.memory import InMemorySaver
+
+from specrag import build_graph, prompts
+from tests.fakes import FakeLogprobChat, chunk, ctx, services
+
+SLOW_DRAFT = "The capital of France is Paris and it lies on the Seine river in the north"
+
+
+async def run(svc, question="What is the capital of France?", graph=None, config=None, **kw):
+    graph = graph or build_graph(svc)
+    inputs = {"question": question, **kw.pop("inputs", {})}
+    return await graph.ainvoke(inputs, config=config, context=ctx(**kw))
+
+
+async def test_default_policy_draft_outlives_a_failed_retrieval():
+    # issue 9 #1: with the DEFAULT draft_policy the draft used to stop ~1 token after a failed
+    # retrieval, so the promised "unverified draft" fallback was unreachable.
+    draft = FakeLogprobChat(reply=SLOW_DRAFT, delay_s=0.02, calls=[])
+    svc = services(draft=draft, retrieve_error=OSError("disk gone"))
+    result = await run(svc, draft_policy="until_retrieval")
+    assert result["route"] == "fallback", result["reason"]
+    assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT
+    assert "retrieval failed" in result["reason"]
+
+
+async def test_default_policy_draft_outlives_irrelevant_and_slow_retrieval():
+    draft = FakeLogprobChat(reply=SLOW_DRAFT, delay_s=0.02, calls=[])
+    irrelevant = services(draft=draft, chunks=[chunk("unrelated", score=0.01)])
+    result = await run(irrelevant, draft_policy="until_retrieval")
+    assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT, result["reason"]
+    slow = services(draft=draft, retrieve_delay_s=1.0)
+    result = await run(slow, draft_policy="until_retrieval", retrieval_timeout_s=0.1)
+    assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT, result["reason"]
+
+
+async def test_default_policy_still_stops_the_draft_when_evidence_arrives():
+    draft = FakeLogprobChat(reply=" ".join(["w"] * 100), delay_s=0.02, calls=[])
+    result = await run(
+        services(draft=draft, retrieve_delay_s=0.3),
+        draft_policy="until_retrieval",
+        min_draft_tokens=2,
+        draft_timeout_s=5.0,
+    )
+    assert result["route"] == "refine"
+    assert 2 <= len(result["draft"].split()) < 60
+
+
+async def test_second_question_on_a_thread_starts_a_clean_run():
+    # issue 9 #2: the second question inherited the first run's document, errors and marks
+    seen = []
+    svc = services()
+    inner = svc.retriever
+
+    def spy(question, document, context):
+        seen.append(document)
+        if question.startswith("broken"):
+            raise OSError("store down")
+        return inner(question, document, context)
+
+    svc.retriever = spy
+    graph = build_graph(svc, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    first = await run(
+        svc, "broken: capital?", graph=graph, config=config, inputs={"document": "short doc"}
+    )
+    assert first["errors"] and seen == ["short doc"]
+    await asyncio.sleep(0.6)  # a gap between the two questions
+    second = await run(svc, "capital of France?", graph=graph, config=config)
+    assert seen == ["short doc", None]  # not answered from the previous run's document
+    assert second["errors"] == [] and second["route"] == "refine"
+    assert second["timings"]["total_s"] < 0.6  # the gap is not part of this run
+    assert second["timings"]["ttft_s"] < 0.6
+    history = [s async for s in graph.aget_state_history(config)]
+    assert any(s.values.get("question") == "broken: capital?" for s in history)  # kept
+
+
+async def test_rapid_generate_route_through_the_graph():
+    # issue 9 #13: the graph's rapid_generate route was exercised by no test
+    rapid = FakeLogprobChat(reply="Rollo.", calls=[])
+    svc = services(answer=rapid)
+    document = "Rollo led the Norse. " * 400  # 1600 words > long_document_tokens
+    result = await run(svc, "Who led the Norse?", inputs={"document": document})
+    assert result["route"] == "rapid_generate" and result["answer"] == "Rollo."
+    assert "long document" in result["reason"]
+    assert result["timings"]["document_index_s"] >= 0
+
+
+SCENARIOS = {
+    "refine": {},
+    "generate": {"draft_policy": "off"},
+    "fallback": {"retrieval_timeout_s": 0.05},
+    "rapid_generate": {},
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    route=st.sampled_from(sorted(SCENARIOS)),
+    draft_delay=st.sampled_from([0.0, 0.01, 0.03]),
+    load_delay=st.sampled_from([0.0, 0.2]),
+)
+def test_timings_of_every_route_share_one_origin(route, draft_delay, load_delay):
+    # issue 9 #9b: model loading inside some stage timings made draft_ttft_s > draft_s
+    draft = FakeLogprobChat(reply=SLOW_DRAFT, delay_s=draft_delay, calls=[])
+    svc = services(draft=draft, retrieve_delay_s=0.1 if route == "fallback" else 0.0)
+    loaded = set()
+
+    def warm(model):  # a first load per model, as a real first call pays
+        if id(model) not in loaded:
+            loaded.add(id(model))
+            time.sleep(load_delay)
+
+    svc.warm = warm
+    inputs = {"document": "word " * 2000} if route == "rapid_generate" else {}
+    result = asyncio.run(run(svc, inputs=inputs, **SCENARIOS[route]))
+    t = result["timings"]
+    assert result["route"] == route, result["reason"]
+    assert t["load_s"] >= load_delay * 0.9
+    for stage in ("retrieve_s", "draft_s", "answer_s", "ttft_s", "draft_ttft_s"):
+        if stage in t:
+            assert 0 <= t[stage] <= t["total_s"] + 1e-3, (stage, t)
+    if "draft_ttft_s" in t:
+        assert t["draft_ttft_s"] <= t["draft_s"], t
+        assert t["draft_ttft_s"] < load_delay + 0.15 or load_delay == 0, t  # loading not inside
+    if route != "fallback":
+        assert t["ttft_s"] <= t["total_s"], t
+    assert isinstance(result["seed"], int)
