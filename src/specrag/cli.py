@@ -1,7 +1,7 @@
-"""The ``specrag`` command line: index, ask, demo, config.
+"""specrag: speculative RAG and RAPID long-document answers on local models.
 
-Errors print one line on stderr and exit non-zero; progress goes to stderr; ``--json`` prints
-exactly one JSON document on stdout.
+Commands: index, ask, demo, config, bench. Errors print one line on stderr and exit non-zero;
+progress goes to stderr; ``--json`` prints exactly one JSON document on stdout.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 from rich.console import Console  # noqa: E402
 
 from specrag.errors import InputError, SpecRagError  # noqa: E402
+from specrag.runner import preload, result_json, run_graph  # noqa: E402
 
 err = Console(stderr=True)
 out = Console()
@@ -136,82 +136,6 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def result_json(result: dict[str, Any]) -> dict[str, Any]:
-    """The CLI's JSON view of a graph result."""
-    timings = result.get("timings") or {}
-    answer_s = timings.get("answer_s")
-    return {
-        "answer": result.get("answer", ""),
-        "route": result.get("route", ""),
-        "reason": result.get("reason", ""),
-        "verified": result.get("verified", False),
-        "draft": result.get("draft", ""),
-        "draft_confidence": result.get("draft_confidence"),
-        "sources": [
-            {"n": c.get("n"), "source": c.get("source"), "score": c.get("score")}
-            for c in result.get("citations") or []
-        ],
-        "timings": {
-            "retrieve_s": timings.get("retrieve_s"),
-            "draft_s": timings.get("draft_s"),
-            "draft_ttft_s": timings.get("draft_ttft_s"),
-            "answer_s": answer_s,
-            "total_s": timings.get("total_s"),
-            "ttft_s": timings.get("ttft_s"),
-        },
-        "stats": result.get("stats") or {},
-        "errors": result.get("errors") or [],
-    }
-
-
-async def run_graph(
-    question: str, ctx: Any, document: str | None, stream: bool, thread: str | None = None
-) -> dict[str, Any]:
-    """Run the graph; with ``thread``, on a SQLite checkpointer that persists across runs."""
-    from specrag.graph.builder import build_graph, graph
-
-    if not thread:
-        return await _run(graph, question, ctx, document, stream, {})
-    from specrag.persistence import sqlite_checkpointer
-
-    async with sqlite_checkpointer() as saver:
-        app = build_graph(checkpointer=saver)
-        return await _run(
-            app, question, ctx, document, stream, {"configurable": {"thread_id": thread}}
-        )
-
-
-async def _run(
-    app: Any, question: str, ctx: Any, document: str | None, stream: bool, config: dict[str, Any]
-) -> dict[str, Any]:
-    """Invoke, or stream the draft then the answer live on stderr."""
-    inputs: dict[str, Any] | None = {"question": question} if question else None
-    if document is not None and inputs is not None:
-        inputs["document"] = document
-    if not stream:
-        return await app.ainvoke(inputs, config=config or None, context=ctx)
-    final: dict[str, Any] = {}
-    current = None
-    async for mode, payload in app.astream(
-        inputs, config=config or None, context=ctx, stream_mode=["messages", "custom", "values"]
-    ):
-        if mode == "messages":
-            chunk, meta = payload
-            node = meta.get("langgraph_node")
-            if node != current and chunk.content:
-                current = node
-                label = "draft (unverified)" if node == "draft" else f"answer ({node})"
-                err.print(f"\n[dim]{label}:[/dim] ", end="")
-            if chunk.content:
-                err.print(chunk.content, end="", highlight=False, markup=False)
-        elif mode == "custom" and payload.get("event") == "route":
-            err.print(f"\n[dim]route -> {payload['route']}: {payload['reason']}[/dim]", end="")
-        elif mode == "values":
-            final = payload
-    err.print()
-    return final
-
-
 def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
     ctx = make_context(args)
@@ -251,27 +175,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def preload(ctx: Any, document: str | None) -> None:
-    """Load models before the first budget starts, with a note on stderr."""
-    from specrag.graph.services import Services, default_chat_model
-
-    started = time.perf_counter()
-    services = Services()
-    specs = [ctx.answer_model] + ([ctx.draft_model] if ctx.draft_policy != "off" else [])
-    for spec in dict.fromkeys(specs):
-        services.warm(default_chat_model(spec, ctx))
-    services.warm_retriever(ctx, document)
-    if document is None:
-        from specrag.graph.services import open_index
-
-        open_index(ctx)  # a corrupt index is reported here, as one line
-    err.print(f"[dim]models ready in {time.perf_counter() - started:.1f}s[/dim]")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Index all SQuAD v2 dev paragraphs, then answer three questions."""
-    from rich.table import Table
-
     from specrag.data.datasets import squad_paragraphs
 
     if not any(s.startswith("refine_temperature=") for s in args.set or []):
@@ -292,24 +197,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"question": q, **r} for q, r in rows], ensure_ascii=False))
         return 0
-    table = Table(title="specrag demo (SmolLM2-135M, CPU)", show_lines=True)
-    for col in ("question", "draft (no evidence)", "route", "answer", "timings (s)"):
-        table.add_column(col, overflow="fold")
-    for question, r in rows:
-        t = r["timings"]
+    print_demo_summary(rows)
+    return 0
+
+
+def print_demo_summary(rows: list[tuple[str, dict[str, Any]]]) -> None:
+    """One block per question (wraps at word boundaries in any width), then a narrow table.
+
+    A wide table squeezed into 80 columns (stdout not a terminal) wrapped every cell letter by
+    letter; blocks read the same in a log and in a terminal.
+    """
+    from rich.table import Table
+
+    for n, (question, r) in enumerate(rows, start=1):
         conf = r["draft_confidence"]
-        draft = (
-            f"{r['draft']}\n[dim]confidence {conf:.2f}[/dim]" if conf is not None else r["draft"]
-        )
+        conf_text = f", confidence {conf:.2f}" if conf is not None else ""
+        out.print(f"\n[bold]{n}. {question}[/bold]", soft_wrap=True)
+        out.print(f"   draft (no evidence{conf_text}): {r['draft'] or '-'}", soft_wrap=True)
+        out.print(f"   route: {r['route']} - {r['reason']}", soft_wrap=True)
+        out.print(f"   answer: {r['answer']}", soft_wrap=True)
+    table = Table(title="timings (s)", title_justify="left")
+    for col in ("#", "route", "draft ttft", "answer ttft", "total"):
+        table.add_column(col, no_wrap=True)
+    for n, (_, r) in enumerate(rows, start=1):
+        t = r["timings"]
         table.add_row(
-            question,
-            draft,
-            f"{r['route']}\n[dim]{r['reason']}[/dim]",
-            r["answer"],
-            "\n".join(f"{k}: {v}" for k, v in t.items() if v is not None),
+            str(n),
+            r["route"],
+            *(
+                f"{t[k]:.2f}" if t.get(k) is not None else "-"
+                for k in ("draft_ttft_s", "ttft_s", "total_s")
+            ),
         )
     out.print(table)
-    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -339,7 +259,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
-    parser = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="specrag",
+        description=(
+            "Speculative RAG on local models: a draft starts while retrieval runs, the answer "
+            "model verifies it against the evidence; long documents use RAPID decoding."
+        ),
+        epilog=(
+            "Start with `specrag demo`, then `specrag index PATH` and `specrag ask QUESTION`. "
+            "`specrag config` lists every setting you can change with --set KEY=VALUE."
+        ),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -374,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("config", help="list the context fields")
+    p = sub.add_parser("config", help="list every setting (--set KEY=VALUE) with its default")
     common(p)
     p.set_defaults(func=cmd_config)
 

@@ -12,12 +12,10 @@ import re
 # chunk) must stay text: otherwise a document could open a fake system turn. Fragments are
 # defused too ("<|" alone, "|>" alone), so two pieces of text can never join into a token.
 # Covered: ChatML / Qwen / SmolLM2 ``<|...|>`` (any fragment), Llama ``<s>``, ``</s>``,
-# ``[INST]``, ``<<SYS>>``, Gemma ``<start_of_turn>``, and ``<word_with_underscore>`` tokens
-# (StarCoder/SmolLM2 ``<file_sep>``, Qwen ``<tool_call>``-style names).
-_WORD_TOKEN = re.compile(
-    r"<(/?)(s|unk|pad|bos|eos|[A-Za-z]+(?:_[A-Za-z]+)+)>|\[(/?)(INST|SYS)\]|<<(/?)SYS>>",
-    re.IGNORECASE,
-)
+# ``[INST]``, ``<<SYS>>``, and every one-word tag ``<word>`` / ``</word>``: tokenizers add such
+# tokens freely (SmolLM2 ``<reponame>``, ``<filename>``, ``<file_sep>``; Gemma
+# ``<start_of_turn>``; Qwen ``<tool_call>``), and in plain text a defused tag still reads well.
+_WORD_TOKEN = re.compile(r"</?[A-Za-z][A-Za-z0-9_]*>|\[/?(?:INST|SYS)\]|<</?SYS>>")
 
 
 def defuse(text: str) -> str:

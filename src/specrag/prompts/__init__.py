@@ -51,11 +51,12 @@ ANSWER_FAILED = (
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
 
 _TAG = re.compile(r"</?\s*evidence[^>]*>", re.IGNORECASE)
+_TAG_FRAGMENT = re.compile(r"<(?=\s*/?\s*evidence)", re.IGNORECASE)  # "<evidence" unclosed
 
 
 def neutralise(text: str) -> str:
     """Evidence text with delimiter tags and chat control tokens defused."""
-    return defuse(_TAG.sub(" ", text))
+    return defuse(_TAG_FRAGMENT.sub("\u2039", _TAG.sub(" ", text)))
 
 
 def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
