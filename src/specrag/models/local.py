@@ -197,7 +197,7 @@ class _Run:
         self.n_tokens = 0
 
     def should_stop(self, n: int) -> str | None:
-        if self.cancel.is_set():
+        if self.cancel.is_set() or MODEL_THREAD.closing:
             return "cancelled"
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return "time"

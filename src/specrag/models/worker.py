@@ -13,6 +13,7 @@ fairly and a quick task (embedding a question) waits at most one decode step. At
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections import deque
@@ -32,6 +33,8 @@ class ModelThread:
         self._tasks: deque[Callable[[], None]] = deque()
         self._waiting: deque[Callable[[], None]] = deque()  # decode jobs not yet started
         self._active = 0
+        self._busy = False
+        self.closing = False  # set at interpreter exit: decode jobs stop at their next check
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="specrag-model", daemon=True)
         self._thread.start()
@@ -44,13 +47,26 @@ class ModelThread:
     def _loop(self) -> None:
         while True:
             with self._cv:
+                self._busy = False
+                self._cv.notify_all()
                 while not self._tasks:
                     self._cv.wait()
                 task = self._tasks.popleft()
+                self._busy = True
             try:
                 task()  # tasks report through futures or callbacks ...
             except BaseException:  # noqa: BLE001 - ... and one that raises fails alone
                 log.exception("a model-thread task failed; the thread keeps serving")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop decode jobs at their next check and wait (bounded) until the thread is idle.
+
+        Called at interpreter exit: a daemon thread killed inside a torch kernel aborts the
+        process ("terminate called without an active exception").
+        """
+        self.closing = True
+        with self._cv:
+            self._cv.wait_for(lambda: not self._busy and not self._tasks, timeout=timeout)
 
     def _push(self, task: Callable[[], None]) -> None:
         with self._cv:
@@ -137,3 +153,4 @@ class ModelThread:
 
 
 MODEL_THREAD = ModelThread()
+atexit.register(MODEL_THREAD.close)

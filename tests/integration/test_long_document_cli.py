@@ -1,0 +1,55 @@
+"""A >= 6K-token document through `specrag ask --document` on CPU takes the RAPID route.
+
+Issue 9 #7: chunking and embedding a long document used to happen inside the retrieval budget,
+so on CPU a long file could time out in retrieval and take the fallback route. Now ``prepare``
+indexes the document (``document_index_s``) and the retrieval budget covers the search only:
+a 1 s budget is enough.
+"""
+
+import json
+
+import pytest
+
+from specrag.cli import main
+from specrag.data.datasets import squad_paragraphs
+
+pytestmark = pytest.mark.integration
+
+
+def test_long_document_takes_rapid_route_within_a_short_retrieval_budget(
+    smol, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    paragraphs = [p.text for p in squad_paragraphs() if p.title == "Normans"]
+    text, n = "", 0
+    count = lambda t: len(smol.tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    while count(text) < 6200:
+        text += paragraphs[n % len(paragraphs)] + "\n\n"
+        n += 1
+    document = tmp_path / "normans.txt"
+    document.write_text(text, encoding="utf-8")
+    code = main(
+        [
+            "ask",
+            "Who was the Norse leader?",
+            "--document",
+            str(document),
+            "--json",
+            "--set",
+            "retrieval_timeout_s=1.0",
+            "--set",
+            "answer_max_tokens=12",
+            "--set",
+            "refine_temperature=0",
+            "--set",
+            "answer_timeout_s=400",  # a 6K-token prefill on a busy 2-core CI machine
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    view = json.loads(out)
+    assert view["route"] == "rapid_generate", view["reason"]
+    assert "long document" in view["reason"] and view["answer"]
+    t = view["timings"]
+    assert t["document_index_s"] > 0 and t["retrieve_s"] < 1.0
+    assert view["stats"]["rapid_generate"]["target_prompt_tokens"] >= 6000
