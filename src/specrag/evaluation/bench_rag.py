@@ -11,6 +11,13 @@ Systems, all on the same local model and prompts, in ONE run:
 The retrieval latency sweep ADDS an injected delay (0, 0.5, 1, 2 s) before retrieval results
 return, modelling a remote vector store. Answers are greedy (``refine_temperature=0``) so
 accuracy differences come from the systems, not from sampling.
+
+Before anything is timed, every index is opened (Chroma) and searched once and one question
+runs through every system (untimed, unrecorded), so no timed run pays a model load, the
+embedding model's load or a Chroma open. Every ratio comes with a 95% bootstrap interval
+over questions (``*_ci95``, seeded). ``spec_rewrite`` (and HF lookup) can give answers of
+another length than serial RAG, so the decode and end-to-end ratios are also reported per
+answer token (``*_per_token_*``: pooled seconds per generated token).
 """
 
 from __future__ import annotations
@@ -43,6 +50,14 @@ from specrag.progress import progress_bar
 SYSTEMS = ["no_rag", "serial_plain", "serial_lookup", "spec_rewrite", "spec_verify"]
 LATENCIES = [0.0, 0.5, 1.0, 2.0]
 SEED = 2026
+# Bumped when what a record measures changes, so a resumed run never mixes records of two
+# protocols (2: warm-up before timing; answer token counts recorded).
+PROTOCOL = 2
+
+
+def case_key(item: dict[str, Any], system: str, latency: float) -> str:
+    """Run-log key of one system on one question at one added latency."""
+    return f"{item['dataset']}|{item['id']}|{system}|{latency}|p{PROTOCOL}"
 
 
 def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Path:
@@ -156,6 +171,7 @@ async def run_one(
             route="generate",
             retrieved=[c["source"] for c in chunks],
             passes_per_token=res["passes_per_token"],
+            new_tokens=res["new_tokens"],
             ttft_s=(rec["retrieve_s"] + res["ttft_s"]) if res["ttft_s"] else None,
             # decode time after the first token, like the graph's decoding stats
             decode_s=res["decode_s"],
@@ -177,6 +193,7 @@ async def run_one(
             ttft_s=timings.get("ttft_s"),
             draft_ttft_s=timings.get("draft_ttft_s"),
             passes_per_token=node_stats.get("passes_per_token"),
+            new_tokens=node_stats.get("new_tokens"),
             decode_s=node_stats.get("decode_s"),
             accepted=node_stats.get("candidates_accepted"),
             proposed=node_stats.get("candidates_proposed"),
@@ -192,12 +209,39 @@ async def run_one(
     return rec
 
 
+def _finite(value: float) -> float | None:
+    return value if value == value else None  # nan (no values) -> None: valid JSON
+
+
+def _qkey(r: dict[str, Any]) -> str:
+    return f"{r['dataset']}|{r['qid']}"
+
+
+def _values(rs: list[dict[str, Any]], field: str) -> dict[str, Any]:
+    """``{question: value}`` of ``field`` (rows without a value, or a zero one, left out)."""
+    return {_qkey(r): r[field] for r in rs if r.get(field)}
+
+
+def _per_token(rs: list[dict[str, Any]], field: str, first: int = 0) -> dict[str, Any]:
+    """``{question: (seconds, tokens)}`` of ``field``.
+
+    ``first=1`` leaves out the first token (decode time is measured after it).
+    """
+    return {
+        _qkey(r): (r[field], r["new_tokens"] - first)
+        for r in rs
+        if r.get(field) and r.get("new_tokens") and r["new_tokens"] - first > 0
+    }
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per system and added latency: accuracy, latency and decoding figures."""
     out: dict[str, Any] = {}
     serial = {
         (r["qid"], r["latency"]): r["answer"] for r in records if r["system"] == "serial_plain"
     }
+    rows_of: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    ci = lambda values: metrics.bootstrap_ci(values, metrics.median, seed=SEED)  # noqa: E731
     for system in SYSTEMS:
         per: dict[str, Any] = {}
         for latency in LATENCIES:
@@ -206,23 +250,31 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             rs = [r for r in records if r["system"] == system and r["latency"] == latency]
             if not rs:
                 continue
+            rows_of[(system, latency)] = rs
             ppt = [r["passes_per_token"] for r in rs if r.get("passes_per_token") is not None]
             recall = [r["recall_at_k"] for r in rs if r.get("recall_at_k") is not None]
+            e2e = [r["e2e_s"] for r in rs]
             row = {
                 "n": len(rs),
                 "em": metrics.mean([r["em"] for r in rs]),
+                "em_ci95": metrics.bootstrap_ci([r["em"] for r in rs], metrics.mean, seed=SEED),
                 "f1": metrics.mean([r["f1"] for r in rs]),
+                "f1_ci95": metrics.bootstrap_ci([r["f1"] for r in rs], metrics.mean, seed=SEED),
                 "contains": metrics.mean([r["contains"] for r in rs]),
                 "recall_at_k": metrics.mean(recall) if recall else None,
-                "ttft_s_median": metrics.median([r["ttft_s"] for r in rs if r.get("ttft_s")]),
-                "draft_ttft_s_median": metrics.median(
-                    [r["draft_ttft_s"] for r in rs if r.get("draft_ttft_s")]
-                )
-                or None,
-                "e2e_s_median": metrics.median([r["e2e_s"] for r in rs]),
-                "e2e_s_p90": metrics.percentile([r["e2e_s"] for r in rs], 90),
+                "ttft_s_median": _finite(
+                    metrics.median([r["ttft_s"] for r in rs if r.get("ttft_s")])
+                ),
+                "draft_ttft_s_median": _finite(
+                    metrics.median([r["draft_ttft_s"] for r in rs if r.get("draft_ttft_s")])
+                ),
+                "e2e_s_median": metrics.median(e2e),
+                "e2e_s_median_ci95": ci(e2e),
+                "e2e_s_p90": metrics.percentile(e2e, 90),
                 "passes_per_token": metrics.mean(ppt) if ppt else None,
-                "decode_s_mean": metrics.mean([r["decode_s"] for r in rs if r.get("decode_s")]),
+                "decode_s_mean": _finite(
+                    metrics.mean([r["decode_s"] for r in rs if r.get("decode_s")])
+                ),
                 "routes": dict(Counter(r.get("route") for r in rs)),
             }
             if system in ("spec_verify", "spec_rewrite"):
@@ -231,25 +283,72 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     for r in rs
                     if (r["qid"], r["latency"]) in serial
                 ]
-                row["identical_to_serial_plain"] = metrics.mean([float(s) for s in same])
+                row["identical_to_serial_plain"] = _finite(metrics.mean([float(s) for s in same]))
             per[str(latency)] = row
         out[system] = per
-    # ratios measured in this run
-    for lat_key in map(str, LATENCIES):
-        base = out.get("serial_plain", {}).get(lat_key)
-        look = out.get("serial_lookup", {}).get(lat_key)
+
+    # ratios measured in this run, each with a bootstrap interval over questions
+    def put(row: dict[str, Any], name: str, num: Any, den: Any, agg: Any) -> None:
+        point, interval = metrics.ratio_ci(num, den, agg, seed=SEED)
+        if point is not None:
+            row[name], row[f"{name}_ci95"] = point, interval
+
+    median, mean, per_token = metrics.median, metrics.mean, metrics.per_token
+    for latency in LATENCIES:
+        base = rows_of.get(("serial_plain", latency))
+        look = rows_of.get(("serial_lookup", latency))
         for system in ("spec_verify", "spec_rewrite", "serial_lookup"):
-            row = out.get(system, {}).get(lat_key)
-            if row and base:
-                row["e2e_vs_serial_plain"] = row["e2e_s_median"] / base["e2e_s_median"]
-                if base.get("decode_s_mean") and row.get("decode_s_mean"):
-                    row["decode_vs_serial_plain"] = row["decode_s_mean"] / base["decode_s_mean"]
-                if row.get("draft_ttft_s_median") and base.get("ttft_s_median"):
-                    row["draft_ttft_vs_serial_ttft"] = (
-                        row["draft_ttft_s_median"] / base["ttft_s_median"]
-                    )
-            if row and look and system != "serial_lookup":
-                row["e2e_vs_serial_lookup"] = row["e2e_s_median"] / look["e2e_s_median"]
+            if (system, latency) not in rows_of:
+                continue
+            rs = rows_of[(system, latency)]
+            row = out[system][str(latency)]
+            if base:
+                put(
+                    row, "e2e_vs_serial_plain", _values(rs, "e2e_s"), _values(base, "e2e_s"), median
+                )
+                put(
+                    row,
+                    "decode_vs_serial_plain",
+                    _values(rs, "decode_s"),
+                    _values(base, "decode_s"),
+                    mean,
+                )
+                put(
+                    row,
+                    "draft_ttft_vs_serial_ttft",
+                    _values(rs, "draft_ttft_s"),
+                    _values(base, "ttft_s"),
+                    median,
+                )
+                put(
+                    row,
+                    "e2e_per_token_vs_serial_plain",
+                    _per_token(rs, "e2e_s"),
+                    _per_token(base, "e2e_s"),
+                    per_token,
+                )
+                put(
+                    row,
+                    "decode_per_token_vs_serial_plain",
+                    _per_token(rs, "decode_s", first=1),
+                    _per_token(base, "decode_s", first=1),
+                    per_token,
+                )
+            if look and system != "serial_lookup":
+                put(
+                    row,
+                    "e2e_vs_serial_lookup",
+                    _values(rs, "e2e_s"),
+                    _values(look, "e2e_s"),
+                    median,
+                )
+                put(
+                    row,
+                    "e2e_per_token_vs_serial_lookup",
+                    _per_token(rs, "e2e_s"),
+                    _per_token(look, "e2e_s"),
+                    per_token,
+                )
     return out
 
 
@@ -259,8 +358,15 @@ def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _cell(row: dict[str, Any], col: str) -> str:
+    """A value; a ratio with its 95% interval."""
+    ci = row.get(f"{col}_ci95") if "_vs_" in col else None
+    value = _fmt(row.get(col))
+    return f"{value} [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci and value != "-" else value
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    """The results as a markdown table."""
+    """The results as a markdown table; ratios as ``value [95% CI low, high]``."""
     cols = [
         "em",
         "f1",
@@ -272,9 +378,12 @@ def markdown(summary: dict[str, Any]) -> str:
         "e2e_s_p90",
         "passes_per_token",
         "decode_vs_serial_plain",
+        "decode_per_token_vs_serial_plain",
         "draft_ttft_vs_serial_ttft",
         "e2e_vs_serial_plain",
+        "e2e_per_token_vs_serial_plain",
         "e2e_vs_serial_lookup",
+        "e2e_per_token_vs_serial_lookup",
         "identical_to_serial_plain",
     ]
     lines = [
@@ -288,14 +397,21 @@ def markdown(summary: dict[str, Any]) -> str:
             routes = ", ".join(f"{k}:{v}" for k, v in row["routes"].items())
             lines.append(
                 f"| {system} | {latency} | "
-                + " | ".join(_fmt(row.get(c)) for c in cols)
+                + " | ".join(_cell(row, c) for c in cols)
                 + f" | {routes} |"
             )
     return "\n".join(lines) + "\n"
 
 
+def _yerr(points: list[float], cis: list[Any]) -> list[list[float]]:
+    """Matplotlib's asymmetric error bars from 95% intervals (0 where there is none)."""
+    lo = [p - ci[0] if ci else 0.0 for p, ci in zip(points, cis, strict=True)]
+    hi = [ci[1] - p if ci else 0.0 for p, ci in zip(points, cis, strict=True)]
+    return [lo, hi]
+
+
 def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
-    """latency.png (e2e median vs added retrieval latency) and accuracy.png."""
+    """latency.png, speedup.png and accuracy.png; error bars are the 95% bootstrap intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -306,9 +422,11 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         if system == "no_rag":
             continue
         xs = [float(k) for k in per]
-        ax.plot(xs, [per[k]["e2e_s_median"] for k in per], marker="o", label=system)
+        ys = [per[k]["e2e_s_median"] for k in per]
+        yerr = _yerr(ys, [per[k].get("e2e_s_median_ci95") for k in per])
+        ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=system)
     ax.set_xlabel("added retrieval latency (s, injected)")
-    ax.set_ylabel("end-to-end latency, median (s)")
+    ax.set_ylabel("end-to-end latency, median (s; 95% CI)")
     ax.set_title("specrag bench rag: latency vs retrieval latency")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -318,20 +436,61 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system in ("spec_verify", "spec_rewrite", "serial_lookup"):
+        per = summary.get(system, {})
+        keys = [k for k in per if per[k].get("e2e_vs_serial_plain") is not None]
+        if not keys:
+            continue
+        ys = [per[k]["e2e_vs_serial_plain"] for k in keys]
+        yerr = _yerr(ys, [per[k].get("e2e_vs_serial_plain_ci95") for k in keys])
+        ax.errorbar([float(k) for k in keys], ys, yerr=yerr, marker="o", capsize=3, label=system)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xlabel("added retrieval latency (s, injected)")
+    ax.set_ylabel("e2e median / serial_plain e2e median (95% CI)")
+    ax.set_title("specrag bench rag: end-to-end latency relative to serial RAG")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    speedup_png = out_dir / "speedup.png"
+    fig.tight_layout()
+    fig.savefig(speedup_png, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     systems = list(summary)
     first = [next(iter(summary[s].values())) for s in systems]
     x = range(len(systems))
-    ax.bar([i - 0.2 for i in x], [r["em"] for r in first], width=0.4, label="EM")
-    ax.bar([i + 0.2 for i in x], [r["f1"] for r in first], width=0.4, label="F1")
+    for offset, name, label in ((-0.2, "em", "EM"), (0.2, "f1", "F1")):
+        ys = [r[name] for r in first]
+        ax.bar(
+            [i + offset for i in x],
+            ys,
+            width=0.4,
+            yerr=_yerr(ys, [r.get(f"{name}_ci95") for r in first]),
+            capsize=3,
+            label=label,
+        )
     ax.set_xticks(list(x), systems, rotation=15)
-    ax.set_ylabel("score")
+    ax.set_ylabel("score (95% CI)")
     ax.set_title("specrag bench rag: accuracy per system")
     ax.legend()
     accuracy_png = out_dir / "accuracy.png"
     fig.tight_layout()
     fig.savefig(accuracy_png, dpi=110)
     plt.close(fig)
-    return [latency_png, accuracy_png]
+    return [latency_png, speedup_png, accuracy_png]
+
+
+async def warm_up(items: list[dict[str, Any]], graph: Any, base: SpecRagContext) -> None:
+    """Warm every component before anything is timed (untimed, unrecorded).
+
+    Opens and searches every index (Chroma, the embedding model), then runs one question
+    through every system (both models, the graph, HF's prompt-lookup path).
+    """
+    for index_dir, collection in sorted({(i["index_dir"], i["collection"]) for i in items}):
+        index = open_index(replace(base, index_dir=index_dir, collection=collection))
+        await asyncio.to_thread(index.search, "warm-up", 1)
+    for system in SYSTEMS:
+        await run_one(items[0], system, 0.0, graph, base)
 
 
 def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
@@ -346,18 +505,21 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     graph = build_graph()
     work = [(item, "no_rag", 0.0) for item in items]
     work += [(item, s, lat) for lat in LATENCIES for item in items for s in SYSTEMS[1:]]
+    keys = {case_key(item, s, lat) for item, s, lat in work}
 
     async def go() -> None:
+        if any(not runlog.done(k) for k in keys):
+            log.print("bench rag: warming up (indexes, models; one untimed question)")
+            await warm_up(items, graph, base)
         with progress_bar(log) as bar:
             task = bar.add_task("bench rag", total=len(work))
             for item, system, latency in work:
-                key = f"{item['dataset']}|{item['id']}|{system}|{latency}"
+                key = case_key(item, system, latency)
                 if not runlog.done(key):
                     runlog.add(key, await run_one(item, system, latency, graph, base))
                 bar.advance(task)
 
     asyncio.run(go())
-    keys = {f"{i['dataset']}|{i['id']}|{s}|{lat}" for i, s, lat in work}
     records = [r for k, r in runlog.records.items() if k in keys]
     summary = summarize(records)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

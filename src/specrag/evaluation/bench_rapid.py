@@ -12,9 +12,24 @@ prompt (instructions + document + question) with the same model:
 * ``rapid_eta0`` - RAPID without knowledge transfer (lossless);
 * ``rapid_kt`` - RAPID with knowledge transfer (``transfer=shift``, ``eta`` as configured).
 
-Decode speed is ``(new_tokens - 1) / (time after the first token)``, so one shared prefill of the
-document does not blur it; the RAPID runs also report first-question and repeat-question
-end-to-end latency (the second hits the document prefix cache).
+Two speeds, both from the same run:
+
+* **decode-only**: tokens emitted after the prefill pass over the time after it, so the
+  prefills do not blur it (``decode_speedup_vs_target``; RAPID: ``(new_tokens - 1) /
+  decode_s``; HF: from the streamer's steps - HF's assisted generation drafts before its first
+  target pass, so its first step carries several tokens and counts as the prefill);
+* **end to end**: from the document text and question to the last token, with everything each
+  method pays: tokenising, the document prefill (no method starts from a cached document), and
+  for RAPID also what only RAPID pays - chunking and embedding the document, the drafter's
+  prefill, storing the document prefix (``e2e_speedup_vs_target``).
+
+``rapid_kt`` then asks the same question again: the repeat hits the document prefix cache
+(first-question vs repeat-question end-to-end latency). Before anything is timed, one short
+case runs through every method (untimed, unrecorded) so model loading, the embedding model
+(MiniLM), HF's generation paths and the RAPID path are warm. Every ratio comes with a 95%
+bootstrap interval over questions (``*_ci95``; one question gives ``[x, x]``). Forward passes
+are counted per model: ``target_passes_per_token`` and ``draft_passes_per_token`` (RAPID's
+drafter, or HF's assistant - the same model object, counted apart).
 """
 
 from __future__ import annotations
@@ -30,7 +45,7 @@ from langchain_core.messages import HumanMessage
 from rich.console import Console
 
 from specrag.data.datasets import QAExample, hotpot_questions, sample
-from specrag.decoding.prefix_cache import PrefixCache, prefix_key
+from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
@@ -41,8 +56,20 @@ from specrag.progress import progress_bar
 
 LENGTHS = [2048, 4096, 8192]
 METHODS = ["target_only", "hf_assisted", "hf_prompt_lookup", "rapid_eta0", "rapid_kt"]
+# RAPID first (the order of the methods within a case; no method reuses another's state)
+ORDER = ["rapid_kt", "rapid_eta0", "target_only", "hf_prompt_lookup", "hf_assisted"]
 SEED = 7
 MAX_NEW = 48
+WARMUP_TOKENS = 512  # the warm-up case: a short document, a few new tokens
+WARMUP_NEW = 8
+# Bumped when what a record measures changes, so a resumed run never mixes records of two
+# protocols (2: every method pays its own document prefill; passes counted per model).
+PROTOCOL = 2
+
+
+def case_key(qid: str, length: int, method: str) -> str:
+    """Run-log key of one method on one (question, context length)."""
+    return f"{qid}|{length}|{method}|p{PROTOCOL}"
 
 
 def build_document(
@@ -75,144 +102,246 @@ def build_document(
     return "\n\n".join(body)
 
 
+def prefill_state(loaded: LoadedLM, parts: list[list[int]]) -> Any:
+    """A fresh KV cache of the target holding ``parts`` (prefilled one part after another)."""
+    from specrag.decoding.state import LMState
+
+    def work() -> Any:
+        state = LMState(loaded.model, loaded.device)
+        for ids in parts:
+            if ids:
+                state.extend(ids, all_logits=False)
+        return state
+
+    return MODEL_THREAD.call(work)
+
+
 def run_case(
     ex: QAExample,
     document: str,
-    length: int,
     loaded: LoadedLM,
     eta: float,
     method: str,
-    shared: dict[str, Any],
+    max_new: int = MAX_NEW,
 ) -> dict[str, Any]:
-    """One method on one (question, document)."""
+    """One method on one (question, document), timed from the text to the last token."""
     if method.startswith("rapid"):
-        cache: PrefixCache = shared.setdefault("prefix_cache", PrefixCache())
         model = ChatRapid(
             eta=0.0 if method == "rapid_eta0" else eta,
-            max_new_tokens=MAX_NEW,
-            prefix_cache=cache,
+            max_new_tokens=max_new,
+            prefix_cache=PrefixCache(),  # empty: this call pays the document prefill
             adaptive_gamma=True,
         )
         start = time.perf_counter()
         msg = model.invoke([HumanMessage(ex.question)], document=document)
-        first_e2e = time.perf_counter() - start
+        e2e = time.perf_counter() - start
         meta = msg.response_metadata
+        new, decode_s = meta["new_tokens"], meta["decode_s"]
         rec = {
             "answer": str(msg.content),
-            "new_tokens": meta["new_tokens"],
-            "decode_s": meta["decode_s"],
+            "new_tokens": new,
+            "decode_s": decode_s,
+            "tokens_per_s": (new - 1) / decode_s if decode_s and new > 1 else None,
+            "e2e_s": e2e,
+            "ttft_s": meta.get("ttft_s"),
             "target_forward_passes": meta["target_forward_passes"],
-            "acceptance_rate": meta["acceptance_rate"],
-            "mean_accepted_per_step": meta["mean_accepted_per_step"],
-            "prefix_cache_hit": meta["prefix_cache_hit"],
-            "e2e_s": first_e2e,
-            "tokens_per_s": (meta["new_tokens"] - 1) / meta["decode_s"]
-            if meta["decode_s"] and meta["new_tokens"] > 1
-            else None,
+            "draft_forward_passes": meta.get("drafter_forward_passes", 0),
+            "acceptance_rate": meta.get("acceptance_rate"),
+            "mean_accepted_per_step": meta.get("mean_accepted_per_step"),
+            "prefix_cache_hit": meta.get("prefix_cache_hit"),
+            # the stages: what only RAPID pays, and the prefills every method pays
+            "retrieve_s": meta.get("retrieve_s"),
+            "document_prefill_s": meta.get("prefix_s"),
+            "target_prefill_s": meta.get("target_prefill_s"),
+            "drafter_prefill_s": meta.get("drafter_prefill_s"),
         }
         if method == "rapid_kt":  # repeat the question: the document prefix is cached now
             start = time.perf_counter()
             again = model.invoke([HumanMessage(ex.question)], document=document)
             rec["repeat_e2e_s"] = time.perf_counter() - start
-            rec["repeat_prefix_cache_hit"] = again.response_metadata["prefix_cache_hit"]
+            rec["repeat_prefix_cache_hit"] = again.response_metadata.get("prefix_cache_hit")
         return rec
+    start = time.perf_counter()
     head, doc, tail = layout(loaded, RAPID_INSTRUCTIONS, document, ex.question)
     prompt = head + doc + tail
+    kwargs: dict[str, Any] = {}
     if method == "target_only":
-        # Target-only decoding starts from the document prefill the first RAPID run cached
-        # (plus the question): the same prompt, and decode speed is measured after the
-        # first token anyway.
-        def prefilled() -> Any:
-            state = shared["prefix_cache"].get(prefix_key(loaded.key, head + doc))
-            if state is None:
-                from specrag.decoding.state import LMState
-
-                state = LMState(loaded.model, loaded.device)
-                state.extend(head + doc, all_logits=False)
-            state.extend(tail[:-1], all_logits=False)
-            return state
-
-        state = MODEL_THREAD.call(prefilled)
-        res = hf_generate(loaded, prompt, max_new_tokens=MAX_NEW, cache=state.cache)
-    else:
+        # Prefilled the way RAPID prefills (document prefix, then the question), so greedy
+        # target-only output is the reference rapid_eta0 must reproduce; the prefill is timed.
+        state = prefill_state(loaded, [head + doc, tail[:-1]])
+        kwargs["cache"] = state.cache
+    elif method == "hf_assisted":
         # HF's speculative paths run as users run them: from the prompt, with their own
         # prefill (assisted generation prefills the assistant on the same long prompt too).
         # Handing them a pre-filled cache changed their greedy output in transformers 5.24.
-        kwargs: dict[str, Any] = (
-            {"assistant_model": loaded.model}
-            if method == "hf_assisted"
-            else {"prompt_lookup_num_tokens": 10}
-        )
-        res = hf_generate(loaded, prompt, max_new_tokens=MAX_NEW, **kwargs)
-    res["e2e_s"] = res.pop("total_s")
+        kwargs["assistant_model"] = loaded.model
+    else:
+        kwargs["prompt_lookup_num_tokens"] = 10
+    before_generate = time.perf_counter() - start
+    res = hf_generate(loaded, prompt, max_new_tokens=max_new, **kwargs)
+    res["e2e_s"] = time.perf_counter() - start
+    res["generate_s"] = res.pop("total_s")
+    if res.get("ttft_s") is not None:
+        res["ttft_s"] += before_generate
+    if method == "target_only":
+        res["document_prefill_s"] = before_generate
     res["target_forward_passes"] = res.pop("forward_passes")
+    res["draft_forward_passes"] = res.pop("assistant_forward_passes", 0)
     return res
 
 
+def warm_up(ex: QAExample, pool: list[QAExample], loaded: LoadedLM, eta: float) -> None:
+    """A short case through every method, untimed and unrecorded.
+
+    Loads the embedding model RAPID searches with (MiniLM), and runs once every code path the
+    timed runs take: the RAPID path (chunking, embedding, both prefills, the prefix cache),
+    the target-only prefill and HF's plain, prompt-lookup and assisted generation.
+    """
+    rng = random.Random(f"{SEED}:warm-up")
+    document = build_document(ex, pool, WARMUP_TOKENS, loaded, rng)
+    for method in ORDER:
+        run_case(ex, document, loaded, eta, method, max_new=WARMUP_NEW)
+
+
+def _by_question(rows: list[dict[str, Any]], field: str) -> dict[str, float]:
+    """``{qid: value}`` of ``field`` (rows without a value left out)."""
+    return {r["qid"]: r[field] for r in rows if r.get(field) is not None}
+
+
+def _passes_per_token(rows: list[dict[str, Any]], field: str) -> float | None:
+    pairs = [(r[field], r["new_tokens"]) for r in rows if r.get(field) is not None]
+    return metrics.per_token(pairs) if pairs else None
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per context length: tokens/s per method, ratios to target-only, accuracy."""
+    """Per context length: speeds, ratios to target-only (with 95% intervals), accuracy."""
     out: dict[str, Any] = {}
+    ratio = lambda num, den: metrics.ratio_ci(num, den, metrics.mean, seed=SEED)  # noqa: E731
     for length in LENGTHS:
         rows = [r for r in records if r["length"] == length]
         if not rows:
             continue
         per: dict[str, Any] = {
-            "tokens_per_s": {},
-            "speedup_vs_target": {},
-            "accuracy": {},
-            "f1": {},
-            "acceptance_rate": {},
+            key: {}
+            for key in (
+                "tokens_per_s",
+                "decode_speedup_vs_target",
+                "decode_speedup_vs_target_ci95",
+                "e2e_s",
+                "e2e_speedup_vs_target",
+                "e2e_speedup_vs_target_ci95",
+                "target_passes_per_token",
+                "draft_passes_per_token",
+                "retrieve_s",
+                "drafter_prefill_s",
+                "document_prefill_s",
+                "accuracy",
+                "f1",
+                "acceptance_rate",
+            )
         }
-        for method in METHODS:
-            rs = [r for r in rows if r["method"] == method]
+        by_method = {m: [r for r in rows if r["method"] == m] for m in METHODS}
+        base = by_method["target_only"]
+        for method, rs in by_method.items():
             if not rs:
                 continue
             tps = [r["tokens_per_s"] for r in rs if r.get("tokens_per_s")]
             per["tokens_per_s"][method] = metrics.mean(tps) if tps else None
+            per["e2e_s"][method] = metrics.mean([r["e2e_s"] for r in rs])
             per["accuracy"][method] = metrics.mean([r["contains"] for r in rs])
             per["f1"][method] = metrics.mean([r["f1"] for r in rs])
+            per["target_passes_per_token"][method] = _passes_per_token(rs, "target_forward_passes")
+            per["draft_passes_per_token"][method] = _passes_per_token(rs, "draft_forward_passes")
+            for stage in ("retrieve_s", "drafter_prefill_s", "document_prefill_s"):
+                values = [r[stage] for r in rs if r.get(stage) is not None]
+                if values:
+                    per[stage][method] = metrics.mean(values)
             acc = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
             if acc:
                 per["acceptance_rate"][method] = metrics.mean(acc)
-        base = per["tokens_per_s"].get("target_only")
-        for method, tps in per["tokens_per_s"].items():
-            per["speedup_vs_target"][method] = tps / base if tps and base else None
-        kt = [r for r in rows if r["method"] == "rapid_kt" and r.get("repeat_e2e_s")]
+            if base:  # tokens/s: method over target; seconds: target over method
+                point, ci = ratio(
+                    _by_question([r for r in rs if r.get("tokens_per_s")], "tokens_per_s"),
+                    _by_question([r for r in base if r.get("tokens_per_s")], "tokens_per_s"),
+                )
+                per["decode_speedup_vs_target"][method] = point
+                per["decode_speedup_vs_target_ci95"][method] = ci
+                point, ci = ratio(_by_question(base, "e2e_s"), _by_question(rs, "e2e_s"))
+                per["e2e_speedup_vs_target"][method] = point
+                per["e2e_speedup_vs_target_ci95"][method] = ci
+        kt = [r for r in by_method["rapid_kt"] if r.get("repeat_e2e_s")]
         per["first_question_s"] = metrics.mean([r["e2e_s"] for r in kt]) if kt else None
         per["repeat_question_s"] = metrics.mean([r["repeat_e2e_s"] for r in kt]) if kt else None
-        per["repeat_question_speedup"] = (
-            per["first_question_s"] / per["repeat_question_s"] if kt else None
+        point, ci = (
+            ratio(_by_question(kt, "e2e_s"), _by_question(kt, "repeat_e2e_s"))
+            if kt
+            else (None, None)
         )
+        per["repeat_question_speedup"] = point
+        per["repeat_question_speedup_ci95"] = ci
         per["n_questions"] = len({r["qid"] for r in rows})
         per["document_tokens"] = metrics.mean([r["document_tokens"] for r in rows])
         out[str(length)] = per
     return out
 
 
+def _f(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.3f}"
+
+
+def _with_ci(v: Any, ci: list[float] | None) -> str:
+    return _f(v) if v is None or not ci else f"{_f(v)} [{_f(ci[0])}, {_f(ci[1])}]"
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    """Results table."""
-    head = (
-        "| context | method | tokens/s | speedup vs target | acceptance | accuracy (contains) "
-        "| F1 |\n|---|---|---|---|---|---|---|\n"
-    )
-    lines = []
-    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    """Results table (ratios with their 95% bootstrap interval over questions)."""
+    columns = [
+        "context",
+        "method",
+        "decode tokens/s",
+        "decode speedup vs target [95% CI]",
+        "e2e s",
+        "e2e speedup vs target [95% CI]",
+        "RAPID-only s (retrieve + drafter prefill)",
+        "target passes/token",
+        "draft passes/token",
+        "acceptance",
+        "accuracy (contains)",
+        "F1",
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for length, per in summary.items():
         for method in METHODS:
             if method not in per["tokens_per_s"]:
                 continue
-            lines.append(
-                f"| {length} | {method} | {f(per['tokens_per_s'][method])} | "
-                f"{f(per['speedup_vs_target'].get(method))} | "
-                f"{f(per['acceptance_rate'].get(method))} | "
-                f"{f(per['accuracy'][method])} | {f(per['f1'][method])} |"
-            )
-        lines.append(
-            f"| {length} | repeat question (rapid_kt, prefix cache) | "
-            f"first {f(per['first_question_s'])} s | repeat {f(per['repeat_question_s'])} s "
-            f"| speedup {f(per['repeat_question_speedup'])} | | |"
-        )
-    return head + "\n".join(lines) + "\n"
+            get = lambda key: per[key].get(method)  # noqa: E731
+            stages = [get("retrieve_s"), get("drafter_prefill_s")]
+            cells = [
+                length,
+                method,
+                _f(get("tokens_per_s")),
+                _with_ci(get("decode_speedup_vs_target"), get("decode_speedup_vs_target_ci95")),
+                _f(get("e2e_s")),
+                _with_ci(get("e2e_speedup_vs_target"), get("e2e_speedup_vs_target_ci95")),
+                _f(sum(stages)) if None not in stages else "-",
+                _f(get("target_passes_per_token")),
+                _f(get("draft_passes_per_token")),
+                _f(get("acceptance_rate")),
+                _f(get("accuracy")),
+                _f(get("f1")),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        speedup = _with_ci(per["repeat_question_speedup"], per["repeat_question_speedup_ci95"])
+        cells = [
+            length,
+            "repeat question (rapid_kt, prefix cache)",
+            "",
+            "",
+            f"first {_f(per['first_question_s'])} s, repeat {_f(per['repeat_question_s'])} s",
+            f"speedup {speedup}",
+        ] + [""] * (len(columns) - 6)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def run(
@@ -229,25 +358,21 @@ def run(
     distractor_pool = sample(pool, 300, SEED + 1)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     work = [(ex, length) for length in LENGTHS for ex in picked]
+    keys = {case_key(ex.id, length, m) for ex, length in work for m in METHODS}
+    if any(not runlog.done(k) for k in keys):
+        log.print("bench rapid: warming up (one short untimed case through every method)")
+        warm_up(picked[0], distractor_pool, loaded, eta)
     with progress_bar(log) as bar:
         task = bar.add_task("bench rapid", total=len(work) * len(METHODS))
         for ex, length in work:
             rng = random.Random(f"{SEED}:{ex.id}:{length}")
             document = build_document(ex, distractor_pool, length, loaded, rng)
             n_tokens = len(loaded.tokenizer(document, add_special_tokens=False)["input_ids"])
-            shared: dict[str, Any] = {}
-            # RAPID first: its first run pays (and caches) the document prefill
-            for method in [
-                "rapid_kt",
-                "rapid_eta0",
-                "target_only",
-                "hf_prompt_lookup",
-                "hf_assisted",
-            ]:
-                key = f"{ex.id}|{length}|{method}"
+            for method in ORDER:
+                key = case_key(ex.id, length, method)
                 bar.update(task, description=f"{length} tokens: {method}")
                 if not runlog.done(key):
-                    rec = run_case(ex, document, length, loaded, eta, method, shared)
+                    rec = run_case(ex, document, loaded, eta, method)
                     rec.update(
                         qid=ex.id,
                         length=length,
@@ -258,7 +383,6 @@ def run(
                     )
                     runlog.add(key, rec)
                 bar.advance(task)
-    keys = {f"{ex.id}|{length}|{m}" for ex, length in work for m in METHODS}
     summary = summarize([r for k, r in runlog.records.items() if k in keys])
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "table.md").write_text(markdown(summary))

@@ -11,6 +11,23 @@ from specrag.models.loading import LoadedLM
 from specrag.models.worker import MODEL_THREAD
 
 
+def _timed_streamer(tokenizer: Any) -> Any:
+    """A ``TextIteratorStreamer`` that also records ``(time, n_tokens)`` of every step."""
+    from transformers import TextIteratorStreamer
+
+    class TimedStreamer(TextIteratorStreamer):
+        def __init__(self) -> None:
+            super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            self.steps: list[tuple[float, int]] = []
+
+        def put(self, value: Any) -> None:
+            if not (self.skip_prompt and self.next_tokens_are_prompt):
+                self.steps.append((time.perf_counter(), int(value.numel())))
+            super().put(value)
+
+    return TimedStreamer()
+
+
 def hf_generate(
     loaded: LoadedLM,
     prompt: list[int],
@@ -21,25 +38,48 @@ def hf_generate(
 ) -> dict[str, Any]:
     """Greedy HF ``generate`` (``kwargs``: prompt lookup, assistant model ...).
 
-    A streamer times the first token; a forward hook counts the model's forward passes.
-    ``cache`` is an optional KV cache already holding ``prompt[:-1]``.
-    """
-    from transformers import TextIteratorStreamer
+    Timing comes from the streamer, which HF hands the tokens of every step: ``ttft_s`` is the
+    first step (the prefill pass; with speculation it can carry several tokens), ``decode_s``
+    the time after it and ``tokens_per_s`` the tokens emitted after it over that time - the
+    same definition as the local decoders' (tokens after the prefill pass / time after it).
 
-    streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    Forward hooks count the forward passes: ``forward_passes`` are the target's own,
+    ``assistant_forward_passes`` those of ``assistant_model`` (counted apart even when the
+    assistant is the same model object: its passes are the ones made inside the assistant's
+    nested ``generate`` calls). ``cache`` is an optional KV cache holding ``prompt[:-1]``.
+    """
+    streamer = _timed_streamer(loaded.tokenizer)
     out: dict[str, Any] = {}
-    calls = [0]
+    passes = {"target": 0, "assistant": 0}
+    nested = [0]  # > 0 while HF runs the assistant's generate
 
     def count(*_: Any) -> None:
-        calls[0] += 1
+        passes["assistant" if nested[0] else "target"] += 1
 
-    handle = loaded.model.register_forward_pre_hook(count)
+    model = loaded.model
+    generate = model.generate  # the outer call never goes through the wrapper below
+    assistant: Any = kwargs.get("assistant_model")
+    handles = [model.register_forward_pre_hook(count)]
+    if assistant is not None and assistant is not model:
+        handles.append(assistant.register_forward_pre_hook(count))
+    patched = assistant is not None and "generate" not in vars(assistant)
+    if patched:
+        assistant_generate = assistant.generate
+
+        def nested_generate(*args: Any, **kw: Any) -> Any:
+            nested[0] += 1
+            try:
+                return assistant_generate(*args, **kw)
+            finally:
+                nested[0] -= 1
+
+        assistant.generate = nested_generate  # an instance attribute, removed below
 
     def work() -> None:
         try:
             with torch.inference_mode():
                 ids = torch.tensor([prompt], device=loaded.device)
-                out["ids"] = loaded.model.generate(
+                out["ids"] = generate(
                     ids,
                     attention_mask=torch.ones_like(ids),
                     max_new_tokens=max_new_tokens,
@@ -55,27 +95,32 @@ def hf_generate(
 
     start = time.perf_counter()
     done = MODEL_THREAD.submit(work)  # the thread all model work runs on (models/worker.py)
-    ttft = None
     text = ""
     try:
         for piece in streamer:
-            if piece and ttft is None:
-                ttft = time.perf_counter() - start
             text += piece
         done.result()
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+        if patched:
+            del assistant.generate
     total = time.perf_counter() - start
     if "error" in out:
         raise out["error"]
     new = int(out["ids"].shape[1] - len(prompt))
-    decode_s = total - (ttft or total)
+    steps: list[tuple[float, int]] = streamer.steps
+    ttft = steps[0][0] - start if steps else None
+    decode_s = steps[-1][0] - steps[0][0] if steps else 0.0
+    decode_tokens = new - steps[0][1] if steps else 0
     return {
         "answer": text.strip(),
         "new_tokens": new,
         "ttft_s": ttft,
         "total_s": total,
         "decode_s": decode_s,
-        "forward_passes": calls[0],
-        "tokens_per_s": (new - 1) / decode_s if decode_s > 0 and new > 1 else None,
+        "first_step_tokens": steps[0][1] if steps else 0,
+        "forward_passes": passes["target"],
+        "assistant_forward_passes": passes["assistant"],
+        "tokens_per_s": decode_tokens / decode_s if decode_s > 0 and decode_tokens > 0 else None,
     }

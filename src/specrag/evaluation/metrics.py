@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import random
 import re
 import statistics
 import string
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import TypeGuard, TypeVar
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -66,3 +73,77 @@ def median(values: Sequence[float]) -> float:
 def mean(values: Sequence[float]) -> float:
     """Mean; nan for no values."""
     return statistics.fmean(values) if values else float("nan")
+
+
+def _defined(value: float | None) -> TypeGuard[float]:
+    return value is not None and math.isfinite(value)
+
+
+def bootstrap_ci(
+    units: Sequence[T],
+    statistic: Callable[[Sequence[T]], float | None],
+    *,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> list[float] | None:
+    """Percentile bootstrap interval ``[lo, hi]`` of ``statistic(units)``.
+
+    Each resample draws ``len(units)`` units with replacement (a unit is a question: all of its
+    measurements travel together). Seeded: the same inputs give the same interval. Resamples on
+    which the statistic is undefined (None, nan) are skipped; None when no resample is defined.
+    One unit gives the degenerate interval ``[x, x]``.
+    """
+    if not units:
+        return None
+    rng = random.Random(seed)
+    n = len(units)
+    values: list[float] = []
+    for _ in range(n_boot):
+        value = statistic([units[rng.randrange(n)] for _ in range(n)])
+        if _defined(value):
+            values.append(value)
+    if not values:
+        return None
+    tail = (1.0 - level) / 2 * 100
+    return [percentile(values, tail), percentile(values, 100 - tail)]
+
+
+def ratio_ci(
+    num: Mapping[K, V],
+    den: Mapping[K, V],
+    agg: Callable[[Sequence[V]], float],
+    *,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[float | None, list[float] | None]:
+    """``agg(num) / agg(den)`` and its bootstrap interval, resampling the keys (questions).
+
+    ``num`` and ``den`` map a question to its value under two systems; a resample draws
+    questions and both sides use the drawn questions they have (paired when both have all).
+    Returns ``(None, None)`` when the ratio is undefined (no values, zero or nan denominator).
+    """
+
+    def ratio(keys: Sequence[K]) -> float | None:
+        top = [num[k] for k in keys if k in num]
+        bottom = [den[k] for k in keys if k in den]
+        if not top or not bottom:
+            return None
+        b = agg(bottom)
+        if not _defined(b) or b == 0:
+            return None
+        value = agg(top) / b
+        return value if _defined(value) else None
+
+    keys = sorted(set(num) | set(den), key=repr)
+    point = ratio(keys)
+    if point is None:
+        return None, None
+    return point, bootstrap_ci(keys, ratio, level=level, n_boot=n_boot, seed=seed)
+
+
+def per_token(pairs: Sequence[tuple[float, float]]) -> float:
+    """Pooled seconds per token of ``(seconds, tokens)`` pairs: ``sum(s) / sum(tokens)``."""
+    tokens = sum(n for _, n in pairs)
+    return sum(s for s, _ in pairs) / tokens if tokens > 0 else float("nan")

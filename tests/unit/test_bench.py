@@ -1,0 +1,371 @@
+"""Benchmarks: bootstrap intervals, pass counting, warm-up, and resuming an interrupted run.
+
+Heavy parts (models, datasets, generation) are replaced by tiny fakes, so these run in seconds
+without model downloads.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import types
+
+import pytest
+import torch
+from langchain_core.messages import AIMessage
+from rich.console import Console
+
+import specrag.decoding.state as state_module
+from specrag.data.datasets import Paragraph, QAExample
+from specrag.evaluation import bench_rag, bench_rapid, metrics
+from specrag.evaluation.hf import hf_generate
+
+# --- metrics.bootstrap_ci / ratio_ci -------------------------------------------------------
+
+
+def test_bootstrap_ci_is_seeded_and_brackets_the_estimate():
+    values = [0.8, 1.1, 0.9, 1.4, 1.0, 1.2, 0.7, 1.3, 1.05, 0.95]
+    ci = metrics.bootstrap_ci(values, metrics.mean, seed=3)
+    assert ci == metrics.bootstrap_ci(values, metrics.mean, seed=3)  # reproducible
+    assert ci != metrics.bootstrap_ci(values, metrics.mean, seed=4)
+    lo, hi = ci
+    assert min(values) <= lo < metrics.mean(values) < hi <= max(values)
+    # close to the normal-theory interval of a mean
+    half = 1.96 * statistics.stdev(values) / len(values) ** 0.5
+    assert hi - lo == pytest.approx(2 * half, rel=0.3)
+
+
+def test_bootstrap_ci_edge_cases():
+    assert metrics.bootstrap_ci([], metrics.mean) is None
+    assert metrics.bootstrap_ci([2.5], metrics.mean) == [2.5, 2.5]  # one question: degenerate
+    assert metrics.bootstrap_ci([1.0, 2.0], lambda _: None) is None  # never defined
+
+
+def test_ratio_ci_resamples_questions_paired():
+    den = {f"q{i}": 1.0 + i for i in range(12)}
+    num = {q: 2.0 * v for q, v in den.items()}
+    point, ci = metrics.ratio_ci(num, den, metrics.mean)
+    assert point == pytest.approx(2.0)
+    # both sides are drawn with the same questions: an exact 2x stays exactly 2x
+    assert ci == pytest.approx([2.0, 2.0])
+    point, ci = metrics.ratio_ci({"a": 1.0, "b": 3.0}, {"a": 1.0, "b": 1.0}, metrics.median)
+    assert point == pytest.approx(2.0) and ci[0] <= point <= ci[1]
+    assert metrics.ratio_ci({"a": 1.0}, {"a": 0.0}, metrics.mean) == (None, None)
+    assert metrics.ratio_ci({}, {"a": 1.0}, metrics.mean) == (None, None)
+
+
+def test_per_token_pools_seconds_and_tokens():
+    assert metrics.per_token([(1.0, 10), (3.0, 10)]) == pytest.approx(0.2)
+    assert metrics.per_token([(1.0, 0)]) != metrics.per_token([(1.0, 0)])  # nan
+
+
+# --- hf_generate: assistant passes counted apart (item 17) ---------------------------------
+
+
+def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+
+    class Tok:
+        eos_token_id = 0
+
+        def decode(self, ids, **_):
+            return "".join(f" t{int(i)}" for i in ids)
+
+    loaded = types.SimpleNamespace(model=model, tokenizer=Tok(), device=torch.device("cpu"))
+    seen = [0]
+    handle = model.register_forward_pre_hook(lambda *_: seen.__setitem__(0, seen[0] + 1))
+    try:
+        res = hf_generate(loaded, list(range(1, 20)), max_new_tokens=16, assistant_model=model)
+    finally:
+        handle.remove()
+    assert res["new_tokens"] == 16
+    assert res["assistant_forward_passes"] > 0
+    assert res["forward_passes"] + res["assistant_forward_passes"] == seen[0]
+    assert res["forward_passes"] < res["new_tokens"]  # the target verified several at once
+    assert "generate" not in vars(model)  # the counting wrapper is gone
+    # decode speed: the tokens after the first step (the prefill pass) over the time after it
+    decoded = res["new_tokens"] - res["first_step_tokens"]
+    if decoded and res["decode_s"] > 0:
+        assert res["tokens_per_s"] == pytest.approx(decoded / res["decode_s"])
+    plain = hf_generate(loaded, list(range(1, 20)), max_new_tokens=8)
+    assert plain["forward_passes"] == 8 and plain["assistant_forward_passes"] == 0
+    assert plain["first_step_tokens"] == 1
+
+
+# --- bench rapid: resume after an interruption (item 8), warm-up (item 15) -----------------
+
+
+class Interrupted(BaseException):
+    """Stands in for Ctrl-C in the middle of a run."""
+
+
+def _hotpot_pool() -> list[QAExample]:
+    pool = []
+    for i in range(12):
+        paras = tuple(
+            Paragraph(f"p{i}-{j}", f"Title {i} {j}", " ".join(f"w{i}x{j}x{k}" for k in range(60)))
+            for j in range(3)
+        )
+        pool.append(
+            QAExample(f"q{i}", f"Question {i}?", (f"w{i}x0x1",), (f"p{i}-0",), paragraphs=paras)
+        )
+    return pool
+
+
+class _FakeTokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1] * len(text.split())}
+
+
+class _FakeLMState:
+    def __init__(self, model, device=None):
+        self.cache = "kv"
+        self.tokens: list[int] = []
+
+    def extend(self, ids, all_logits=True, **_):
+        self.tokens += list(ids)
+
+
+LONG = 1000  # words; the benchmark's documents are longer, the warm-up's shorter
+
+
+@pytest.fixture
+def fake_rapid(monkeypatch):
+    calls: list[tuple[str, int]] = []
+    armed = {"crash": False}
+
+    class FakeRapid:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def invoke(self, messages, document):
+            calls.append(("rapid", len(document.split())))
+            meta = {
+                "new_tokens": 6,
+                "decode_s": 0.05,
+                "ttft_s": 0.02,
+                "target_forward_passes": 3,
+                "drafter_forward_passes": 9,
+                "acceptance_rate": 0.8,
+                "mean_accepted_per_step": 2.0,
+                "prefix_cache_hit": False,
+                "retrieve_s": 0.01,
+                "prefix_s": 0.02,
+                "target_prefill_s": 0.001,
+                "drafter_prefill_s": 0.003,
+            }
+            return AIMessage(content="w0x0x1", response_metadata=meta)
+
+    def fake_hf_generate(loaded, prompt, *, max_new_tokens, cache=None, **kwargs):
+        calls.append(("hf", len(prompt)))
+        if armed["crash"] and len(prompt) > LONG:
+            raise Interrupted()
+        assisted = "assistant_model" in kwargs
+        return {
+            "answer": "w0x0x1",
+            "new_tokens": 6,
+            "ttft_s": 0.03,
+            "total_s": 0.13,
+            "decode_s": 0.1,
+            "forward_passes": 3 if assisted else 6,
+            "assistant_forward_passes": 12 if assisted else 0,
+            "tokens_per_s": 50.0,
+        }
+
+    loaded = types.SimpleNamespace(
+        tokenizer=_FakeTokenizer(), key="fake", model=object(), device="cpu", name="fake"
+    )
+    monkeypatch.setattr(bench_rapid, "load_lm", lambda *a, **k: loaded)
+    monkeypatch.setattr(bench_rapid, "hotpot_questions", _hotpot_pool)
+    monkeypatch.setattr(bench_rapid, "ChatRapid", FakeRapid)
+    monkeypatch.setattr(bench_rapid, "hf_generate", fake_hf_generate)
+    monkeypatch.setattr(
+        bench_rapid, "layout", lambda loaded, instr, doc, q: ([1], [2] * len(doc.split()), [3, 4])
+    )
+    monkeypatch.setattr(state_module, "LMState", _FakeLMState)
+    return calls, armed
+
+
+def _quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+def test_bench_rapid_resumes_after_the_rapid_cases_were_recorded(fake_rapid, tmp_path):
+    calls, armed = fake_rapid
+    armed["crash"] = True  # Ctrl-C during the first timed target-only run
+    with pytest.raises(Interrupted):
+        bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    log_file = tmp_path / "bench_rapid" / "runs-quick.jsonl"
+    first = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert sorted(r["method"] for r in first) == ["rapid_eta0", "rapid_kt"]
+
+    armed["crash"] = False
+    calls.clear()
+    result = bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())  # resume
+
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert len(records) == len(bench_rapid.LENGTHS) * len(bench_rapid.METHODS)
+    assert records[:2] == first  # the recorded RAPID cases were kept, not redone
+    long_rapid = [c for c in calls if c[0] == "rapid" and c[1] > LONG]
+    assert len(long_rapid) == 3 * (len(bench_rapid.LENGTHS) - 1)  # kt (+ repeat) and eta0
+    # warm-up (item 15): every method ran once on a short document before anything timed
+    warm = [c for c in calls if c[1] <= LONG]
+    assert calls[: len(warm)] == warm and len(warm) == 3 + 3  # rapid kt x2, eta0; 3 HF paths
+    json.dumps(result, allow_nan=False)  # one strict JSON document
+    per = result["per_context_length"]["2048"]
+    for method in bench_rapid.METHODS:
+        assert per["decode_speedup_vs_target"][method] is not None
+        assert len(per["decode_speedup_vs_target_ci95"][method]) == 2
+        assert per["e2e_speedup_vs_target"][method] is not None
+        assert len(per["e2e_speedup_vs_target_ci95"][method]) == 2
+    # item 17: HF's assistant passes are not target passes
+    assert per["target_passes_per_token"]["hf_assisted"] == pytest.approx(3 / 6)
+    assert per["draft_passes_per_token"]["hf_assisted"] == pytest.approx(12 / 6)
+    assert per["draft_passes_per_token"]["target_only"] == 0
+    assert len(per["repeat_question_speedup_ci95"]) == 2
+    table = (tmp_path / "bench_rapid" / "table.md").read_text()
+    assert "e2e speedup vs target [95% CI]" in table
+
+
+def test_bench_rapid_speedups_decode_and_end_to_end_with_intervals():
+    rows = []
+    for i in range(6):
+        for method, tps, e2e in (("target_only", 10.0, 4.0), ("rapid_kt", 20.0, 5.0)):
+            rows.append(
+                {
+                    "qid": f"q{i}",
+                    "length": 2048,
+                    "method": method,
+                    "tokens_per_s": tps * (1 + i / 10),
+                    "e2e_s": e2e * (1 + i / 10),
+                    "new_tokens": 10,
+                    "target_forward_passes": 10 if method == "target_only" else 4,
+                    "draft_forward_passes": 0 if method == "target_only" else 12,
+                    "drafter_prefill_s": None if method == "target_only" else 0.5,
+                    "retrieve_s": None if method == "target_only" else 0.2,
+                    "contains": 1.0,
+                    "f1": 1.0,
+                    "document_tokens": 2000,
+                }
+            )
+    per = bench_rapid.summarize(rows)["2048"]
+    # decode twice as fast, yet slower end to end once RAPID's own costs count
+    assert per["decode_speedup_vs_target"]["rapid_kt"] == pytest.approx(2.0)
+    assert per["decode_speedup_vs_target_ci95"]["rapid_kt"] == pytest.approx([2.0, 2.0])
+    assert per["e2e_speedup_vs_target"]["rapid_kt"] == pytest.approx(0.8)
+    assert per["retrieve_s"]["rapid_kt"] == pytest.approx(0.2)
+    assert per["drafter_prefill_s"]["rapid_kt"] == pytest.approx(0.5)
+    assert per["draft_passes_per_token"]["rapid_kt"] == pytest.approx(1.2)
+
+
+# --- bench rag: warm-up before timing, per-token ratios, intervals (items 15, 16, 18) -------
+
+
+def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_path):
+    items = [
+        {
+            "dataset": "squad" if i < 4 else "hotpot",
+            "id": f"q{i}",
+            "question": f"Question {i}?",
+            "answers": ["x"],
+            "gold": ["g"],
+            "index_dir": str(tmp_path / "index"),
+            "collection": "bench_squad" if i < 4 else "bench_hotpot",
+        }
+        for i in range(6)
+    ]
+    events: list[tuple] = []
+
+    class FakeIndex:
+        def __init__(self, collection):
+            self.collection = collection
+
+        def search(self, question, k):
+            events.append(("search", self.collection))
+            return []
+
+    async def fake_run_one(item, system, latency, graph, base):
+        events.append(("run", item["id"], system, latency))
+        i = int(item["id"][1:])
+        scale = {"serial_plain": 1.0, "serial_lookup": 0.9, "spec_verify": 0.8}.get(system, 2.0)
+        tokens = 20 if system == "spec_rewrite" else 10  # rewrite: twice as long, same pace
+        e2e = (1.0 + i / 10) * scale + latency
+        return {
+            "dataset": item["dataset"],
+            "qid": item["id"],
+            "system": system,
+            "latency": latency,
+            "answer": "x" * tokens,
+            "route": "generate",
+            "retrieved": [],
+            "ttft_s": 0.3,
+            "draft_ttft_s": 0.1 if system.startswith("spec") else None,
+            "passes_per_token": 1.0,
+            "new_tokens": tokens,
+            "decode_s": e2e / 2,
+            "e2e_s": e2e,
+            "em": float(i % 2),
+            "f1": float(i % 2),
+            "contains": 1.0,
+            "recall_at_k": 1.0,
+        }
+
+    monkeypatch.setattr(bench_rag, "build_datasets", lambda *a, **k: items)
+    monkeypatch.setattr(bench_rag, "load_lm", lambda *a, **k: None)
+    monkeypatch.setattr(bench_rag, "build_graph", lambda *a, **k: object())
+    monkeypatch.setattr(bench_rag, "open_index", lambda ctx: FakeIndex(ctx.collection))
+    monkeypatch.setattr(bench_rag, "run_one", fake_run_one)
+
+    result = bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())
+    runs = [e for e in events if e[0] == "run"]
+    n_work = len(items) + len(items) * len(bench_rag.LATENCIES) * (len(bench_rag.SYSTEMS) - 1)
+    first_run = events.index(runs[0])
+    # both indexes opened and searched, then one question through every system, all untimed
+    assert {e[1] for e in events[:first_run]} == {"bench_squad", "bench_hotpot"}
+    assert runs[: len(bench_rag.SYSTEMS)] == [("run", "q0", s, 0.0) for s in bench_rag.SYSTEMS]
+    assert len(runs) == len(bench_rag.SYSTEMS) + n_work
+    log_file = tmp_path / "bench_rag" / "runs-quick.jsonl"
+    assert len(log_file.read_text().splitlines()) == n_work  # the warm-up is not recorded
+
+    json.dumps(result, allow_nan=False)  # one strict JSON document
+    row = result["systems"]["spec_rewrite"]["0.0"]
+    assert row["e2e_vs_serial_plain"] == pytest.approx(2.0)
+    assert row["e2e_per_token_vs_serial_plain"] == pytest.approx(1.0)  # same pace per token
+    assert row["e2e_per_token_vs_serial_plain_ci95"] == pytest.approx([1.0, 1.0])
+    assert row["decode_per_token_vs_serial_plain"] is not None
+    for name in (
+        "e2e_vs_serial_plain",
+        "decode_vs_serial_plain",
+        "draft_ttft_vs_serial_ttft",
+        "e2e_vs_serial_lookup",
+        "e2e_per_token_vs_serial_lookup",
+        "decode_per_token_vs_serial_plain",
+    ):
+        lo, hi = row[f"{name}_ci95"]
+        assert lo <= row[name] <= hi
+    verify = result["systems"]["spec_verify"]["1.0"]  # not proportional: a real interval
+    lo, hi = verify["e2e_vs_serial_plain_ci95"]
+    assert lo < verify["e2e_vs_serial_plain"] < hi < 1.0
+    table = (tmp_path / "bench_rag" / "table.md").read_text()
+    assert "e2e_per_token_vs_serial_plain" in table and " [" in table
+    assert any(f.endswith("speedup.png") for f in result["files"])
+
+    events.clear()
+    bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())  # all recorded: nothing runs
+    assert events == []
