@@ -28,12 +28,6 @@ from specrag.runner import preload, result_json, run_graph  # noqa: E402
 err = Console(stderr=True)
 out = Console()
 
-DEMO_QUESTIONS = [
-    "Who was the Norse leader?",
-    "When was the Duchy of Normandy founded?",
-    "What was the Anglo-Norman language's final form?",
-]
-
 
 def quiet_libraries() -> None:
     """Keep third-party chatter (load bars, deprecation notes) off the user's terminal."""
@@ -176,8 +170,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Index all SQuAD v2 dev paragraphs, then answer three questions."""
+    """Index all SQuAD v2 dev paragraphs, then walk through every route once."""
     from specrag.data.datasets import squad_paragraphs
+    from specrag.demo import SCENARIOS, Scenario, normans_document, scenario_context
 
     if not any(s.startswith("refine_temperature=") for s in args.set or []):
         args.set = [*(args.set or []), "refine_temperature=0"]  # reproducible demo answers
@@ -188,36 +183,66 @@ def cmd_demo(args: argparse.Namespace) -> int:
     err.print(f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {directory}")
     report = index_with_progress(records, ctx, "embedding paragraphs")
     err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
-    preload(ctx, None)
+    scenarios = SCENARIOS
+    if args.questions:  # the user's own questions, default settings
+        scenarios = [Scenario(f"question {n}", q, "", "") for n, q in enumerate(args.questions, 1)]
+    document = normans_document() if any(s.long_document for s in scenarios) else None
+    preload(ctx, document)
     rows = []
-    for question in args.questions or DEMO_QUESTIONS:
-        err.print(f"\n[bold]Q:[/bold] {question}")
-        result = asyncio.run(run_graph(question, ctx, None, stream=not args.json))
-        rows.append((question, result_json(result)))
+    for scenario in scenarios:
+        err.print(f"\n[bold]{scenario.name}:[/bold] {scenario.question}", soft_wrap=True)
+        if scenario.intro:
+            err.print(f"[dim]{scenario.intro}[/dim]", soft_wrap=True)
+        run_ctx = scenario_context(ctx, scenario)
+        doc = document if scenario.long_document else None
+        result = asyncio.run(run_graph(scenario.question, run_ctx, doc, stream=not args.json))
+        rows.append((scenario, result_json(result)))
     if args.json:
-        print(json.dumps([{"question": q, **r} for q, r in rows], ensure_ascii=False))
+        print(
+            json.dumps(
+                [
+                    {
+                        "scenario": s.name,
+                        "question": s.question,
+                        "expected_route": s.expected_route,
+                        **r,
+                    }
+                    for s, r in rows
+                ],
+                ensure_ascii=False,
+            )
+        )
         return 0
     print_demo_summary(rows)
     return 0
 
 
-def print_demo_summary(rows: list[tuple[str, dict[str, Any]]]) -> None:
-    """One block per question (wraps at word boundaries in any width), then a narrow table.
+def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
+    """One block per scenario (wraps at word boundaries in any width), then a narrow table.
 
     A wide table squeezed into 80 columns (stdout not a terminal) wrapped every cell letter by
     letter; blocks read the same in a log and in a terminal.
     """
     from rich.table import Table
 
-    for n, (question, r) in enumerate(rows, start=1):
+    from specrag.demo import savings
+
+    for n, (scenario, r) in enumerate(rows, start=1):
         conf = r["draft_confidence"]
         conf_text = f", confidence {conf:.2f}" if conf is not None else ""
-        out.print(f"\n[bold]{n}. {question}[/bold]", soft_wrap=True)
+        out.print(f"\n[bold]{n}. {scenario.name}: {scenario.question}[/bold]", soft_wrap=True)
         out.print(f"   draft (no evidence{conf_text}): {r['draft'] or '-'}", soft_wrap=True)
-        out.print(f"   route: {r['route']} - {r['reason']}", soft_wrap=True)
+        out.print(f"   route: {r['route']} - because {r['reason']}", soft_wrap=True)
+        if scenario.expected_route and r["route"] != scenario.expected_route:
+            out.print(
+                f"   (this scenario was set up for {scenario.expected_route}; the gate decided "
+                "otherwise, for the reason above)",
+                soft_wrap=True,
+            )
         out.print(f"   answer: {r['answer']}", soft_wrap=True)
-    table = Table(title="timings (s)", title_justify="left")
-    for col in ("#", "route", "draft ttft", "answer ttft", "total"):
+        out.print(f"   speculation: {savings(r)}", soft_wrap=True)
+    table = Table(title="what each run cost (seconds from the run's start)", title_justify="left")
+    for col in ("#", "route", "draft 1st token", "answer 1st token", "total"):
         table.add_column(col, no_wrap=True)
     for n, (_, r) in enumerate(rows, start=1):
         t = r["timings"]
@@ -299,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_ask)
 
-    p = sub.add_parser("demo", help="index SQuAD v2 dev and answer three questions")
+    p = sub.add_parser(
+        "demo", help="index SQuAD v2 dev and walk through every route, saying why each was taken"
+    )
     p.add_argument("--question", dest="questions", action="append")
     common(p)
     p.set_defaults(func=cmd_demo)

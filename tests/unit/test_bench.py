@@ -335,6 +335,7 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     result = bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())
     runs = [e for e in events if e[0] == "run"]
     n_work = len(items) + len(items) * len(bench_rag.LATENCIES) * (len(bench_rag.SYSTEMS) - 1)
+    n_work += len(items) * len(bench_rag.STYLE_SYSTEMS)
     first_run = events.index(runs[0])
     # both indexes opened and searched, then one question through every system, all untimed
     assert {e[1] for e in events[:first_run]} == {"bench_squad", "bench_hotpot"}

@@ -6,7 +6,10 @@ Systems, all on the same local model and prompts, in ONE run:
 * ``serial_plain`` - retrieve, then generate with plain decoding (the graph with the draft off);
 * ``serial_lookup`` - retrieve, then HF ``generate(prompt_lookup_num_tokens=10)``;
 * ``spec_rewrite`` - the graph, ``refine_mode=rewrite``;
-* ``spec_verify`` - the graph, ``refine_mode=verify`` (default).
+* ``spec_verify`` - the graph, ``refine_mode=verify`` (default);
+* answer settings, at no added latency: ``serial_no_stop`` (no stop sequences for invented
+  turns), ``serial_brief`` (an answer-first, brief prompt) and ``serial_t0.2`` (sampled at
+  temperature 0.2, seeded) - each compared with ``serial_plain``.
 
 The retrieval latency sweep ADDS an injected delay (0, 0.5, 1, 2 s) before retrieval results
 return, modelling a remote vector store. Answers are greedy (``refine_temperature=0``) so
@@ -47,9 +50,17 @@ from specrag.models.loading import load_lm
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
 
-SYSTEMS = ["no_rag", "serial_plain", "serial_lookup", "spec_rewrite", "spec_verify"]
-LATENCIES = [0.0, 0.5, 1.0, 2.0]
 SEED = 2026
+SYSTEMS = ["no_rag", "serial_plain", "serial_lookup", "spec_rewrite", "spec_verify"]
+# Answer settings measured against serial_plain (no added latency only): the old answer
+# without stop sequences, a brief answer-first prompt, and sampling at T=0.2 (seeded).
+SERIAL = {"draft_policy": "off", "speculation": "none"}
+STYLE_SYSTEMS: dict[str, dict[str, Any]] = {
+    "serial_no_stop": {**SERIAL, "stop_at_invented_turns": False},
+    "serial_brief": {**SERIAL, "answer_prompt": prompts.ANSWER_BRIEF_SYSTEM},
+    "serial_t0.2": {**SERIAL, "refine_temperature": 0.2, "seed": SEED},
+}
+LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
 # protocols (2: warm-up before timing; answer token counts recorded).
 PROTOCOL = 2
@@ -178,9 +189,10 @@ async def run_one(
         )
     else:
         overrides: dict[str, Any] = {
-            "serial_plain": {"draft_policy": "off", "speculation": "none"},
+            "serial_plain": SERIAL,
             "spec_rewrite": {"refine_mode": "rewrite"},
             "spec_verify": {"refine_mode": "verify"},
+            **STYLE_SYSTEMS,
         }[system]
         result = await graph.ainvoke({"question": question}, context=replace(ctx, **overrides))
         stats = result.get("stats") or {}
@@ -242,11 +254,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
     rows_of: dict[tuple[str, float], list[dict[str, Any]]] = {}
     ci = lambda values: metrics.bootstrap_ci(values, metrics.median, seed=SEED)  # noqa: E731
-    for system in SYSTEMS:
+    for system in [*SYSTEMS, *STYLE_SYSTEMS]:
         per: dict[str, Any] = {}
         for latency in LATENCIES:
-            if system == "no_rag" and latency:
-                continue  # no retrieval, so no latency sweep
+            if (system == "no_rag" or system in STYLE_SYSTEMS) and latency:
+                continue  # no retrieval / not swept
             rs = [r for r in records if r["system"] == system and r["latency"] == latency]
             if not rs:
                 continue
@@ -261,6 +273,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "f1": metrics.mean([r["f1"] for r in rs]),
                 "f1_ci95": metrics.bootstrap_ci([r["f1"] for r in rs], metrics.mean, seed=SEED),
                 "contains": metrics.mean([r["contains"] for r in rs]),
+                "contains_ci95": metrics.bootstrap_ci(
+                    [r["contains"] for r in rs], metrics.mean, seed=SEED
+                ),
+                "answer_tokens_mean": _finite(
+                    metrics.mean([r["new_tokens"] for r in rs if r.get("new_tokens")])
+                ),
                 "recall_at_k": metrics.mean(recall) if recall else None,
                 "ttft_s_median": _finite(
                     metrics.median([r["ttft_s"] for r in rs if r.get("ttft_s")])
@@ -297,7 +315,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for latency in LATENCIES:
         base = rows_of.get(("serial_plain", latency))
         look = rows_of.get(("serial_lookup", latency))
-        for system in ("spec_verify", "spec_rewrite", "serial_lookup"):
+        for system in ("spec_verify", "spec_rewrite", "serial_lookup", *STYLE_SYSTEMS):
             if (system, latency) not in rows_of:
                 continue
             rs = rows_of[(system, latency)]
@@ -371,6 +389,7 @@ def markdown(summary: dict[str, Any]) -> str:
         "em",
         "f1",
         "contains",
+        "answer_tokens_mean",
         "recall_at_k",
         "draft_ttft_s_median",
         "ttft_s_median",
@@ -505,6 +524,7 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     graph = build_graph()
     work = [(item, "no_rag", 0.0) for item in items]
     work += [(item, s, lat) for lat in LATENCIES for item in items for s in SYSTEMS[1:]]
+    work += [(item, s, 0.0) for item in items for s in STYLE_SYSTEMS]
     keys = {case_key(item, s, lat) for item, s, lat in work}
 
     async def go() -> None:

@@ -105,6 +105,11 @@ class SpecRagContext:
     )
     refine_temperature: float = _f(0.2, "Temperature of refine/generate (0 = greedy).", ge=0)
     answer_max_tokens: int = _f(128, "Maximum answer tokens.", ge=1)
+    stop_at_invented_turns: bool = _f(
+        True,
+        "End draft and answer text before an invented next turn ('\\nQuestion:', "
+        "'\\nUser:', ...; see prompts.INVENTED_TURNS).",
+    )
     answer_timeout_s: float = _f(
         60.0,
         "One answer budget for the run: refine or rapid_generate, and a generate that runs "
@@ -195,6 +200,10 @@ class SpecRagContext:
                     ) from exc
             kwargs[key] = value
         return cls(**kwargs)
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        """Stop sequences for draft and answer calls."""
+        return prompts.INVENTED_TURNS if self.stop_at_invented_turns else ()
 
     def describe(self) -> list[tuple[str, Any, str]]:
         """(name, value, description) for every field - the README table and `specrag config`."""

@@ -123,7 +123,7 @@ class LocalChatBase(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        options = DecodeOptions.from_call(kwargs)
+        options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
         run = _Run(self, self._job(messages, options), options)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
         run.start(events.put)
@@ -151,7 +151,7 @@ class LocalChatBase(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         # Native async: the decode runs in its own thread and hands tokens to the event loop,
         # so a run waiting for the model (queued behind others) holds no executor thread.
-        options = DecodeOptions.from_call(kwargs)
+        options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
         job = await asyncio.to_thread(self._job, messages, options)
         run = _Run(self, job, options)
         loop = asyncio.get_running_loop()
@@ -195,6 +195,9 @@ class _Run:
         self.text = TextStream(job.tokenizer, job.eos_ids)
         self.first_token_s: float | None = None
         self.n_tokens = 0
+        self.stops = tuple(s for s in options.stop if s)
+        self.held = ""  # text that may be the start of a stop sequence
+        self.stop_hit = False
 
     def should_stop(self, n: int) -> str | None:
         if self.cancel.is_set() or MODEL_THREAD.closing:
@@ -203,6 +206,8 @@ class _Run:
             return "time"
         if self.stop_event is not None and self.stop_event.is_set() and n >= self.min_tokens:
             return "stop_event"
+        if self.stop_hit:
+            return "stop_sequence"
         return None
 
     def start(self, put: Callable[[tuple[str, Any]], None]) -> None:
@@ -223,11 +228,34 @@ class _Run:
 
         MODEL_THREAD.run_steps(begin, lambda step: put(("step", step)), end)
 
+    def release(self, delta: str) -> str:
+        """The part of ``delta`` that can be shown now.
+
+        Text before a stop sequence; a tail that may still become one is held back.
+        """
+        if not self.stops:
+            return delta
+        buf = self.held + delta
+        found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.stop_hit, self.held = True, ""
+            return buf[: min(found)]
+        keep = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(buf)), keep, -1):
+                if buf.endswith(stop[:k]):
+                    keep = k
+                    break
+        self.held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
+
     def chunk(self, step: list[Token]) -> ChatGenerationChunk:
+        if self.stop_hit:  # tokens decoded after a stop sequence are dropped
+            return ChatGenerationChunk(message=AIMessageChunk(content=""))
         self.n_tokens += len(step)
         if self.first_token_s is None:
             self.first_token_s = time.monotonic() - self.started
-        delta = self.text.push([t.id for t in step])
+        delta = self.release(self.text.push([t.id for t in step]))
         logprobs = [
             {"token": self.job.tokenizer.decode([t.id]), "logprob": t.logprob}
             for t in step
@@ -242,6 +270,9 @@ class _Run:
     def final_chunk(self) -> ChatGenerationChunk:
         job = self.job
         finish = "time" if self.timed_out_waiting.is_set() else (job.finish_reason() or "stop")
+        if self.stop_hit:
+            finish = "stop_sequence"
+        tail, self.held = ("" if self.stop_hit else self.held), ""
         decoding = {**job.metadata(), "new_tokens": self.n_tokens}
         decoding["ttft_s"] = (
             round(self.first_token_s, 4) if self.first_token_s is not None else None
@@ -254,7 +285,7 @@ class _Run:
         )
         return ChatGenerationChunk(
             message=AIMessageChunk(
-                content="",
+                content=tail,
                 usage_metadata=usage,
                 response_metadata={
                     "model_name": job.model_name,

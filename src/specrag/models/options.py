@@ -15,7 +15,7 @@ from typing import Any, Literal
 Speculation = Literal["none", "prompt", "draft+prompt"]
 
 # Keyword arguments LangChain itself may add to a model call; they are not decode settings.
-_LANGCHAIN_KWARGS = ("stop", "callbacks", "tags", "metadata", "run_name", "run_id")
+_LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class DecodeOptions:
     max_time: float | None = None  # seconds; the decode loop (prefill included) stops at it
     stop_event: threading.Event | None = None  # stop once set and min_tokens exist
     min_tokens: int = 0
+    stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one found
     document: str | None = None  # RAPID: the long document the target reads
     drafter_context: str | None = None  # RAPID: the retrieved text the drafter reads
 
@@ -40,7 +41,7 @@ class DecodeOptions:
         if not isinstance(base, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(base).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        loose = {}
+        loose: dict[str, Any] = {}
         for key, value in kwargs.items():
             if key == "options" or key in _LANGCHAIN_KWARGS or key.startswith("ls_"):
                 continue
@@ -48,5 +49,5 @@ class DecodeOptions:
                 raise TypeError(
                     f"unknown decode option {key!r} (known: {', '.join(sorted(names))})"
                 )
-            loose[key] = value
+            loose[key] = tuple(value or ()) if key == "stop" else value
         return dataclasses.replace(base, **loose) if loose else base

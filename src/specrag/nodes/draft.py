@@ -55,6 +55,7 @@ def make_draft(services: Services):  # noqa: ANN201
                     max_new_tokens=ctx.draft_max_tokens,
                     speculation="none",
                     seed=state.get("seed"),
+                    stop=ctx.stop_sequences(),
                 ),
                 # stops within one token of retrieval delivering evidence
                 stop_event=retrieval_signal(runtime) if until_retrieval else None,

@@ -24,6 +24,7 @@ def make_generate(services: Services):  # noqa: ANN201
                 max_new_tokens=ctx.answer_max_tokens,
                 speculation="none" if ctx.speculation == "none" else "prompt",
                 seed=state.get("seed"),
+                stop=ctx.stop_sequences(),
             ),
         )
 

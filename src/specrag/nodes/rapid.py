@@ -27,6 +27,7 @@ def make_rapid_generate(services: Services):  # noqa: ANN201
                 document=state.get("run_document", ""),
                 drafter_context="\n\n".join(str(c.get("text", "")) for c in chunks),
                 seed=state.get("seed"),
+                stop=ctx.stop_sequences(),
             ),
         )
 

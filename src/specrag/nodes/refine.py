@@ -37,6 +37,7 @@ def make_refine(services: Services):  # noqa: ANN201
                 speculation=ctx.speculation,
                 draft=state.get("draft", ""),
                 seed=state.get("seed"),
+                stop=ctx.stop_sequences(),
             ),
         )
 

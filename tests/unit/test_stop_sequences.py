@@ -1,0 +1,40 @@
+"""Stop sequences end a local model's text before an invented next turn (issue 9 #9a)."""
+
+from tests.unit.test_budgets import SlowLocal
+
+
+class Words(SlowLocal):
+    """Decodes a fixed text, one word per step, ignoring stop requests for a while."""
+
+    words: list[str] = []
+
+    def _job(self, messages, options):
+        job = super()._job(messages, options)
+        words = self.words
+
+        class Tok:
+            def decode(self, ids, skip_special_tokens=True):
+                return "".join(words[i] for i in ids)
+
+        job.tokenizer = Tok()
+        return job
+
+
+TEXT = ["Rollo", " led", " them", ".\n", "\nQue", "stion:", " What", " next", "?"]
+
+
+def test_stop_sequence_split_over_tokens_ends_the_text_before_it():
+    model = Words(steps=len(TEXT), step_s=0.0, words=TEXT)
+    msg = model.invoke("q", stop=["\nQuestion:"])
+    assert msg.content == "Rollo led them.\n"
+    assert msg.response_metadata["finish_reason"] == "stop_sequence"
+    assert msg.response_metadata["truncated"] is False
+    streamed = "".join(c.content for c in model.stream("q", stop=["\nQuestion:"]))
+    assert streamed == "Rollo led them.\n"
+
+
+def test_held_back_prefix_is_released_when_no_stop_follows():
+    words = ["A", " B", "\nQue", "ue"]
+    model = Words(steps=len(words), step_s=0.0, words=words)
+    assert model.invoke("q", stop=["\nQuestion:"]).content == "A B\nQueue"
+    assert model.invoke("q").content == "A B\nQueue"
