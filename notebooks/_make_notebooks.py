@@ -1,4 +1,16 @@
-"""Writes the notebooks in this folder (kept as code so they stay reviewable and output-free)."""
+"""Writes the notebooks in this folder (kept as code so they stay reviewable).
+
+``python notebooks/_make_notebooks.py --execute`` also runs each one top to bottom (offline, CPU
+defaults, a temporary data dir) and saves it WITH its outputs, so a reader on the web sees the
+answers, routes and plots; the run is recorded in the notebook's metadata (``specrag_run``).
+CI re-executes them to check that they still run (not that the outputs match).
+"""
+
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
 
 import nbformat as nbf
 from pathlib import Path
@@ -333,3 +345,31 @@ print(graph.get_graph().draw_mermaid())""",
     ],
 )
 print("written")
+
+
+def execute(path: Path) -> None:
+    """Run a notebook in a fresh temporary data dir and save it with its outputs."""
+    from nbclient import NotebookClient
+
+    book = nbf.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix="specrag-nb-") as tmp:
+        os.environ["SPECRAG_DATA_DIR"] = tmp
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        NotebookClient(
+            book, timeout=900, kernel_name="python3", resources={"metadata": {"path": tmp}}
+        ).execute()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=OUT
+    ).stdout.strip()
+    book.metadata["specrag_run"] = {
+        "executed": datetime.date.today().isoformat(),
+        "commit": commit,
+        "machine": "2 CPU cores, no GPU, embedded SmolLM2-135M",
+    }
+    nbf.write(book, path)
+    print("executed", path.name)
+
+
+if "--execute" in sys.argv:
+    for notebook in sorted(OUT.glob("*.ipynb")):
+        execute(notebook)

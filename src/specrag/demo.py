@@ -45,9 +45,10 @@ SCENARIOS = [
     ),
     Scenario(
         "no evidence",
-        "What is the recipe for a classic margherita pizza?",
-        "Nothing in the index is about this: no chunk reaches the relevance threshold, so the "
-        "draft runs to its own budget and is shown marked unverified.",
+        "What is the best way to train a puppy to sit?",
+        "Nothing in the index is about this (measured: best chunk score 0.19 < "
+        "relevance_threshold 0.2), so the draft runs to its own budget and is shown marked "
+        "unverified.",
         "fallback",
     ),
     Scenario(
@@ -85,6 +86,8 @@ def savings(result: dict[str, Any]) -> str:
     stats = (result.get("stats") or {}).get(route) or {}
     if route == "fallback":
         return "no answer model ran: the draft is the answer"
+    if stats.get("truncated") and "new_tokens" not in stats:
+        return "the answer budget ended the decode (no decoding statistics)"
     if route == "rapid_generate" and stats:
         passes = stats.get("target_forward_passes", 0)
         tokens = stats.get("new_tokens", 0)
