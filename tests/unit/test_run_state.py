@@ -41,18 +41,6 @@ async def test_default_policy_draft_outlives_irrelevant_and_slow_retrieval():
     assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT, result["reason"]
 
 
-async def test_default_policy_still_stops_the_draft_when_evidence_arrives():
-    draft = FakeLogprobChat(reply=" ".join(["w"] * 100), delay_s=0.02, calls=[])
-    result = await run(
-        services(draft=draft, retrieve_delay_s=0.3),
-        draft_policy="until_retrieval",
-        min_draft_tokens=2,
-        draft_timeout_s=5.0,
-    )
-    assert result["route"] == "refine"
-    assert 2 <= len(result["draft"].split()) < 60
-
-
 async def test_second_question_on_a_thread_starts_a_clean_run():
     # issue 9 #2: the second question inherited the first run's document, errors and marks
     seen = []
