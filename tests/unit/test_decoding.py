@@ -270,8 +270,8 @@ def test_speculative_sampling_is_lossless():
     candidate: 0.111, -0.2, 10.9; acceptance and residual from the next position's row: 0.737,
     -60, -2.4; bonus token from the last candidate's row: 0.368, 0.3, -1.4. A cache that keeps
     the first rejected candidate (0.113, z within bounds: this tiny model barely reads past its
-    last token) is caught by the greedy cache test. The old test (3 new tokens, so no proposal
-    at all) passed every one of these mutations.
+    last token) fails test_cache_after_rejections_equals_fresh_forward instead. The old test
+    (3 new tokens, so no proposal at all) passed every one of these mutations.
     """
     r = speculative_sampling_stats()
     info = (
@@ -402,7 +402,8 @@ def test_rapid_eta0_sampling_matches_target_distribution():
     accept every draft: 0.281; inverted ratio (u * p <= q): 0.245; accept with probability p
     alone: 0.303; bonus token from q: 0.150; target logits not divided by the temperature:
     0.482. A target cache that keeps the first rejected draft token (0.077 here: this tiny
-    model barely reads past its last token) is caught by the greedy and cache tests below.
+    model barely reads past its last token) fails the greedy and cache tests instead
+    (test_rapid_caches_after_rejections_equal_fresh_forward).
     The old test (first 2 tokens, two samples of 2500 at temperature 1, TV < 0.06) caught the
     residual bug only narrowly (0.085) and passed "probability p alone" and "bonus from q".
     """
