@@ -64,22 +64,18 @@ def test_per_token_pools_seconds_and_tokens():
 
 
 def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny import tiny_llama
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
+    model = tiny_llama(
+        sharpen=1.0,
         hidden_size=16,
         intermediate_size=32,
-        num_hidden_layers=2,
         num_attention_heads=2,
-        num_key_value_heads=2,
         max_position_embeddings=128,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
     )
-    model = LlamaForCausalLM(cfg).eval()
 
     class Tok:
         eos_token_id = 0

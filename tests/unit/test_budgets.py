@@ -5,8 +5,6 @@ import threading
 import time
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrag.decoding import state as state_module
 from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
@@ -15,20 +13,11 @@ from specrag.decoding.speculative import DecodeStats, Token, decode
 from specrag.decoding.state import LMState, Stopped
 from specrag.models.local import DecodeJob, LocalChatBase
 from specrag.models.worker import MODEL_THREAD, ModelThread
+from tests.tiny import tiny_llama
 
 
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(sharpen=1.0)
 
 
 class StopAfter:

@@ -6,7 +6,6 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
@@ -14,23 +13,11 @@ from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode, transf
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
+from tests.tiny import tiny_llama
 
 
 def tiny(vocab=64, seed=0, layers=2, sharpen=40.0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharpen the output layer: peaked, non-tied distributions
-        model.lm_head.weight.mul_(sharpen)
-    return model
+    return tiny_llama(vocab, seed, layers, sharpen)
 
 
 @pytest.fixture(scope="module", autouse=True)
