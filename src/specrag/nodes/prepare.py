@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -24,6 +26,17 @@ from specrag.graph.services import Services
 from specrag.graph.state import State
 from specrag.nodes.streaming import emit, now
 
+log = logging.getLogger(__name__)
+
+
+async def _quietly(work: Callable[[], Any]) -> Any:
+    """Run blocking ``work`` in a thread; None if it raised (its node will report it)."""
+    try:
+        return await asyncio.to_thread(work)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("prepare: %s (left to the node that needs it)", exc)
+        return None
+
 
 def make_prepare(services: Services):  # noqa: ANN201
     """Build the prepare node."""
@@ -32,23 +45,24 @@ def make_prepare(services: Services):  # noqa: ANN201
         ctx = runtime.context or SpecRagContext()
         document = state.get("document") or ""
         t0 = now()
-        models = [services.chat_model(ctx.answer_model, ctx)]
+        # A part that cannot load (bad model path, missing index) is not an error HERE: the
+        # node that needs it meets the same failure and takes its documented route.
+        await _quietly(lambda: services.warm(services.chat_model(ctx.answer_model, ctx)))
         if ctx.draft_policy != "off" and ctx.draft_model != ctx.answer_model:
-            models.append(services.chat_model(ctx.draft_model, ctx))
-        for model in models:
-            await asyncio.to_thread(services.warm, model)
-        await asyncio.to_thread(services.warm_retriever, ctx, document or None)
+            await _quietly(lambda: services.warm(services.chat_model(ctx.draft_model, ctx)))
+        await _quietly(lambda: services.warm_retriever(ctx, document or None))
         origin = now()
         timings = {"load_s": round(origin - t0, 4)}
         document_tokens = 0
         if document:
-            document_tokens = await asyncio.to_thread(services.document_tokens, ctx, document)
+            count = await _quietly(lambda: services.document_tokens(ctx, document))
+            document_tokens = int(count or 0)
             if document_tokens > ctx.long_document_tokens:
-                await asyncio.to_thread(services.warm, services.rapid_model(ctx))
+                await _quietly(lambda: services.warm(services.rapid_model(ctx)))
                 origin = now()
                 timings["load_s"] = round(origin - t0, 4)
             start = now()
-            await asyncio.to_thread(services.index_document, ctx, document)
+            await _quietly(lambda: services.index_document(ctx, document))
             timings["document_index_s"] = round(now() - start, 4)
         seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
         emit({"event": "prepared", "seed": seed, **timings})
