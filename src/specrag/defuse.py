@@ -11,20 +11,35 @@ import re
 # Chat-template control tokens written inside user text (a question, a document, a retrieved
 # chunk) must stay text: otherwise a document could open a fake system turn. Fragments are
 # defused too ("<|" alone, "|>" alone), so two pieces of text can never join into a token.
-# Covered: ChatML / Qwen / SmolLM2 ``<|...|>`` (any fragment), Llama ``<s>``, ``</s>``,
-# ``[INST]``, ``<<SYS>>``, and every one-word tag ``<word>`` / ``</word>``: tokenizers add such
-# tokens freely (SmolLM2 ``<reponame>``, ``<filename>``, ``<file_sep>``; Gemma
-# ``<start_of_turn>``; Qwen ``<tool_call>``), and in plain text a defused tag still reads well.
-_WORD_TOKEN = re.compile(r"</?[A-Za-z][A-Za-z0-9_]*>|\[/?(?:INST|SYS)\]|<</?SYS>>")
+# Covered without knowing the tokenizer: ChatML / Qwen / SmolLM2 ``<|...|>`` (any fragment),
+# Llama ``<s>``, ``</s>``, ``[INST]``, ``<<SYS>>``, and tags with an underscore (Gemma
+# ``<start_of_turn>``, SmolLM2 ``<file_sep>``, Qwen ``<tool_call>``). Ordinary markup and
+# code (``<div>``, ``List<String>``) is left alone; a tokenizer's own added tokens (SmolLM2's
+# ``<reponame>``) are passed as ``specials`` by the code that tokenizes (models/local.py).
+_WORD_TOKEN = re.compile(
+    r"</?(?:s|unk|pad|bos|eos|[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+)>"
+    r"|\[/?(?:INST|SYS)\]|<</?SYS>>",
+    re.IGNORECASE,
+)
 
 
-def defuse(text: str) -> str:
+def break_token(token: str) -> str:
+    """``token`` as text that no tokenizer reads as that token (a reader still sees it)."""
+    if token.startswith("<"):
+        return "\u2039" + token[1:]
+    return token[:1] + "\u2060" + token[1:]  # a word joiner after the first character
+
+
+def defuse(text: str, specials: tuple[str, ...] = ()) -> str:
     """User text with every chat control token (and fragment of one) made inert.
 
     The one function every path that puts user text into a prompt uses (questions, evidence,
     drafts, long documents and the RAPID drafter's chunks). ``<`` becomes ``\u2039`` and ``>``
     becomes ``\u203a`` inside control tokens, so a reader still sees the text.
     """
+    for token in specials:  # the tokenizer's own added tokens, longest first
+        if len(token) > 1 and token in text:
+            text = text.replace(token, break_token(token))
     text = _WORD_TOKEN.sub(
         lambda m: (
             m.group(0)

@@ -48,7 +48,7 @@ def test_a_budget_stops_a_long_prefill_between_slices(monkeypatch):
         )
     )
     assert out == [] and stats.finish_reason == "time"
-    assert len(lm) == 3 * 16  # stopped after the third slice: the rest was never computed
+    assert len(lm) == 2 * 16  # stopped before the third slice: the rest was never computed
     # without a stop the same prompt decodes normally
     assert list(decode(LMState(model), prompt, max_new_tokens=3, sampler=Sampler(0.0)))
 
@@ -72,14 +72,18 @@ def test_a_budget_stops_rapid_prefills(monkeypatch):
         )
     )
     assert out == [] and stats.finish_reason == "time"
-    assert len(target) == 2 * 16 and len(drafter) == 0
+    assert len(target) == 16 and len(drafter) == 0
 
 
 def test_extend_raises_stopped_and_keeps_the_cache_consistent(monkeypatch):
     monkeypatch.setattr(state_module, "PREFILL_CHUNK", 8)
     lm = LMState(tiny())
-    with pytest.raises(Stopped):
+    with pytest.raises(Stopped):  # checked before the first slice too
         lm.extend(list(range(1, 30)), all_logits=False, should_stop=lambda: "time")
+    assert len(lm) == 0
+    stop = StopAfter(1)
+    with pytest.raises(Stopped):
+        lm.extend(list(range(1, 30)), all_logits=False, should_stop=lambda: stop(0))
     assert len(lm) == 8 and lm.tokens == list(range(1, 9))
     lm.extend([9, 10])  # the cache still matches its tokens
     assert len(lm) == 10

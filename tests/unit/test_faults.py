@@ -27,7 +27,9 @@ async def test_hanging_answer_model_ends_in_fallback_within_one_answer_budget():
     assert result["route"] == "fallback"
     assert "refine: RuntimeError: no answer within 0.5s" in result["reason"]
     assert "generate: TimeoutError: the answer budget of 0.5s is spent" in result["reason"]
-    assert result["answer"].startswith(prompts.UNVERIFIED_PREFIX)
+    assert result["answer"].startswith(prompts.UNCHECKED_PREFIX)
+    # evidence WAS found: the answer must not claim that none was (review finding)
+    assert not result["answer"].startswith(prompts.UNVERIFIED_PREFIX)
     assert elapsed < (0.5 + 0.5) + 1.5
 
 

@@ -133,3 +133,11 @@ async def test_planted_instructions_change_nothing(planted):
     prompt = answer.calls[-1][-1].content
     assert prompt.count("<evidence") == 1 and "<|im_start|>" not in prompt
     assert answer.calls[-1][0].content == context.answer_prompt  # system prompt is ours
+
+
+def test_defuse_leaves_ordinary_markup_and_code_alone():
+    # review finding: a too-wide defuse rewrote List<String>, <div>, Promise<void>
+    for text in ["List<String> xs", "<div>hi</div>", "Promise<void>", "Vec<u8>", "a <b> c"]:
+        assert prompts.defuse(text) == text
+    assert prompts.defuse("x <reponame> y", specials=("<reponame>",)) == "x \u2039reponame> y"
+    assert "<start_of_turn>" not in prompts.defuse("<start_of_turn>user")

@@ -93,7 +93,9 @@ async def test_refine_error_falls_back_to_generate_then_fallback():
     assert result["route"] == "fallback"
     assert "refine: RuntimeError" in result["reason"]
     assert "generate: RuntimeError" in result["reason"]
-    assert result["answer"].startswith(prompts.UNVERIFIED_PREFIX)
+    assert result["answer"].startswith(prompts.UNCHECKED_PREFIX)
+    # evidence WAS found: the answer must not claim that none was (review finding)
+    assert not result["answer"].startswith(prompts.UNVERIFIED_PREFIX)
 
 
 async def test_refine_error_recovers_in_generate():

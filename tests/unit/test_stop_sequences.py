@@ -38,3 +38,23 @@ def test_held_back_prefix_is_released_when_no_stop_follows():
     model = Words(steps=len(words), step_s=0.0, words=words)
     assert model.invoke("q", stop=["\nQuestion:"]).content == "A B\nQueue"
     assert model.invoke("q").content == "A B\nQueue"
+
+
+def test_tokens_after_a_stop_are_not_counted():
+    # review finding: tokens of the stop sequence (and after it) inflated counts and confidence
+    model = Words(steps=len(TEXT), step_s=0.0, words=TEXT)
+    msg = model.invoke("q", stop=["\nQuestion:"])
+    assert msg.usage_metadata["output_tokens"] == 4  # "Rollo", " led", " them", ".\n"
+    assert model.invoke("q", stop="\nQuestion:").content == "Rollo led them.\n"  # one string
+
+
+async def test_stream_model_drops_log_probs_of_tokens_in_the_stop_sequence():
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    model = Words(steps=len(TEXT), step_s=0.0, words=TEXT)
+    out = await stream_model(
+        model, "q", budget_s=5.0, tags=["answer"], options=DecodeOptions(stop=("\nQuestion:",))
+    )
+    assert out.text == "Rollo led them."
+    assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)

@@ -43,7 +43,10 @@ class PrefixCache:
         return entry.clone()
 
     def put(self, key: str, state: LMState) -> None:
-        """Store a clone of ``state`` (which must hold exactly the prefix)."""
+        """Store a clone of ``state``: the prefix of ``key``, or a start of it.
+
+        A partial prefix (a budget stopped its prefill) is continued by the next caller.
+        """
         snapshot = state.clone()
         with self._lock:
             self._entries[key] = snapshot

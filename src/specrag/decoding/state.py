@@ -59,16 +59,16 @@ class LMState:
 
         Returns float32 logits ``[len(ids), vocab]`` (or ``[1, vocab]`` for the last position
         when ``all_logits`` is False - used by prefill, where a full logits matrix of an 8K
-        prompt would need gigabytes). ``should_stop`` is asked before every prefill slice
-        after the first; a reason it returns raises :class:`Stopped` (the slices already
-        fed stay cached, so the invariant holds).
+        prompt would need gigabytes). ``should_stop`` is asked before every prefill slice; a
+        reason it returns raises :class:`Stopped` (the slices already fed stay cached, so
+        the invariant holds).
         """
         if not ids:
             raise ValueError("extend() needs at least one token")
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
         for start in range(0, len(ids), step):
-            if start and should_stop is not None and (reason := should_stop()):
+            if should_stop is not None and (reason := should_stop()):
                 raise Stopped(reason)
             piece = ids[start : start + step]
             input_ids = torch.tensor([piece], dtype=torch.long, device=self.device)

@@ -49,6 +49,7 @@ from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
+from specrag.indexing import document_search
 from specrag.models.loading import LoadedLM, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
 from specrag.models.worker import MODEL_THREAD
@@ -126,6 +127,8 @@ def run_case(
 ) -> dict[str, Any]:
     """One method on one (question, document), timed from the text to the last token."""
     if method.startswith("rapid"):
+        # every RAPID case pays its own chunking and embedding (no case reuses another's)
+        document_search.clear_cache()
         model = ChatRapid(
             eta=0.0 if method == "rapid_eta0" else eta,
             max_new_tokens=max_new,

@@ -189,14 +189,19 @@ class SpecRagContext:
             if isinstance(value, str) and not isinstance(default, str):
                 try:
                     if isinstance(default, bool):
-                        value = value.lower() in ("1", "true", "yes", "on")
+                        flags = {"1": True, "true": True, "yes": True, "on": True}
+                        flags.update({"0": False, "false": False, "no": False, "off": False})
+                        if value.lower() not in flags:
+                            raise ValueError(value)
+                        value = flags[value.lower()]
                     elif isinstance(default, int):
                         value = int(value)
                     elif isinstance(default, float):
                         value = float(value)
                 except ValueError as exc:
+                    expected = "true or false" if isinstance(default, bool) else "a number"
                     raise InputError(
-                        f"invalid configuration: {key}={value!r} (expected a number)"
+                        f"invalid configuration: {key}={value!r} (expected {expected})"
                     ) from exc
             kwargs[key] = value
         return cls(**kwargs)

@@ -52,7 +52,8 @@ class OutputState(TypedDict, total=False):
     """Seconds: load_s (model loading, before the run's origin), document_index_s, and from
     the origin: retrieve_s, draft_s, draft_ttft_s, answer_s, ttft_s, total_s."""
     seed: int
-    """Sampling seed of this run (pass it as the ``seed`` setting to reproduce the answer)."""
+    """Sampling seed of this run (the ``seed`` setting reproduces a sampled answer given the same
+    route and draft)."""
     stats: Annotated[dict[str, Any], merge_dicts]
     """Decoding statistics (candidates proposed/accepted, forward passes, RAPID counters)."""
     errors: Annotated[list[str], operator.add]
@@ -65,6 +66,8 @@ class State(InputState, OutputState, total=False):
     marks: Annotated[dict[str, float], merge_dicts]
     """Clock readings (time.perf_counter): ``origin`` (the run's start, after model loading)
     and ``answer`` (start of the first answer node: the one answer budget)."""
+    run_id: str
+    """A fresh id per run (``prepare``): keys the signal between the parallel branches."""
     run_document: str
     """This run's document: ``prepare`` moves the input ``document`` here and clears the
     input key, so the next question on the same thread does not inherit it."""

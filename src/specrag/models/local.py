@@ -32,6 +32,7 @@ from pydantic import ConfigDict
 
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token
+from specrag.defuse import defuse
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
 from specrag.models.worker import MODEL_THREAD
@@ -45,10 +46,31 @@ def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
     return [{"role": roles.get(m.type, "user"), "content": str(m.text)} for m in messages]
 
 
+def special_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's special and added tokens, longest first (what user text must not form)."""
+    key = id(tokenizer)
+    if key not in _SPECIALS:
+        added = list(getattr(tokenizer, "get_added_vocab", dict)())
+        added += list(getattr(tokenizer, "all_special_tokens", []))
+        _SPECIALS[key] = tuple(sorted(set(added), key=len, reverse=True))
+    return _SPECIALS[key]
+
+
+_SPECIALS: dict[int, tuple[str, ...]] = {}
+
+
 def encode_chat(loaded: LoadedLM, messages: list[BaseMessage]) -> list[int]:
-    """Token ids of the chat prompt, generation prompt included."""
+    """Token ids of the chat prompt, generation prompt included.
+
+    User and tool text is defused against the tokenizer's own special tokens first, so text
+    can never become a control token (system prompts are the application's own).
+    """
     tok = loaded.tokenizer
-    dicts = to_chat_dicts(messages)
+    specials = special_tokens(tok)
+    dicts = [
+        d if d["role"] == "system" else {**d, "content": defuse(d["content"], specials)}
+        for d in to_chat_dicts(messages)
+    ]
     if getattr(tok, "chat_template", None):
         enc = tok.apply_chat_template(dicts, add_generation_prompt=True, tokenize=True)
         ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
@@ -198,6 +220,8 @@ class _Run:
         self.stops = tuple(s for s in options.stop if s)
         self.held = ""  # text that may be the start of a stop sequence
         self.stop_hit = False
+        self.starts: list[int] = []  # character where each counted token's text starts
+        self.retracted = 0  # tokens streamed before a stop sequence was seen that belong to it
 
     def should_stop(self, n: int) -> str | None:
         if self.cancel.is_set() or MODEL_THREAD.closing:
@@ -252,15 +276,29 @@ class _Run:
     def chunk(self, step: list[Token]) -> ChatGenerationChunk:
         if self.stop_hit:  # tokens decoded after a stop sequence are dropped
             return ChatGenerationChunk(message=AIMessageChunk(content=""))
-        self.n_tokens += len(step)
         if self.first_token_s is None:
             self.first_token_s = time.monotonic() - self.started
+        if self.stops:  # where each token's text starts, to cut at a stop sequence later
+            ids = list(self.text.ids)
+            for token in step:
+                self.starts.append(len(self.job.tokenizer.decode(ids, skip_special_tokens=True)))
+                if token.id not in self.text.skip:
+                    ids.append(token.id)
+        shown_before = len(self.text.emitted) - len(self.held)
         delta = self.release(self.text.push([t.id for t in step]))
         logprobs = [
             {"token": self.job.tokenizer.decode([t.id]), "logprob": t.logprob}
             for t in step
             if t.id not in self.job.eos_ids
         ]
+        self.n_tokens += len(step)
+        if self.stop_hit:  # tokens whose text starts at or after the cut are not the answer's
+            cut = shown_before + len(delta)
+            after = sum(1 for start in self.starts if start >= cut)
+            in_step = min(after, len(step))
+            logprobs = logprobs[: max(0, len(logprobs) - in_step)]
+            self.retracted = after - in_step  # counted in earlier chunks
+            self.n_tokens -= after
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=delta, response_metadata={"logprobs": {"content": logprobs}}
@@ -274,6 +312,8 @@ class _Run:
             finish = "stop_sequence"
         tail, self.held = ("" if self.stop_hit else self.held), ""
         decoding = {**job.metadata(), "new_tokens": self.n_tokens}
+        if self.retracted:  # consumers drop the last N log-probs they were sent
+            decoding["retracted_tokens"] = self.retracted
         decoding["ttft_s"] = (
             round(self.first_token_s, 4) if self.first_token_s is not None else None
         )
@@ -288,11 +328,11 @@ class _Run:
                 content=tail,
                 usage_metadata=usage,
                 response_metadata={
+                    **(decoding if job.flatten else {}),  # first: never over the fields below
                     "model_name": job.model_name,
                     "finish_reason": finish,
                     "truncated": finish in ("time", "stop_event", "cancelled"),
                     "decoding": decoding,
-                    **(decoding if job.flatten else {}),
                 },
                 chunk_position="last",
             )

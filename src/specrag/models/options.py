@@ -49,5 +49,7 @@ class DecodeOptions:
                 raise TypeError(
                     f"unknown decode option {key!r} (known: {', '.join(sorted(names))})"
                 )
-            loose[key] = tuple(value or ()) if key == "stop" else value
+            if key == "stop":  # one string is one stop sequence, not its characters
+                value = (value,) if isinstance(value, str) else tuple(value or ())
+            loose[key] = value
         return dataclasses.replace(base, **loose) if loose else base

@@ -33,7 +33,13 @@ from specrag.decoding.state import LMState, Stopped
 from specrag.defuse import defuse
 from specrag.errors import InputError
 from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm
-from specrag.models.local import DecodeJob, LocalChatBase, StopCheck, make_generator
+from specrag.models.local import (
+    DecodeJob,
+    LocalChatBase,
+    StopCheck,
+    make_generator,
+    special_tokens,
+)
 from specrag.models.options import DecodeOptions
 
 # (document, question, token_length, chunk_tokens, token_budget) -> the drafter's context
@@ -77,7 +83,8 @@ def layout(
     a document cannot open a system turn of its own.
     """
     tok = loaded.tokenizer
-    context, question = defuse(context), defuse(question)
+    specials = special_tokens(tok)
+    context, question = defuse(context, specials), defuse(question, specials)
     user = f"<document>\n{_PLACEHOLDER}\n</document>\n\nQuestion: {question}"
     msgs = [{"role": "system", "content": instructions}, {"role": "user", "content": user}]
     if getattr(tok, "chat_template", None):
@@ -215,19 +222,24 @@ class ChatRapid(LocalChatBase):
             prefix = head + doc_ids
             key = prefix_key(target.key, prefix)
             target_state = cache.get(key) if self.use_prefix_cache else None
-            hit["value"] = target_state is not None
+            # a hit may be partial: an earlier call's budget stopped its document prefill
+            hit["value"] = target_state is not None and len(target_state) == len(prefix)
             t1 = time.perf_counter()
             if target_state is None:
                 target_state = LMState(target.model, target.device)
-                if self.use_prefix_cache:
-                    try:  # the budget applies to the document prefill too
-                        target_state.extend(
-                            prefix, all_logits=False, should_stop=prefill_stop(should_stop)
-                        )
-                    except Stopped as stop:
-                        stats.finish_reason = stop.reason
-                        return
+            if self.use_prefix_cache and len(target_state) < len(prefix):
+                try:  # the budget applies to the document prefill too ...
+                    target_state.extend(
+                        prefix[len(target_state) :],
+                        all_logits=False,
+                        should_stop=prefill_stop(should_stop),
+                    )
+                except Stopped as stop:
+                    # ... and what was prefilled is kept: the next question continues it
                     cache.put(key, target_state)
+                    stats.finish_reason = stop.reason
+                    return
+                cache.put(key, target_state)
             timings["prefix_s"] = round(time.perf_counter() - t1, 4)
             yield from rapid_decode(
                 target_state,

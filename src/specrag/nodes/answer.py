@@ -22,7 +22,7 @@ from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
-from specrag.nodes.streaming import emit, now, stream_model
+from specrag.nodes.streaming import CLOCK_ID, emit, live_marks, now, stream_model
 
 
 @dataclass
@@ -37,10 +37,15 @@ class AnswerCall:
 AnswerBuilder = Callable[[State, SpecRagContext], AnswerCall]
 
 
-def run_timings(state: dict[str, Any], answer_ttft_abs: float | None) -> dict[str, float]:
-    """total_s and ttft_s of the run, measured from the run's origin (after model loading)."""
-    marks = state.get("marks") or {}
-    origin = marks.get("origin", min(marks.values()) if marks else now())
+def run_timings(
+    state: dict[str, Any], answer_ttft_abs: float | None, fallback_origin: float | None = None
+) -> dict[str, float]:
+    """total_s and ttft_s of the run, measured from the run's origin (after model loading).
+
+    A run resumed in another process has no origin of this process's clock: it is measured
+    from ``fallback_origin`` (the resuming node's start).
+    """
+    origin = live_marks(state).get("origin", fallback_origin if fallback_origin else now())
     out = {"total_s": round(now() - origin, 4)}
     if answer_ttft_abs is not None:
         out["ttft_s"] = round(answer_ttft_abs - origin, 4)
@@ -63,7 +68,7 @@ def short_error(exc: BaseException) -> str:
 
 def answer_budget(state: State, ctx: SpecRagContext, started: float) -> float:
     """Seconds left of the run's one answer budget (it starts with the first answer node)."""
-    first = (state.get("marks") or {}).get("answer", started)
+    first = live_marks(dict(state)).get("answer", started)
     return ctx.answer_timeout_s - (started - first)
 
 
@@ -77,7 +82,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
     async def answer(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
         ctx = runtime.context or SpecRagContext()
         started = now()
-        marks = {"answer": (state.get("marks") or {}).get("answer", started)}
+        marks = {"answer": live_marks(dict(state)).get("answer", started), "clock": CLOCK_ID}
         try:
             budget = answer_budget(state, ctx, started)
             if budget <= 0:
@@ -102,8 +107,11 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         decoding = dict(result.metadata.get("decoding") or {})
         if result.timed_out:
             decoding["truncated"] = True
-        ttft_abs = started + result.ttft_s if result.ttft_s is not None else None
-        timings = {"answer_s": round(now() - started, 4), **run_timings(dict(state), ttft_abs)}
+        ttft_abs = result.started + result.ttft_s if result.ttft_s is not None else None
+        timings = {
+            "answer_s": round(now() - started, 4),
+            **run_timings(dict(state), ttft_abs, started),
+        }
         if "answer_ttft_s" not in timings and result.ttft_s is not None:
             timings["answer_ttft_s"] = round(result.ttft_s, 4)
         emit({"event": "answered", "node": node, **timings, "decoding": decoding})

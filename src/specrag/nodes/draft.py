@@ -58,7 +58,7 @@ def make_draft(services: Services):  # noqa: ANN201
                     stop=ctx.stop_sequences(),
                 ),
                 # stops within one token of retrieval delivering evidence
-                stop_event=retrieval_signal(runtime) if until_retrieval else None,
+                stop_event=retrieval_signal(dict(state)) if until_retrieval else None,
             )
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
             return _no_draft("failed", errors=[f"draft: {short_error(exc)}"])
@@ -70,7 +70,7 @@ def make_draft(services: Services):  # noqa: ANN201
         # both from the node's start: draft_ttft_s <= draft_s always
         timings = {"draft_s": round(now() - start, 4)}
         if result.ttft_s is not None:
-            timings["draft_ttft_s"] = round(min(result.ttft_s, timings["draft_s"]), 4)
+            timings["draft_ttft_s"] = round(result.started - start + result.ttft_s, 4)
         emit(
             {
                 "event": "drafted",

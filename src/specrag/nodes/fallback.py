@@ -18,10 +18,12 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
     """Answer without evidence: never raises."""
     ctx = runtime.context or SpecRagContext()
     usable, _ = draft_usable(dict(state), ctx)
-    if usable:
-        answer = prompts.UNVERIFIED_PREFIX + (state.get("draft") or "").strip()
-    elif state.get("retrieval_status") == "ok" and state.get("answer_error"):
-        answer = prompts.ANSWER_FAILED  # evidence was found but no model could answer from it
+    draft = (state.get("draft") or "").strip()
+    evidence_found = state.get("retrieval_status") == "ok"
+    if evidence_found and state.get("answer_error"):  # no answer model could use the evidence
+        answer = prompts.UNCHECKED_PREFIX + draft if usable else prompts.ANSWER_FAILED
+    elif usable:
+        answer = prompts.UNVERIFIED_PREFIX + draft
     else:
         answer = prompts.NO_EVIDENCE_ANSWER
     reason = state.get("reason", "")

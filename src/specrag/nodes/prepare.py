@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from langgraph.types import Overwrite
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
-from specrag.nodes.streaming import emit, now
+from specrag.nodes.streaming import CLOCK_ID, emit, now
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,12 @@ def make_prepare(services: Services):  # noqa: ANN201
         seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
         emit({"event": "prepared", "seed": seed, **timings})
         return {
+            "run_id": uuid.uuid4().hex,
             "document": "",
             "run_document": document,
             "document_tokens": document_tokens,
             "seed": seed,
-            "marks": Overwrite({"origin": origin}),
+            "marks": Overwrite({"origin": origin, "clock": CLOCK_ID}),
             "timings": Overwrite(timings),
             "stats": Overwrite({}),
             "errors": Overwrite([]),

@@ -52,7 +52,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         if update["retrieval_status"] == "ok":
             # "draft while you wait" stops now. Without evidence the draft runs on within its
             # own budget: it may become the run's (unverified) answer.
-            retrieval_signal(runtime).set()
+            retrieval_signal(dict(state)).set()
         update["timings"] = {"retrieve_s": round(now() - start, 4)}
         emit(
             {

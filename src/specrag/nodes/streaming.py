@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,17 @@ GRACE_S = 0.5
 def now() -> float:
     """Clock used for all timings."""
     return time.perf_counter()
+
+
+# perf_counter readings mean nothing in another process: marks carry this process's clock id,
+# so a run resumed elsewhere (``--resume``) measures and budgets from its own restart.
+CLOCK_ID = random.random()
+
+
+def live_marks(state: dict[str, Any]) -> dict[str, float]:
+    """The run's clock marks if this process wrote them, else none."""
+    marks = state.get("marks") or {}
+    return marks if marks.get("clock") == CLOCK_ID else {}
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -53,6 +65,7 @@ class Streamed:
     text: str = ""
     logprobs: list[float] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    started: float = 0.0  # clock reading when the call started
     ttft_s: float | None = None  # seconds from the call to its first non-empty token
     elapsed_s: float = 0.0
     timed_out: bool = False  # the budget ended the call (text may be partial)
@@ -84,9 +97,10 @@ async def stream_model(
     ``asyncio.timeout`` and the stop event is polled per chunk.
     """
     out = Streamed()
-    start = now()
+    start = out.started = now()
+    local = is_local(model)
     kwargs: dict[str, Any] = {}
-    if is_local(model):
+    if local:
         kwargs["options"] = dataclasses.replace(
             options or DecodeOptions(),
             max_time=budget_s,
@@ -104,7 +118,8 @@ async def stream_model(
                 meta = chunk.response_metadata or {}
                 lps = (meta.get("logprobs") or {}).get("content") or []
                 out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
-                out.tokens += len(lps) if lps else (1 if text else 0)
+                # local models report a log-prob per token; others count text chunks
+                out.tokens += len(lps) if (lps or local) else (1 if text else 0)
                 for key, value in meta.items():
                     if key != "logprobs":
                         out.metadata[key] = value
@@ -112,7 +127,7 @@ async def stream_model(
                     out.metadata["usage"] = dict(chunk.usage_metadata)
                 if (
                     stop_event is not None
-                    and not is_local(model)
+                    and not local
                     and stop_event.is_set()
                     and out.tokens >= min_tokens
                 ):
@@ -120,6 +135,10 @@ async def stream_model(
                     break
     except TimeoutError:
         out.timed_out = True
+    retracted = int((out.metadata.get("decoding") or {}).get("retracted_tokens") or 0)
+    if retracted:  # streamed before a stop sequence was recognised: not part of the text
+        out.logprobs = out.logprobs[: len(out.logprobs) - retracted]
+        out.tokens = max(0, out.tokens - retracted)
     out.elapsed_s = now() - start
     reason = out.metadata.get("finish_reason")
     if reason == "time":

@@ -61,6 +61,9 @@ ANSWER_FAILED = (
     "Please try again."
 )
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
+UNCHECKED_PREFIX = (
+    "Unverified (evidence was found, but the answer model could not check this draft against it): "
+)
 
 _TAG = re.compile(r"</?\s*evidence[^>]*>", re.IGNORECASE)
 _TAG_FRAGMENT = re.compile(r"<(?=\s*/?\s*evidence)", re.IGNORECASE)  # "<evidence" unclosed

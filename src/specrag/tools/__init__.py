@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,6 +34,22 @@ def format_result(result: dict[str, Any]) -> str:
     )
 
 
+def _run_on_own_loop(coro: Any) -> Any:
+    """Run ``coro`` on a private event loop, closed WITHOUT waiting for its worker threads.
+
+    ``asyncio.run`` would wait for every leftover ``to_thread`` worker (e.g. a retrieval stuck
+    on a locked store after its budget ended), so the tool could block past every budget.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()  # shuts its default executor down with wait=False
+
+
 def make_specrag_tool(
     context: SpecRagContext | None = None,
     graph: Any = None,
@@ -61,9 +78,10 @@ def make_specrag_tool(
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(arun(question))
+            return _run_on_own_loop(arun(question))
+        context = contextvars.copy_context()  # callbacks, tracing and config travel along
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specrag-tool") as pool:
-            return pool.submit(asyncio.run, arun(question)).result()
+            return pool.submit(context.run, _run_on_own_loop, arun(question)).result()
 
     return StructuredTool.from_function(
         func=run, coroutine=arun, name=name, description=description, args_schema=AskInput
