@@ -366,3 +366,29 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     events.clear()
     bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())  # all recorded: nothing runs
     assert events == []
+
+
+def test_answer_settings_are_compared_paired_by_question():
+    from specrag.evaluation import bench_rag
+
+    base = [
+        {
+            "dataset": "squad",
+            "qid": f"q{i}",
+            "system": "serial_plain",
+            "latency": 0.0,
+            "contains": 1.0,
+            "f1": 0.2,
+            "new_tokens": 40,
+            "e2e_s": 2.0,
+        }
+        for i in range(6)
+    ]
+    brief = [
+        {**r, "system": "serial_brief", "f1": 0.5, "new_tokens": 10, "e2e_s": 1.0} for r in base
+    ]
+    row = bench_rag.compare_settings(base + brief)["serial_brief"]
+    assert row["n"] == 6 and abs(row["f1_diff"] - 0.3) < 1e-9
+    assert row["contains_diff"] == 0.0 and row["new_tokens_ratio"] == 0.25
+    assert row["e2e_s_ratio"] == 0.5 and row["f1_diff_ci95"][0] <= 0.3 <= row["f1_diff_ci95"][1]
+    assert "serial_brief | 6 |" in bench_rag.settings_markdown({"serial_brief": row})

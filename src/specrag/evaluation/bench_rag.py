@@ -383,6 +383,55 @@ def _cell(row: dict[str, Any], col: str) -> str:
     return f"{value} [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci and value != "-" else value
 
 
+def _with_ci(value: Any, ci: Any) -> str:
+    """``value [lo, hi]`` (or ``-``)."""
+    if value is None:
+        return "-"
+    return f"{_fmt(value)} [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else _fmt(value)
+
+
+def compare_settings(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each answer-setting system against serial_plain (no added latency), paired by question.
+
+    Differences of contains-gold and F1 (system minus serial_plain) and ratios of answer tokens
+    and end-to-end time, each with a 95% bootstrap interval over questions.
+    """
+    base = {_qkey(r): r for r in records if r["system"] == "serial_plain" and not r["latency"]}
+    out: dict[str, Any] = {}
+    for system in STYLE_SYSTEMS:
+        pairs = [(r, base[_qkey(r)]) for r in records if r["system"] == system and _qkey(r) in base]
+        if not pairs:
+            continue
+        row: dict[str, Any] = {"n": len(pairs)}
+        for field in ("contains", "f1"):
+
+            def diff(ps: Any, field: str = field) -> float:
+                return metrics.mean([a[field] - b[field] for a, b in ps])
+
+            row[f"{field}_diff"] = diff(pairs)
+            row[f"{field}_diff_ci95"] = metrics.bootstrap_ci(pairs, diff, seed=SEED)
+        for field, agg in (("new_tokens", metrics.mean), ("e2e_s", metrics.median)):
+            num = {_qkey(a): a[field] for a, _ in pairs if a.get(field)}
+            den = {_qkey(a): b[field] for a, b in pairs if b.get(field)}
+            point, interval = metrics.ratio_ci(num, den, agg, seed=SEED)
+            row[f"{field}_ratio"], row[f"{field}_ratio_ci95"] = point, interval
+        out[system] = row
+    return out
+
+
+def settings_markdown(comparison: dict[str, Any]) -> str:
+    """The answer-settings comparison as a markdown table."""
+    cols = ["contains_diff", "f1_diff", "new_tokens_ratio", "e2e_s_ratio"]
+    lines = [
+        "| system vs serial_plain (no added latency) | n | " + " | ".join(cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for system, row in comparison.items():
+        cells = [_with_ci(row.get(c), row.get(f"{c}_ci95")) for c in cols]
+        lines.append(f"| {system} | {row['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The results as a markdown table; ratios as ``value [95% CI low, high]``."""
     cols = [
@@ -544,14 +593,20 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     summary = summarize(records)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "table.md").write_text(markdown(summary))
+    settings = compare_settings(records)
+    (out_dir / "answer_settings.json").write_text(json.dumps(settings, indent=2))
+    (out_dir / "answer_settings.md").write_text(settings_markdown(settings))
     pngs = plots(summary, out_dir)
     files = [
         str(out_dir / "summary.json"),
         str(out_dir / "table.md"),
+        str(out_dir / "answer_settings.json"),
+        str(out_dir / "answer_settings.md"),
         *map(str, pngs),
         str(runlog.path),
     ]
     log.print(markdown(summary))
+    log.print(settings_markdown(settings))
     log.print("results written to: " + ", ".join(files))
     return {
         "benchmark": "rag",
@@ -559,5 +614,6 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
         "questions": len(items),
         "added_latencies_s": LATENCIES,
         "systems": summary,
+        "answer_settings": settings,
         "files": files,
     }
