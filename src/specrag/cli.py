@@ -174,8 +174,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from specrag.data.datasets import squad_paragraphs
     from specrag.demo import SCENARIOS, Scenario, normans_document, scenario_context
 
-    if not any(s.startswith("refine_temperature=") for s in args.set or []):
-        args.set = [*(args.set or []), "refine_temperature=0"]  # reproducible demo answers
     ctx = make_context(args)
     directory = index_dir_of(ctx)
     paragraphs = squad_paragraphs()
