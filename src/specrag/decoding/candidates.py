@@ -8,14 +8,35 @@ passes of plain decoding, and a wrong one costs one pass per rejection - never t
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Proposal:
+    """Candidate tokens from one source.
+
+    ``q`` is the proposing model's sampling distribution at each candidate position
+    (``[len(tokens), vocab]``), used by speculative sampling; ``None`` means the candidates are
+    deterministic (one-hot ``q``), as n-gram lookups are.
+    """
+
+    tokens: list[int]
+    source: str
+    q: torch.Tensor | None = None
 
 
 class Proposer(Protocol):
-    """Proposes up to ``k`` next tokens after ``generated``; returns them and their source."""
+    """Proposes up to ``k`` next tokens after ``generated``.
 
-    def propose(self, generated: list[int], k: int) -> tuple[list[int], str]:  # noqa: D102
-        ...
+    Returns ``(tokens, source)`` for deterministic candidates, or a :class:`Proposal`.
+    """
+
+    def propose(  # noqa: D102
+        self, generated: list[int], k: int
+    ) -> tuple[list[int], str] | Proposal: ...
 
 
 class NgramProposer:
@@ -47,13 +68,16 @@ class NgramProposer:
                 per_n[n] = table
             self.index[name] = per_n
         self.cursor = dict.fromkeys(self.sources, 0)
+        self.last_match = 0  # length of the n-gram the last proposal followed (0: none)
 
     def propose(self, generated: list[int], k: int) -> tuple[list[int], str]:
         """Continuation of the longest n-gram match, or ``([], "")``."""
+        self.last_match = 0
         if k <= 0 or not self.sources:
             return [], ""
         if not generated and "draft" in self.sources:
-            return self.sources["draft"][:k], "draft"  # the answer starts where the draft does
+            self.last_match = self.max_ngram  # the answer starts where the draft does
+            return self.sources["draft"][:k], "draft"
         for n in range(min(self.max_ngram, len(generated)), self.min_ngram - 1, -1):
             key = tuple(generated[-n:])
             for name, toks in self.sources.items():
@@ -63,5 +87,6 @@ class NgramProposer:
                 # the first match at or after the cursor keeps reading order; else the first one
                 end = next((e for e in ends if e >= self.cursor[name]), ends[0])
                 self.cursor[name] = end
+                self.last_match = n
                 return toks[end : end + k], name
         return [], ""

