@@ -22,7 +22,7 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 from rich.console import Console  # noqa: E402
 
-from specrag.errors import InputError, SpecRagError  # noqa: E402
+from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
 from specrag.runner import preload, result_json, run_graph  # noqa: E402
 
 err = Console(stderr=True)
@@ -72,7 +72,20 @@ def make_context(args: argparse.Namespace) -> Any:
     overrides: dict[str, Any] = parse_sets(getattr(args, "set", None) or [])
     if getattr(args, "index_dir", None):
         overrides["index_dir"] = str(args.index_dir)
-    return SpecRagContext.from_overrides(overrides)
+    if getattr(args, "models", None):
+        overrides["models"] = args.models
+    ctx = SpecRagContext.from_overrides(overrides)
+    if ctx.models == "pair":
+        check_pair_installed()
+    return ctx
+
+
+def check_pair_installed() -> None:
+    """One clear error when the pair is asked for but not installed."""
+    from specrag.models.pair import INSTALL_HINT, installed
+
+    if not installed():
+        raise ModelLoadError(f"the drafter/target pair is not installed: {INSTALL_HINT}")
 
 
 def index_dir_of(ctx: Any) -> Path:
@@ -274,7 +287,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module(f"specrag.evaluation.bench_{args.which}")
-    result = module.run(quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh)
+    models = args.models or "embedded"
+    if models == "pair":
+        check_pair_installed()
+    result = module.run(
+        quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh, models=models
+    )
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     return 0
@@ -304,6 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="override a context field (see `specrag config`)",
         )
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        models_flag(p)
+
+    def models_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--models",
+            choices=["embedded", "pair"],
+            help="model preset: embedded (SmolLM2-135M, default) or pair (Qwen2.5-Coder 0.5B "
+            "drafts, 1.5B answers; `make models-pair` installs it)",
+        )
 
     p = sub.add_parser("index", help="index .txt/.md/.html files and folders")
     p.add_argument("paths", nargs="+")
@@ -339,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--fresh", action="store_true", help="ignore recorded runs (no resume)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    models_flag(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -48,6 +48,8 @@ class DecodeStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str = ""
+    plain_steps: int = 0  # passes with no candidate: plain decode steps, timed
+    plain_step_s: float = 0.0  # their total time
 
     def tokens_from(self) -> dict[str, int]:
         """Output tokens by where they came from; ``target`` = the verifier's own tokens."""
@@ -153,8 +155,12 @@ def decode(
         out = proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
         prop = out if isinstance(out, Proposal) else Proposal(*out)
         cands, source, q = prop.tokens, prop.source, prop.q
+        t_pass = time.perf_counter()
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
         stats.forward_passes += 1
+        if not cands:
+            stats.plain_steps += 1
+            stats.plain_step_s += time.perf_counter() - t_pass
         if cands:
             stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
         step: list[Token] = []

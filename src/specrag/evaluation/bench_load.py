@@ -107,7 +107,7 @@ async def run_level(
 
 def measure(questions: list[str], ctx: SpecRagContext, levels: list[int]) -> dict[str, Any]:
     """Run every level in one process; count cross-talk against concurrency 1."""
-    load_lm(ctx.answer_model, ctx.device, ctx.dtype)
+    load_lm(ctx.answer_spec, ctx.device, ctx.dtype)
     graph = build_graph()
     # warm-up, untimed: models, the embedding model and the Chroma open are paid here, not by
     # the first question at concurrency 1

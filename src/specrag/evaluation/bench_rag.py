@@ -122,7 +122,7 @@ def run_hf_lookup(
     question: str, chunks: list[dict[str, Any]], ctx: SpecRagContext
 ) -> dict[str, Any]:
     """Serial RAG answer with HF prompt lookup decoding (same prompt as ``generate``)."""
-    loaded = load_lm(ctx.answer_model, ctx.device, ctx.dtype)
+    loaded = load_lm(ctx.answer_spec, ctx.device, ctx.dtype)
     ids = encode_chat(loaded, prompts.evidence_messages(question, chunks, ctx.answer_prompt))
     res = hf_generate(
         loaded, ids, max_new_tokens=ctx.answer_max_tokens, prompt_lookup_num_tokens=10
@@ -569,7 +569,7 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     items = build_datasets(n_squad, n_hotpot, log)
     base = SpecRagContext(refine_temperature=0.0, answer_max_tokens=64)
-    load_lm(base.answer_model, base.device, base.dtype)
+    load_lm(base.answer_spec, base.device, base.dtype)
     graph = build_graph()
     work = [(item, "no_rag", 0.0) for item in items]
     work += [(item, s, lat) for lat in LATENCIES for item in items for s in SYSTEMS[1:]]

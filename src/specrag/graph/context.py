@@ -40,18 +40,34 @@ def _range_text(meta: Any) -> str:
     return " and ".join(parts)
 
 
+# models preset -> (draft_model, answer_model)
+MODEL_PRESETS: dict[str, tuple[str, str]] = {
+    "embedded": ("embedded", "embedded"),
+    "pair": ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"),
+}
+
+
 @dataclass(kw_only=True)
 class SpecRagContext:
     """Models, budgets, thresholds and prompts of one specrag run."""
 
     # --- models ---------------------------------------------------------------------------
-    draft_model: str = _f(
+    models: Literal["embedded", "pair"] = _f(
         "embedded",
-        "Draft model: 'embedded' (SmolLM2-135M-Instruct), 'hf:<hub id or path>' for any "
-        "local Hugging Face causal LM, or 'provider:model' for init_chat_model "
-        "(e.g. 'openai:gpt-4o-mini').",
+        "Model preset: 'embedded' = SmolLM2-135M-Instruct drafts and answers; 'pair' = "
+        "Qwen2.5-Coder-0.5B-Instruct drafts (before and after retrieval, and for RAPID), "
+        "Qwen2.5-Coder-1.5B-Instruct answers (install: `make models-pair`).",
     )
-    answer_model: str = _f("embedded", "Refine/generate model; same forms as draft_model.")
+    draft_model: str = _f(
+        "",
+        "Drafter: empty = from `models`; 'embedded' (SmolLM2-135M-Instruct), "
+        "'qwen2.5-coder-0.5b'/'qwen2.5-coder-1.5b' (the pair), 'hf:<hub id or path>' for any "
+        "local Hugging Face causal LM, or 'provider:model' for init_chat_model "
+        "(e.g. 'openai:gpt-4o-mini'). An explicit value wins over the preset.",
+    )
+    answer_model: str = _f(
+        "", "Answer (target) model: empty = from `models`; same forms as draft_model."
+    )
     device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N.")
     dtype: str = _f(
         "auto",
@@ -121,6 +137,18 @@ class SpecRagContext:
         "One answer budget for the run: refine or rapid_generate, and a generate that runs "
         "after either failed, share it (prefill included).",
         gt=0,
+    )
+    drafter_max_cost_ratio: float = _f(
+        0.5,
+        "A separate drafter proposes answer tokens only if its measured decode step costs at "
+        "most this fraction of the answer model's (a same-size drafter would not save time).",
+        gt=0,
+    )
+    drafter_after_tokens: int = _f(
+        16,
+        "The drafter joins the answer's decoding after this many tokens: its prefill of the "
+        "prompt cannot pay back on a terse answer (measured on the pair, see README).",
+        ge=0,
     )
     max_question_chars: int = _f(2000, "Longer questions are rejected.", ge=1)
     # --- long documents (RAPID) -------------------------------------------------------------
@@ -217,6 +245,16 @@ class SpecRagContext:
                     ) from exc
             kwargs[key] = value
         return cls(**kwargs)
+
+    @property
+    def draft_spec(self) -> str:
+        """The drafter's model spec: ``draft_model``, or the ``models`` preset's drafter."""
+        return self.draft_model or MODEL_PRESETS[self.models][0]
+
+    @property
+    def answer_spec(self) -> str:
+        """The answer model's spec: ``answer_model``, or the ``models`` preset's target."""
+        return self.answer_model or MODEL_PRESETS[self.models][1]
 
     def stop_sequences(self) -> tuple[str, ...]:
         """Stop sequences for draft and answer calls."""

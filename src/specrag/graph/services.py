@@ -21,7 +21,7 @@ from specrag.indexing.documents import Chunk
 from specrag.indexing.store import VectorIndex
 from specrag.models.chat import LocalChatBase
 from specrag.models.loading import load_embeddings, load_lm
-from specrag.models.registry import chat_model_from_spec
+from specrag.models.registry import chat_model_from_spec, local_model_name
 from specrag.paths import default_index_dir
 
 ChatFactory = Callable[[str, SpecRagContext], BaseChatModel]
@@ -30,8 +30,20 @@ RapidFactory = Callable[[SpecRagContext], BaseChatModel]
 
 
 def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
-    """Chat model for ``spec`` on the context's device and dtype."""
-    return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype)
+    """Chat model for ``spec`` on the context's device and dtype.
+
+    The answer model gets the context's drafter as a token proposer when both are local and
+    differ (the cost model in :class:`ChatLocalLM` still decides whether it runs).
+    """
+    params: dict[str, object] = {}
+    target, drafter = local_model_name(spec), local_model_name(ctx.draft_spec)
+    if spec == ctx.answer_spec and target and drafter and drafter != target:
+        params = {
+            "drafter_model": drafter,
+            "drafter_max_cost_ratio": ctx.drafter_max_cost_ratio,
+            "drafter_after_tokens": ctx.drafter_after_tokens,
+        }
+    return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype, **params)
 
 
 _INDEXES: dict[tuple[str, str, str], VectorIndex] = {}
@@ -58,9 +70,8 @@ def _token_length(model_name: str, device: str, dtype: str) -> Callable[[str], i
 
 def answer_token_length(ctx: SpecRagContext) -> Callable[[str], int]:
     """Token counter of the answer model (whitespace words for remote models)."""
-    spec = ctx.answer_model
-    if spec in ("", "embedded") or spec.startswith("hf:"):
-        name = "embedded" if spec in ("", "embedded") else spec[3:]
+    name = local_model_name(ctx.answer_spec)
+    if name is not None:
         return _token_length(name, ctx.device, ctx.dtype)
     return lambda text: len(text.split())
 
@@ -95,14 +106,19 @@ def default_index_document(ctx: SpecRagContext, document: str) -> None:
 
 
 def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
-    """A :class:`ChatRapid` with the context's answer model as target and drafter."""
+    """A :class:`ChatRapid`: the answer model reads the document, the drafter the chunks.
+
+    The drafter is the context's draft model when it is local (e.g. the pair's 0.5B); a remote
+    draft model cannot draft token by token, so the answer model drafts for itself then.
+    """
     from specrag.models.rapid_chat import ChatRapid
 
-    spec = ctx.answer_model
-    name = "embedded" if spec in ("", "embedded") else spec.removeprefix("hf:")
+    name = local_model_name(ctx.answer_spec)
+    if name is None:
+        raise ValueError(f"RAPID needs a local answer model, not {ctx.answer_spec!r}")
     return ChatRapid(
         target_model=name,
-        drafter_model=name,
+        drafter_model=local_model_name(ctx.draft_spec) or name,
         device=ctx.device,
         dtype=ctx.dtype,
         temperature=ctx.refine_temperature,

@@ -5,7 +5,10 @@ Thin by design: it adapts messages to the model's chat template and runs
 log-probabilities come from :class:`~specrag.models.local.LocalChatBase`). It adds
 **speculative candidates**: ``speculation="prompt"`` proposes n-grams of the prompt (the
 evidence), ``"draft+prompt"`` also of a ``draft=`` text passed per call; greedy output is
-unchanged, decoding needs fewer forward passes. Decoding statistics go to
+unchanged, decoding needs fewer forward passes. With ``drafter_model`` a smaller model of the
+same tokenizer reads the same prompt and proposes tokens too (:mod:`specrag.decoding.drafter`:
+one proposer merges drafter, draft and evidence; a cost model measured from both models' step
+times decides whether the drafter runs). Decoding statistics go to
 ``response_metadata["decoding"]``.
 """
 
@@ -18,10 +21,11 @@ from langchain_core.messages import BaseMessage
 from pydantic import Field
 
 from specrag.decoding.candidates import NgramProposer
+from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Token, decode
 from specrag.decoding.state import LMState
-from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm
+from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm, same_tokenizer
 from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
@@ -52,6 +56,11 @@ class ChatLocalLM(LocalChatBase):
     speculation: Speculation = "prompt"
     max_candidates: int = 8
     seed: int | None = None
+    drafter_model: str | None = Field(
+        default=None, description="a smaller model with the same tokenizer that proposes tokens"
+    )
+    drafter_max_cost_ratio: float = 0.5
+    drafter_after_tokens: int = 16
 
     @property
     def _llm_type(self) -> str:
@@ -68,8 +77,27 @@ class ChatLocalLM(LocalChatBase):
         }
 
     def load(self) -> LoadedLM:
-        """Load the model now (once per process); call before any time budget starts."""
+        """Load the model (and drafter) now, once per process; call before any budget starts."""
+        if self.drafter_model:
+            load_lm(self.drafter_model, self.device, self.dtype)
         return load_lm(self.model_name, self.device, self.dtype)
+
+    def _drafter_plan(self, loaded: LoadedLM) -> tuple[LoadedLM | None, dict[str, Any]]:
+        """The drafter to use (or None) and the cost model's decision, for the stats."""
+        if not self.drafter_model:
+            return None, {"drafter": None, "drafter_used": False, "why": "no drafter configured"}
+        drafter = load_lm(self.drafter_model, self.device, self.dtype)
+        info: dict[str, Any] = {
+            "drafter": drafter.name,
+            "cost_ratio": round(drafter.step_s / loaded.step_s, 3) if loaded.step_s else None,
+        }
+        if drafter.key == loaded.key:
+            return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
+        if not same_tokenizer(drafter, loaded):
+            return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
+        policy = DrafterPolicy(self.drafter_max_cost_ratio, self.drafter_after_tokens)
+        use, why = policy.decide(drafter.step_s, loaded.step_s)
+        return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         loaded = self.load()
@@ -87,13 +115,25 @@ class ChatLocalLM(LocalChatBase):
             sources["draft"] = loaded.tokenizer(draft, add_special_tokens=False)["input_ids"]
         if speculation != "none":
             sources["prompt"] = prompt
-        proposer = NgramProposer(sources) if sources else None
         sampler = Sampler(temperature, self.top_p)
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(loaded.device, sampler, seed)
         stats = DecodeStats()
+        drafter, plan = self._drafter_plan(loaded)
+        merged: MergedProposer | None = None
+        proposer: Any = NgramProposer(sources) if sources else None
 
         def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
+            nonlocal merged, proposer
+            if drafter is not None:  # built on the model thread: it owns a KV cache
+                policy = DrafterPolicy(self.drafter_max_cost_ratio, self.drafter_after_tokens)
+                draft_lm = LMState(drafter.model, drafter.device)
+                merged = MergedProposer(
+                    NgramProposer(sources),
+                    DrafterProposer(draft_lm, prompt, sampler, generator),
+                    policy,
+                )
+                proposer = merged
             lm = LMState(loaded.model, loaded.device)
             yield from decode(
                 lm,
@@ -113,7 +153,37 @@ class ChatLocalLM(LocalChatBase):
             tokenizer=loaded.tokenizer,
             eos_ids=loaded.eos_token_ids,
             input_tokens=len(prompt),
-            metadata=lambda: {**stats.as_dict(), "speculation": speculation},
+            metadata=lambda: {
+                **stats.as_dict(),
+                "speculation": speculation,
+                "proposer": {
+                    **plan,
+                    **(merged.drafter.stats.as_dict() if merged and merged.drafter else {}),
+                    "steps_by_source": dict(merged.choices) if merged else None,
+                },
+                "decode_speedup_vs_plain": speedup_vs_plain(stats, loaded.step_s),
+            },
             finish_reason=lambda: stats.finish_reason,
             model_name=loaded.name,
         )
+
+
+def speedup_vs_plain(stats: DecodeStats, step_s: float) -> dict[str, Any] | None:
+    """Decode-time speedup over plain decoding, from this run's counters.
+
+    Plain decoding takes one target step per token after the first (the first comes from the
+    prefill). The step time is this run's own: the mean of its passes that verified no
+    candidate (plain steps, at this context length); with none, the step time measured at
+    load (a short cache: an underestimate, so the ratio errs low). Divided by the decode time
+    this run took, drafter time and verification passes included.
+    """
+    if stats.new_tokens < 2 or stats.decode_s <= 0:
+        return None
+    if stats.plain_steps >= 2:
+        step, basis = stats.plain_step_s / stats.plain_steps, f"{stats.plain_steps} plain steps"
+    elif step_s > 0:
+        step, basis = step_s, "step measured at load"
+    else:
+        return None
+    ratio = (stats.new_tokens - 1) * step / stats.decode_s
+    return {"ratio": round(ratio, 3), "plain_step_s": round(step, 4), "basis": basis}

@@ -212,6 +212,22 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     return LoadedLM(name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s)
 
 
+_PROBE = "<|im_start|>user\nWho was the Norse leader in 911? Ünïcödé 1969 {x: [1, 2]}<|im_end|>"
+
+
+def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
+    """True when two models share a vocabulary (token-by-token drafting needs it)."""
+    if a.tokenizer is b.tokenizer:
+        return True
+    if (
+        len(a.tokenizer) != len(b.tokenizer)
+        or a.model.config.vocab_size != b.model.config.vocab_size
+    ):
+        return False
+    encode = lambda tok: tok(_PROBE, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return bool(encode(a.tokenizer) == encode(b.tokenizer))
+
+
 def _measure_step(model: Any, device: torch.device) -> float:
     """Warm the model up and measure one single-token decode step (median of 3).
 

@@ -1,6 +1,7 @@
 """Turning a model spec string into a LangChain chat model.
 
 * ``embedded`` - SmolLM2-135M-Instruct (local, :class:`ChatLocalLM`);
+* ``qwen2.5-coder-0.5b`` / ``qwen2.5-coder-1.5b`` - the opt-in pair (local);
 * ``hf:<hub id or path>`` - any local Hugging Face causal LM (:class:`ChatLocalLM`);
 * ``provider:model`` - anything ``langchain.chat_models.init_chat_model`` knows.
 """
@@ -14,19 +15,31 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from specrag.errors import ModelLoadError
 from specrag.models.chat import ChatLocalLM
 from specrag.models.loading import EMBEDDED_LM
+from specrag.models.pair import PAIR
+
+
+def local_model_name(spec: str) -> str | None:
+    """The local model name a spec refers to, or None for a remote (provider) model."""
+    if spec in ("", EMBEDDED_LM):
+        return EMBEDDED_LM
+    if spec in PAIR:
+        return spec
+    if spec.startswith("hf:"):
+        return spec[3:]
+    return None
 
 
 def chat_model_from_spec(
     spec: str, *, device: str = "auto", dtype: str = "auto", **params: Any
 ) -> BaseChatModel:
     """Build the chat model named by ``spec`` (see module docstring)."""
-    if spec in ("", EMBEDDED_LM):
-        return ChatLocalLM(model_name=EMBEDDED_LM, device=device, dtype=dtype, **params)
-    if spec.startswith("hf:"):
-        return ChatLocalLM(model_name=spec[3:], device=device, dtype=dtype, **params)
+    local = local_model_name(spec)
+    if local is not None:
+        return ChatLocalLM(model_name=local, device=device, dtype=dtype, **params)
     if ":" not in spec:
         raise ModelLoadError(
-            f"unknown model {spec!r}: use 'embedded', 'hf:<id or path>' or 'provider:model'"
+            f"unknown model {spec!r}: use 'embedded', {', '.join(map(repr, PAIR))}, "
+            "'hf:<id or path>' or 'provider:model'"
         )
     try:
         from langchain.chat_models import init_chat_model

@@ -42,7 +42,7 @@ def make_draft(services: Services):  # noqa: ANN201
             return _no_draft("off")
         start = now()
         try:
-            model = services.chat_model(ctx.draft_model, ctx)
+            model = services.chat_model(ctx.draft_spec, ctx)
             await asyncio.to_thread(services.warm, model)  # loaded in prepare: a no-op
             until_retrieval = ctx.draft_policy == "until_retrieval"
             result = await stream_model(

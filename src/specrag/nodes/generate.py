@@ -15,7 +15,7 @@ def make_generate(services: Services):  # noqa: ANN201
 
     def build(state: State, ctx: SpecRagContext) -> AnswerCall:
         return AnswerCall(
-            model=services.chat_model(ctx.answer_model, ctx),
+            model=services.chat_model(ctx.answer_spec, ctx),
             messages=prompts.evidence_messages(
                 state.get("question", ""), state.get("chunks") or [], ctx.answer_prompt
             ),

@@ -48,9 +48,9 @@ def make_prepare(services: Services):  # noqa: ANN201
         t0 = now()
         # A part that cannot load (bad model path, missing index) is not an error HERE: the
         # node that needs it meets the same failure and takes its documented route.
-        await _quietly(lambda: services.warm(services.chat_model(ctx.answer_model, ctx)))
-        if ctx.draft_policy != "off" and ctx.draft_model != ctx.answer_model:
-            await _quietly(lambda: services.warm(services.chat_model(ctx.draft_model, ctx)))
+        await _quietly(lambda: services.warm(services.chat_model(ctx.answer_spec, ctx)))
+        if ctx.draft_policy != "off" and ctx.draft_spec != ctx.answer_spec:
+            await _quietly(lambda: services.warm(services.chat_model(ctx.draft_spec, ctx)))
         await _quietly(lambda: services.warm_retriever(ctx, document or None))
         origin = now()
         timings = {"load_s": round(origin - t0, 4)}

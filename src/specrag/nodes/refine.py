@@ -29,7 +29,7 @@ def make_refine(services: Services):  # noqa: ANN201
                 question, chunks, state.get("draft", ""), ctx.rewrite_prompt
             )
         return AnswerCall(
-            model=services.chat_model(ctx.answer_model, ctx),
+            model=services.chat_model(ctx.answer_spec, ctx),
             messages=messages,
             options=DecodeOptions(
                 temperature=ctx.refine_temperature,
