@@ -132,12 +132,15 @@ def measure(questions: list[str], ctx: SpecRagContext, levels: list[int]) -> dic
     }
 
 
-def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
+def run(
+    *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, models: str = "embedded"
+) -> dict[str, Any]:
     """Run the load benchmark; write JSON and markdown."""
     out_dir = out_dir / "bench_load"
     out_dir.mkdir(parents=True, exist_ok=True)
     questions, directory = load_questions(16)
     ctx = SpecRagContext(
+        models=models,  # type: ignore[arg-type]
         index_dir=str(directory),
         collection="bench_load",
         refine_temperature=0.0,

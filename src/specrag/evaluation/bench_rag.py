@@ -47,6 +47,7 @@ from specrag.graph.services import open_index
 from specrag.indexing.pipeline import index_records
 from specrag.models.chat import ChatLocalLM, encode_chat
 from specrag.models.loading import load_lm
+from specrag.models.registry import local_model_name
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
 
@@ -119,14 +120,20 @@ def build_datasets(n_squad: int, n_hotpot: int, log: Console) -> list[dict[str, 
 
 
 def run_hf_lookup(
-    question: str, chunks: list[dict[str, Any]], ctx: SpecRagContext
+    question: str, chunks: list[dict[str, Any]], ctx: SpecRagContext, assisted: bool = False
 ) -> dict[str, Any]:
-    """Serial RAG answer with HF prompt lookup decoding (same prompt as ``generate``)."""
+    """Serial RAG answer with HF prompt lookup decoding (same prompt as ``generate``).
+
+    ``assisted``: HF assisted generation with the context's drafter as ``assistant_model``
+    instead (the pair's 0.5B for the 1.5B).
+    """
     loaded = load_lm(ctx.answer_spec, ctx.device, ctx.dtype)
     ids = encode_chat(loaded, prompts.evidence_messages(question, chunks, ctx.answer_prompt))
-    res = hf_generate(
-        loaded, ids, max_new_tokens=ctx.answer_max_tokens, prompt_lookup_num_tokens=10
-    )
+    extra: dict[str, Any] = {"prompt_lookup_num_tokens": 10}
+    if assisted:
+        drafter = load_lm(local_model_name(ctx.draft_spec) or "", ctx.device, ctx.dtype)
+        extra = {"assistant_model": drafter.model}
+    res = hf_generate(loaded, ids, max_new_tokens=ctx.answer_max_tokens, **extra)
     res["passes_per_token"] = res["forward_passes"] / max(res["new_tokens"], 1)
     return res
 
@@ -169,14 +176,15 @@ async def run_one(
             retrieved=[],
             passes_per_token=1.0,
         )
-    elif system == "serial_lookup":
+    elif system in ("serial_lookup", "serial_hf_assisted"):
         index = open_index(ctx)
         await asyncio.sleep(latency)
         found = await asyncio.to_thread(index.search, question, ctx.top_k)
         relevant = [c for c in found if c.score >= ctx.relevance_threshold] or found[:1]
         chunks = [c.as_dict() for c in relevant]
         rec["retrieve_s"] = time.perf_counter() - start
-        res = await asyncio.to_thread(run_hf_lookup, question, chunks, ctx)
+        assisted = system == "serial_hf_assisted"
+        res = await asyncio.to_thread(run_hf_lookup, question, chunks, ctx, assisted)
         rec.update(
             answer=res["answer"],
             route="generate",
@@ -186,6 +194,7 @@ async def run_one(
             ttft_s=(rec["retrieve_s"] + res["ttft_s"]) if res["ttft_s"] else None,
             # decode time after the first token, like the graph's decoding stats
             decode_s=res["decode_s"],
+            assistant_passes=res["assistant_forward_passes"],
         )
     else:
         overrides: dict[str, Any] = {
@@ -209,6 +218,9 @@ async def run_one(
             decode_s=node_stats.get("decode_s"),
             accepted=node_stats.get("candidates_accepted"),
             proposed=node_stats.get("candidates_proposed"),
+            tokens_from=node_stats.get("tokens_from"),
+            proposer=node_stats.get("proposer"),
+            decode_speedup_vs_plain=node_stats.get("decode_speedup_vs_plain"),
         )
     rec["e2e_s"] = time.perf_counter() - start
     rec["em"] = metrics.exact_match(rec["answer"], item["answers"])
@@ -561,8 +573,17 @@ async def warm_up(items: list[dict[str, Any]], graph: Any, base: SpecRagContext)
         await run_one(items[0], system, 0.0, graph, base)
 
 
-def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
-    """Run (or resume) the benchmark; write JSON, markdown and plots; return the summary."""
+def run(
+    *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, models: str = "embedded"
+) -> dict[str, Any]:
+    """Run (or resume) the benchmark; write JSON, markdown and plots; return the summary.
+
+    ``models="pair"`` runs the drafter/target pair plan instead (:mod:`bench_pair`).
+    """
+    if models == "pair":
+        from specrag.evaluation import bench_pair
+
+        return bench_pair.run(quick=quick, out_dir=out_dir, log=log, fresh=fresh)
     out_dir = out_dir / "bench_rag"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot = (4, 2) if quick else (40, 20)

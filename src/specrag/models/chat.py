@@ -82,10 +82,18 @@ class ChatLocalLM(LocalChatBase):
             load_lm(self.drafter_model, self.device, self.dtype)
         return load_lm(self.model_name, self.device, self.dtype)
 
-    def _drafter_plan(self, loaded: LoadedLM) -> tuple[LoadedLM | None, dict[str, Any]]:
+    def _drafter_plan(
+        self, loaded: LoadedLM, speculation: str
+    ) -> tuple[LoadedLM | None, dict[str, Any]]:
         """The drafter to use (or None) and the cost model's decision, for the stats."""
         if not self.drafter_model:
             return None, {"drafter": None, "drafter_used": False, "why": "no drafter configured"}
+        if speculation == "none":
+            return None, {
+                "drafter": self.drafter_model,
+                "drafter_used": False,
+                "why": "speculation=none (plain decoding)",
+            }
         drafter = load_lm(self.drafter_model, self.device, self.dtype)
         info: dict[str, Any] = {
             "drafter": drafter.name,
@@ -119,7 +127,7 @@ class ChatLocalLM(LocalChatBase):
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(loaded.device, sampler, seed)
         stats = DecodeStats()
-        drafter, plan = self._drafter_plan(loaded)
+        drafter, plan = self._drafter_plan(loaded, speculation)
         merged: MergedProposer | None = None
         proposer: Any = NgramProposer(sources) if sources else None
 

@@ -1,0 +1,239 @@
+"""``specrag bench rag --models pair``: the drafter/target pair against serial RAG.
+
+Qwen2.5-Coder-1.5B-Instruct answers, Qwen2.5-Coder-0.5B-Instruct drafts. Systems, on the same
+prompts, in ONE run (retrieval from the same Chroma index, no added latency):
+
+* ``serial_plain`` - retrieve, then the 1.5B alone with plain decoding (the reference);
+* ``serial_lookup`` - retrieve, then HF ``generate(prompt_lookup_num_tokens=10)`` (1.5B);
+* ``serial_hf_assisted`` - retrieve, then HF ``generate(assistant_model=<the 0.5B>)``;
+* ``spec_verify`` - the graph: the 0.5B drafts while retrieval runs; the 1.5B verifies
+  candidates from ONE merged proposer (the 0.5B reading the evidence, the draft, evidence
+  n-grams; the cost model decides when the 0.5B proposes).
+
+Two answer regimes, reported under their own keys of ``datasets``: ``squad`` (and, in the full
+run, ``hotpot``): terse answers to SQuAD v2 / HotpotQA dev questions; ``long``: SQuAD questions
+asked as "Explain in detail ..." (up to 96 answer tokens), where the answer is long and
+grounded. Every timed run comes after a warm-up of every system (untimed, unrecorded), and
+every ratio has a 95% bootstrap interval over questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from specrag.data.datasets import sample, squad_questions
+from specrag.evaluation import metrics
+from specrag.evaluation.bench_rag import SEED, _qkey, _values, build_datasets, run_one
+from specrag.evaluation.store import RunLog
+from specrag.graph.builder import build_graph
+from specrag.graph.context import SpecRagContext
+from specrag.graph.services import open_index
+from specrag.models.loading import load_lm
+from specrag.progress import progress_bar
+
+SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
+PROTOCOL = 1
+LONG_PROMPT = "Explain in detail, in a few sentences: {question}"
+MAX_TOKENS = {"squad": 64, "hotpot": 64, "long": 96}
+
+
+def case_key(item: dict[str, Any], system: str) -> str:
+    """Run-log key of one system on one question."""
+    return f"pair|{item['dataset']}|{item['id']}|{system}|p{PROTOCOL}"
+
+
+def long_items(n: int, squad_item: dict[str, Any]) -> list[dict[str, Any]]:
+    """SQuAD questions (a sample apart from the terse one) asked as 'explain in detail'."""
+    out = []
+    for q in sample(squad_questions(), n, SEED + 7):
+        out.append(
+            {
+                **squad_item,
+                "dataset": "long",
+                "id": q.id,
+                "question": LONG_PROMPT.format(question=q.question),
+                "answers": list(q.answers),
+                "gold": list(q.gold_ids),
+            }
+        )
+    return out
+
+
+def _sum_sources(rs: list[dict[str, Any]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for r in rs:
+        total.update(r.get("tokens_from") or {})
+    return dict(total)
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{dataset: {system: row}}`` with accuracy, latency and ratios against serial_plain."""
+    out: dict[str, Any] = {}
+    mean, median = metrics.mean, metrics.median
+    for dataset in sorted({r["dataset"] for r in records}):
+        rows: dict[str, Any] = {}
+        recs = [r for r in records if r["dataset"] == dataset]
+        base = [r for r in recs if r["system"] == "serial_plain"]
+        serial = {_qkey(r): r["answer"] for r in base}
+        hf = {
+            s: [r for r in recs if r["system"] == s]
+            for s in ("serial_lookup", "serial_hf_assisted")
+        }
+        for system in SYSTEMS:
+            rs = [r for r in recs if r["system"] == system]
+            if not rs:
+                continue
+            e2e = [r["e2e_s"] for r in rs]
+            same = [float(r["answer"] == serial[_qkey(r)]) for r in rs if _qkey(r) in serial]
+            row: dict[str, Any] = {
+                "n": len(rs),
+                "contains": mean([r["contains"] for r in rs]),
+                "contains_ci95": metrics.bootstrap_ci([r["contains"] for r in rs], mean, seed=SEED),
+                "f1": mean([r["f1"] for r in rs]),
+                "em": mean([r["em"] for r in rs]),
+                "same_answer_as_serial": mean(same) if same else None,
+                "answer_tokens_mean": mean([r["new_tokens"] for r in rs if r.get("new_tokens")]),
+                "e2e_s_median": median(e2e),
+                "ttft_s_median": median([r["ttft_s"] for r in rs if r.get("ttft_s")]),
+                "routes": dict(Counter(r.get("route") for r in rs)),
+            }
+            draft_ttft = [r["draft_ttft_s"] for r in rs if r.get("draft_ttft_s")]
+            if draft_ttft:
+                row["draft_ttft_s_median"] = median(draft_ttft)
+            if system == "spec_verify":
+                row["tokens_from"] = _sum_sources(rs)
+                row["drafter_used"] = dict(
+                    Counter(str((r.get("proposer") or {}).get("drafter_used")) for r in rs)
+                )
+                row["drafter_decisions"] = sorted(
+                    {str((r.get("proposer") or {}).get("why")) for r in rs}
+                )
+
+            def put(name: str, num: Any, den: Any, agg: Any, row: dict[str, Any] = row) -> None:
+                point, interval = metrics.ratio_ci(num, den, agg, seed=SEED)
+                row[name], row[f"{name}_ci95"] = point, interval
+
+            if system != "serial_plain" and base:
+                put("e2e_vs_serial_plain", _values(rs, "e2e_s"), _values(base, "e2e_s"), median)
+                put(
+                    "decode_vs_serial_plain",
+                    _values(rs, "decode_s"),
+                    _values(base, "decode_s"),
+                    mean,
+                )
+                if draft_ttft:
+                    put(
+                        "draft_ttft_vs_serial_ttft",
+                        _values(rs, "draft_ttft_s"),
+                        _values(base, "ttft_s"),
+                        median,
+                    )
+            if system == "spec_verify":
+                for name, hrs in hf.items():
+                    if hrs:
+                        put(f"e2e_vs_{name}", _values(rs, "e2e_s"), _values(hrs, "e2e_s"), median)
+            rows[system] = row
+        out[dataset] = rows
+    return out
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """One table per dataset; ratios as ``value [95% CI]``."""
+    cols = [
+        "contains",
+        "same_answer_as_serial",
+        "answer_tokens_mean",
+        "draft_ttft_s_median",
+        "ttft_s_median",
+        "e2e_s_median",
+        "decode_vs_serial_plain",
+        "e2e_vs_serial_plain",
+        "draft_ttft_vs_serial_ttft",
+        "e2e_vs_serial_lookup",
+        "e2e_vs_serial_hf_assisted",
+    ]
+
+    def cell(row: dict[str, Any], col: str) -> str:
+        v = row.get(col)
+        if v is None:
+            return "-"
+        text = f"{v:.3f}" if isinstance(v, float) else str(v)
+        ci = row.get(f"{col}_ci95")
+        return f"{text} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and "_vs_" in col else text
+
+    parts = []
+    for dataset, rows in summary.items():
+        parts.append(f"\n### {dataset}\n")
+        parts.append("| system | " + " | ".join(cols) + " | tokens_from | routes |")
+        parts.append("|---|" + "---|" * (len(cols) + 2))
+        for system, row in rows.items():
+            src = ", ".join(f"{k}:{v}" for k, v in (row.get("tokens_from") or {}).items())
+            routes = ", ".join(f"{k}:{v}" for k, v in row["routes"].items())
+            parts.append(
+                f"| {system} | "
+                + " | ".join(cell(row, c) for c in cols)
+                + f" | {src or '-'} | {routes} |"
+            )
+    return "\n".join(parts) + "\n"
+
+
+def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
+    """Run (or resume) the pair benchmark; write JSON and markdown; return the summary."""
+    out_dir = out_dir / "bench_rag_pair"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_squad, n_hotpot, n_long = (4, 0, 3) if quick else (30, 10, 10)
+    runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
+    items = build_datasets(n_squad, n_hotpot, log)
+    items += long_items(n_long, items[0])
+    base = SpecRagContext(models="pair", refine_temperature=0.0)
+    log.print("bench rag (pair): loading Qwen2.5-Coder 0.5B and 1.5B")
+    load_lm(base.answer_spec, base.device, base.dtype)
+    load_lm(base.draft_spec, base.device, base.dtype)
+    graph = build_graph()
+    work = [(item, system) for item in items for system in SYSTEMS]
+    keys = {case_key(item, s) for item, s in work}
+
+    def ctx_for(item: dict[str, Any]) -> SpecRagContext:
+        return replace(base, answer_max_tokens=MAX_TOKENS[item["dataset"]])
+
+    async def go() -> None:
+        if any(not runlog.done(k) for k in keys):
+            log.print("bench rag (pair): warming up (indexes, both models, every system)")
+            for index_dir, collection in sorted({(i["index_dir"], i["collection"]) for i in items}):
+                index = open_index(replace(base, index_dir=index_dir, collection=collection))
+                await asyncio.to_thread(index.search, "warm-up", 1)
+            for system in SYSTEMS:
+                await run_one(items[-1], system, 0.0, graph, ctx_for(items[-1]))
+        with progress_bar(log) as bar:
+            task = bar.add_task("bench rag (pair)", total=len(work))
+            for item, system in work:
+                key = case_key(item, system)
+                if not runlog.done(key):
+                    runlog.add(key, await run_one(item, system, 0.0, graph, ctx_for(item)))
+                bar.advance(task)
+
+    asyncio.run(go())
+    records = [r for k, r in runlog.records.items() if k in keys]
+    summary = summarize(records)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "table.md").write_text(markdown(summary))
+    files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runlog.path)]
+    log.print(markdown(summary))
+    log.print("results written to: " + ", ".join(files))
+    return {
+        "benchmark": "rag",
+        "models": "pair",
+        "quick": quick,
+        "questions": {d: sum(1 for i in items if i["dataset"] == d) for d in summary},
+        "answer_max_tokens": MAX_TOKENS,
+        "systems_note": "serial_plain = the 1.5B alone; spec_verify = draft + merged proposer",
+        "datasets": summary,
+        "files": files,
+    }
