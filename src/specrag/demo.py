@@ -98,7 +98,15 @@ def savings(result: dict[str, Any]) -> str:
         )
     if stats:
         tokens, passes = stats.get("new_tokens", 0), stats.get("forward_passes", 0)
-        accepted = stats.get("candidates_accepted") or {}
-        by_source = ", ".join(f"{k} {v}" for k, v in accepted.items()) or "none"
-        return f"{tokens} tokens in {passes} passes (accepted candidates: {by_source})"
+        sources = stats.get("tokens_from") or {}
+        by_source = ", ".join(f"{k} {v}" for k, v in sources.items()) or "none"
+        text = f"{tokens} tokens in {passes} target passes (tokens from: {by_source})"
+        speedup = stats.get("decode_speedup_vs_plain") or {}
+        if speedup.get("ratio"):
+            text += f"; decode {speedup['ratio']:.2f}x plain ({speedup.get('basis')})"
+        proposer = stats.get("proposer") or {}
+        if proposer.get("drafter"):
+            used = "on" if proposer.get("drafter_used") else "off"
+            text += f"; drafter {proposer['drafter']} {used}: {proposer.get('why')}"
+        return text
     return "-"

@@ -7,6 +7,10 @@ a 1 s budget is enough.
 """
 
 import json
+import os
+import subprocess
+import sys
+import uuid
 
 import pytest
 
@@ -27,24 +31,24 @@ def test_long_document_takes_rapid_route_within_a_short_retrieval_budget(
         text += paragraphs[n % len(paragraphs)] + "\n\n"
         n += 1
     document = tmp_path / "normans.txt"
-    document.write_text(text, encoding="utf-8")
-    code = main(
-        [
-            "ask",
-            "Who was the Norse leader?",
-            "--document",
-            str(document),
-            "--json",
-            "--set",
-            "retrieval_timeout_s=1.0",
-            "--set",
-            "answer_max_tokens=12",
-            "--set",
-            "refine_temperature=0",
-            "--set",
-            "answer_timeout_s=400",  # a 6K-token prefill on a busy 2-core CI machine
-        ]
-    )
+    # a new document each run: the first call below must miss the on-disk prefix cache
+    document.write_text(f"Document {uuid.uuid4()}.\n\n{text}", encoding="utf-8")
+    args = [
+        "ask",
+        "Who was the Norse leader?",
+        "--document",
+        str(document),
+        "--json",
+        "--set",
+        "retrieval_timeout_s=1.0",
+        "--set",
+        "answer_max_tokens=12",
+        "--set",
+        "refine_temperature=0",
+        "--set",
+        "answer_timeout_s=400",  # a 6K-token prefill on a busy 2-core CI machine
+    ]
+    code = main(args)
     out = capsys.readouterr().out
     assert code == 0
     view = json.loads(out)
@@ -52,4 +56,26 @@ def test_long_document_takes_rapid_route_within_a_short_retrieval_budget(
     assert "long document" in view["reason"] and view["answer"]
     t = view["timings"]
     assert t["document_index_s"] > 0 and t["retrieve_s"] < 1.0
-    assert view["stats"]["rapid_generate"]["target_prompt_tokens"] >= 6000
+    first = view["stats"]["rapid_generate"]
+    assert first["target_prompt_tokens"] >= 6000
+    assert first["prefix_cache_hit"] is False
+
+    # Issue 10 item 4: the same question in a NEW process skips the document prefill (the
+    # prefix KV cache persists on disk; before, every CLI call paid it again).
+    from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE
+
+    DEFAULT_PREFIX_CACHE.flush()
+    proc = subprocess.run(
+        [sys.executable, "-m", "specrag.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPECRAG_DATA_DIR": str(tmp_path / "data")},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = json.loads(proc.stdout)
+    second = again["stats"]["rapid_generate"]
+    print(f"document prefix: first {first['prefix_s']}s, new process {second['prefix_s']}s")
+    assert second["prefix_cache_hit"] is True
+    assert second["prefix_s"] < first["prefix_s"] / 5
+    assert again["answer"] == view["answer"]  # greedy: the same answer

@@ -55,7 +55,11 @@ def pair():
 
 def merged(drafter, prompt, sources, sampler, after=0, generator=None):
     proposer = DrafterProposer(LMState(drafter), prompt, sampler, generator)
-    return MergedProposer(NgramProposer(sources), proposer, DrafterPolicy(after_tokens=after))
+    return MergedProposer(
+        NgramProposer(sources),
+        proposer,
+        DrafterPolicy(after_tokens=after, join_factor=0.0, min_acceptance=0.0),
+    )
 
 
 @pytest.mark.parametrize("prompt_len", [12, 40, 300])
@@ -185,3 +189,58 @@ def test_merged_sampling_is_lossless():
     assert r["tv"] < 0.14, info
     assert r["tv_23"] < 0.06, info
     assert r["tv_drafter"] > 0.3, info
+
+
+def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeypatch):
+    """Ski rental: with a 1 s target prefill and cost ratio 0.5 (estimate 0.5 s) and factor 2,
+    the drafter joins once 1 s of decoding has passed - not before."""
+    import specrag.decoding.drafter as drafter_module
+
+    target, drafter = pair
+    prompt = list(range(5, 25))
+    clock = {"t": 100.0}
+    monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
+    proposer = MergedProposer(
+        NgramProposer({}),
+        DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
+        DrafterPolicy(after_tokens=0, join_factor=2.0),
+        cost_ratio=0.5,
+        prefill_s=lambda: 1.0,
+    )
+    generated = [7]
+    assert proposer.propose(generated, 4).tokens == []  # t = 0 s: not yet
+    clock["t"] += 0.9
+    assert proposer.propose(generated + [8], 4).tokens == []  # 0.9 s < 2 x 0.5 s
+    clock["t"] += 0.2
+    assert proposer.propose(generated + [8, 9], 4).source == "drafter"  # 1.1 s: joined
+    assert proposer.events and "joined at token 3" in proposer.events[0]
+
+
+def test_a_drafter_that_is_rarely_right_stops_proposing(pair):
+    """An unrelated random drafter: after 4 proposals with acceptance < 0.25 it stops; the
+    output is still the target's own."""
+    target, _ = pair
+    stranger = tiny_llama(64, 99, 2, 40.0)
+    prompt = list(range(3, 30))
+    plain = run(decode(LMState(target), prompt, max_new_tokens=40, sampler=Sampler(0.0)))
+    proposer = MergedProposer(
+        NgramProposer({}),
+        DrafterProposer(LMState(stranger), prompt, Sampler(0.0)),
+        DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.25, probe_steps=4),
+    )
+    stats = DecodeStats()
+    out = run(
+        decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=40,
+            sampler=Sampler(0.0),
+            proposer=proposer,
+            stats=stats,
+        )
+    )
+    print(proposer.events, stats.proposed, stats.accepted)
+    assert out == plain
+    assert any(e.startswith("stopped") for e in proposer.events)
+    assert proposer.choices["drafter"] == 4  # exactly the probe, then no more
+    assert stats.proposed["drafter"] > stats.accepted.get("drafter", 0)

@@ -7,7 +7,9 @@ step, one of three sources:
 
 * a strong n-gram match (>= ``strong_ngram`` tokens) in the pre-retrieval draft or in the
   evidence: free to propose and, measured on grounded answers, the most often accepted;
-* otherwise the drafter model, when the cost model lets it run (see :class:`DrafterPolicy`);
+* otherwise the drafter model, when the cost model lets it run (see :class:`DrafterPolicy`:
+  it joins once the answer has run long enough to repay its prefill, proposes with its own
+  adaptive length, and stops if its tokens are rarely accepted);
 * otherwise a weaker n-gram match (2 tokens), or nothing (plain decoding).
 
 Every choice is a function of the tokens decoded so far, so greedy output stays identical to
@@ -18,6 +20,7 @@ their ``q``; n-gram proposals are one-hot).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -104,19 +107,31 @@ class DrafterProposer:
 
 @dataclass(frozen=True)
 class DrafterPolicy:
-    """When the drafter model proposes (the cost model), decided from measured step times.
+    """When the drafter model proposes (the cost model), from times measured in the run.
 
     * ``max_cost_ratio``: a drafter whose single-token step costs more than this fraction of
       the target's is never used (a same-size drafter saves no time: every rejected token
       costs a drafter step on top of the target's pass);
-    * ``after_tokens``: the drafter joins once the answer has this many tokens. Its prefill of
-      the prompt costs about ``cost ratio x`` the target's prefill; a terse answer ("1969")
-      cannot repay it, a long one does (measured: FACTS.md, README "The drafter/target pair").
+    * joining (ski rental): the drafter's prefill of the prompt costs about ``cost ratio x``
+      the target's prefill of it, paid once, and only repaid over the tokens still to come.
+      The drafter joins once the answer has decoded for ``join_factor x`` that estimated
+      prefill time (and has at least ``after_tokens`` tokens): a terse answer ("1969") ends
+      before it, a long one pays the prefill when most of it is still ahead. On a GPU the
+      prefill costs milliseconds and the drafter joins at once;
+    * ``min_acceptance``: after ``probe_steps`` drafter proposals, a drafter whose tokens are
+      accepted less often than this stops proposing for the rest of the answer;
+    * ``k``: the drafter's own proposal length, from ``start_k``: +1 after a fully accepted
+      proposal, -1 after a rejection (its steps cost time; n-gram candidates are free).
     """
 
     max_cost_ratio: float = 0.5
-    after_tokens: int = 16
+    after_tokens: int = 8
+    join_factor: float = 2.0
     strong_ngram: int = 3
+    min_acceptance: float = 0.25
+    probe_steps: int = 4
+    start_k: int = 4
+    max_k: int = 8
 
     def decide(self, drafter_step_s: float, target_step_s: float) -> tuple[bool, str]:
         """Whether a drafter with these measured step times may propose, and why."""
@@ -129,26 +144,87 @@ class DrafterPolicy:
                 "it would not save time"
             )
         return True, (
-            f"drafter step costs {ratio:.2f}x the target's (<= {self.max_cost_ratio}); "
-            f"it joins after {self.after_tokens} answer tokens"
+            f"drafter step costs {ratio:.2f}x the target's (<= {self.max_cost_ratio}); it "
+            f"joins once decoding has taken {self.join_factor}x its estimated prefill"
         )
 
 
 @dataclass
 class MergedProposer:
-    """Per step: a strong n-gram match, else the drafter (once allowed), else a weak match."""
+    """Per step: a strong n-gram match, else the drafter (once joined), else a weak match.
+
+    ``prefill_s`` (the target's prefill time in this run, known after the first token) and
+    ``cost_ratio`` (drafter step / target step, measured at load) estimate the drafter's
+    prefill; ``events`` records when and why the drafter joined or stopped.
+    """
 
     ngrams: NgramProposer
     drafter: DrafterProposer | None = None
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
+    cost_ratio: float = 0.0
+    prefill_s: Callable[[], float] = lambda: 0.0
     choices: dict[str, int] = field(default_factory=dict)  # steps per chosen source
+    events: list[str] = field(default_factory=list)
+    _started: float | None = None
+    _joined: bool = False
+    _stopped: bool = False
+    _k: int = 0
+    _last: tuple[int, list[int]] | None = None  # (position, tokens) of the last drafter proposal
+    _drafter_steps: int = 0
+    _drafter_accepted: int = 0
+    _drafter_proposed: int = 0
+
+    def _settle(self, generated: list[int]) -> None:
+        """Count how many of the drafter's last proposal were accepted; adapt its k."""
+        if self._last is None:
+            return
+        at, tokens = self._last
+        self._last = None
+        got = generated[at : at + len(tokens)]
+        n = 0
+        while n < len(got) and got[n] == tokens[n]:
+            n += 1
+        self._drafter_accepted += n
+        self._drafter_proposed += len(tokens)
+        self._drafter_steps += 1
+        full = n == len(tokens)
+        self._k = min(self.policy.max_k, self._k + 1) if full else max(1, self._k - 1)
+        rate = self._drafter_accepted / max(1, self._drafter_proposed)
+        if self._drafter_steps >= self.policy.probe_steps and rate < self.policy.min_acceptance:
+            self._stopped = True
+            self.events.append(
+                f"stopped at token {len(generated)}: acceptance {rate:.2f} < "
+                f"{self.policy.min_acceptance} after {self._drafter_steps} proposals"
+            )
+
+    def _may_draft(self, generated: list[int]) -> bool:
+        if self.drafter is None or self._stopped:
+            return False
+        if self._joined:
+            return True
+        now = time.perf_counter()
+        if self._started is None:
+            self._started = now
+        estimate = self.prefill_s() * self.cost_ratio
+        waited = now - self._started
+        if len(generated) >= self.policy.after_tokens and waited >= (
+            self.policy.join_factor * estimate
+        ):
+            self._joined, self._k = True, self.policy.start_k
+            self.events.append(
+                f"joined at token {len(generated)} after {waited:.2f}s of decoding "
+                f"(estimated drafter prefill {estimate:.2f}s)"
+            )
+        return self._joined
 
     def propose(self, generated: list[int], k: int) -> Proposal:
         """See the class docstring."""
+        self._settle(generated)
         tokens, source = self.ngrams.propose(generated, k)
         strong = bool(tokens) and self.ngrams.last_match >= self.policy.strong_ngram
-        if not strong and self.drafter is not None and len(generated) >= self.policy.after_tokens:
-            proposal = self.drafter.propose(generated, k)
+        if not strong and self._may_draft(generated):
+            proposal = self.drafter.propose(generated, min(k, self._k))  # type: ignore[union-attr]
+            self._last = (len(generated), list(proposal.tokens))
         else:
             proposal = Proposal(tokens, source)
         if proposal.tokens:

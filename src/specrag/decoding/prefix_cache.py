@@ -1,18 +1,31 @@
-"""Reusing a long document's KV cache across questions.
+"""Reusing a long document's KV cache across questions - and across processes.
 
 Prompts are laid out document-first, so every question about the same document shares the
 token prefix ``[chat head + document]``. The first question pays the prefill; later ones clone
 the cached prefix and prefill only the question. Entries are keyed by model identity and a hash
 of the prefix tokens, and bounded by total bytes (least recently used goes first).
+
+With ``disk_dir`` the entries also persist on disk (one file per entry, written atomically in a
+background thread that the interpreter waits for at exit; LRU-bounded by bytes), so a repeated
+question in a NEW process (each ``specrag ask`` call is one) skips the document prefill too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
 
 from specrag.decoding.state import LMState
+
+log = logging.getLogger(__name__)
 
 
 def prefix_key(model_key: str, prefix: list[int]) -> str:
@@ -22,25 +35,45 @@ def prefix_key(model_key: str, prefix: list[int]) -> str:
 
 
 class PrefixCache:
-    """LRU of prefilled :class:`LMState` prefixes, bounded in bytes."""
+    """LRU of prefilled :class:`LMState` prefixes, bounded in bytes; optionally on disk too."""
 
-    def __init__(self, max_bytes: int = 4 * 2**30) -> None:
+    def __init__(
+        self,
+        max_bytes: int = 4 * 2**30,
+        disk_dir: Path | str | Callable[[], Path] | None = None,
+        disk_max_bytes: int = 8 * 2**30,
+    ) -> None:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, LMState] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.disk_hits = 0
+        self._disk_dir = disk_dir  # a callable is resolved at use (env may change meanwhile)
+        self.disk_max_bytes = disk_max_bytes
+        self._writers: list[threading.Thread] = []
 
-    def get(self, key: str) -> LMState | None:
-        """A private clone of the cached prefix, or None."""
+    def get(self, key: str, model: Any = None) -> LMState | None:
+        """A private clone of the cached prefix, or None.
+
+        ``model`` lets a miss in memory be served from disk (the state needs its model).
+        """
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-        return entry.clone()
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry.clone()
+        if model is not None and (state := self._read(key, model)) is not None:
+            with self._lock:
+                self._entries[key] = state
+                self._evict()
+                self.disk_hits += 1
+                self.hits += 1
+            return state.clone()
+        with self._lock:
+            self.misses += 1
+        return None
 
     def put(self, key: str, state: LMState) -> None:
         """Store a clone of ``state``: the prefix of ``key``, or a start of it.
@@ -51,17 +84,106 @@ class PrefixCache:
         with self._lock:
             self._entries[key] = snapshot
             self._entries.move_to_end(key)
-            while len(self._entries) > 1 and self.nbytes() > self.max_bytes:
-                self._entries.popitem(last=False)
+            self._evict()
+        if self.disk_dir is not None:  # the snapshot is never mutated: safe to write meanwhile
+            writer = threading.Thread(
+                target=self._write, args=(key, snapshot), name="specrag-prefix-write"
+            )
+            writer.start()  # not a daemon: a CLI process waits for it at exit
+            self._writers = [w for w in self._writers if w.is_alive()] + [writer]
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """The directory entries persist in, or None (memory only)."""
+        if callable(self._disk_dir):
+            return self._disk_dir()
+        return Path(self._disk_dir) if self._disk_dir else None
+
+    def flush(self) -> None:
+        """Wait for pending disk writes."""
+        for writer in list(self._writers):
+            writer.join()
+
+    def _evict(self) -> None:
+        while len(self._entries) > 1 and self.nbytes() > self.max_bytes:
+            self._entries.popitem(last=False)
+
+    def _path(self, key: str) -> Path:
+        directory = self.disk_dir
+        assert directory is not None
+        return directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".kv")
+
+    def _write(self, key: str, state: LMState) -> None:
+        try:
+            path = self._path(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_file():  # written before; a longer partial prefix replaces a shorter one
+                try:
+                    old = torch.load(path, map_location="cpu", weights_only=True)
+                    if len(old["tokens"]) >= len(state.tokens):
+                        os.utime(path)
+                        return
+                except Exception:  # noqa: BLE001 - unreadable: overwrite it
+                    pass
+            kv = [(k.cpu(), v.cpu()) for k, v in state.kv_tensors()]
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+            torch.save({"key": key, "tokens": state.tokens, "kv": kv}, tmp)
+            os.replace(tmp, path)  # atomic: a reader never sees half a file
+            self._prune_disk()
+        except Exception as exc:  # noqa: BLE001 - a cache must never fail a run
+            log.warning("prefix cache: could not write to %s: %s", self.disk_dir, exc)
+
+    def _read(self, key: str, model: Any) -> LMState | None:
+        if self.disk_dir is None:
+            return None
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+            if data.get("key") != key:
+                return None
+            state = LMState.from_kv(model, data["tokens"], data["kv"])
+            os.utime(path)  # most recently used
+            return state
+        except Exception as exc:  # noqa: BLE001 - a corrupt entry is a miss, and removed
+            log.warning("prefix cache: dropping unreadable %s: %s", path.name, exc)
+            path.unlink(missing_ok=True)
+            return None
+
+    def _prune_disk(self) -> None:
+        """Remove least recently used files until the directory fits ``disk_max_bytes``."""
+        directory = self.disk_dir
+        assert directory is not None
+        files = []
+        for path in directory.glob("*.kv"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files)[:-1]:  # never the newest
+            if total <= self.disk_max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
 
     def nbytes(self) -> int:
-        """Bytes held by all entries."""
+        """Bytes held in memory by all entries."""
         return sum(e.nbytes() for e in self._entries.values())
 
     def clear(self) -> None:
-        """Drop every entry."""
+        """Drop every entry in memory (disk files stay)."""
         with self._lock:
             self._entries.clear()
 
 
-DEFAULT_PREFIX_CACHE = PrefixCache()
+def default_disk_dir() -> Path:
+    """Where the process-wide cache persists: ``<cache dir>/prefix-kv``."""
+    from specrag.paths import cache_dir
+
+    return cache_dir() / "prefix-kv"
+
+
+DEFAULT_PREFIX_CACHE = PrefixCache(disk_dir=default_disk_dir)

@@ -108,6 +108,23 @@ class LMState:
         other.forward_passes = 0
         return other
 
+    def kv_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cache's (keys, values) per layer, each ``[batch, kv_heads, tokens, head_dim]``."""
+        return [(layer.keys, layer.values) for layer in getattr(self.cache, "layers", [])]
+
+    @classmethod
+    def from_kv(
+        cls, model: Any, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> LMState:
+        """A state holding ``tokens`` whose KV cache is ``kv`` (see :meth:`kv_tensors`)."""
+        state = cls(model)
+        for i, (keys, values) in enumerate(kv):
+            if keys.shape[-2] != len(tokens) or values.shape[-2] != len(tokens):
+                raise ValueError("KV tensors do not match the token count")
+            state.cache.update(keys.to(state.device), values.to(state.device), i)
+        state.tokens = list(tokens)
+        return state
+
     def nbytes(self) -> int:
         """Memory held by the KV cache."""
         total = 0

@@ -12,9 +12,10 @@ prompts, in ONE run (retrieval from the same Chroma index, no added latency):
 
 Two answer regimes, reported under their own keys of ``datasets``: ``squad`` (and, in the full
 run, ``hotpot``): terse answers to SQuAD v2 / HotpotQA dev questions; ``long``: SQuAD questions
-asked as "Explain in detail ..." (up to 96 answer tokens), where the answer is long and
-grounded. Every timed run comes after a warm-up of every system (untimed, unrecorded), and
-every ratio has a 95% bootstrap interval over questions.
+asked as "Explain in detail: ..." with a system prompt asking for a paragraph of four to six
+sentences from the evidence (``prompts.ANSWER_DETAILED_SYSTEM``; up to 96 answer tokens), where
+the answer is long and grounded. Every timed run comes after a warm-up of every system
+(untimed, unrecorded), and every ratio has a 95% bootstrap interval over questions.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
+from specrag import prompts
 from specrag.data.datasets import sample, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _qkey, _values, build_datasets, run_one
@@ -39,8 +41,8 @@ from specrag.models.loading import load_lm
 from specrag.progress import progress_bar
 
 SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
-PROTOCOL = 1
-LONG_PROMPT = "Explain in detail, in a few sentences: {question}"
+PROTOCOL = 2  # 2: detailed prompts for the long set; ski-rental drafter join
+LONG_PROMPT = "Explain in detail: {question}"
 MAX_TOKENS = {"squad": 64, "hotpot": 64, "long": 96}
 
 
@@ -201,7 +203,14 @@ def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dic
     keys = {case_key(item, s) for item, s in work}
 
     def ctx_for(item: dict[str, Any]) -> SpecRagContext:
-        return replace(base, answer_max_tokens=MAX_TOKENS[item["dataset"]])
+        ctx = replace(base, answer_max_tokens=MAX_TOKENS[item["dataset"]])
+        if item["dataset"] == "long":  # every system gets the same detailed prompts
+            ctx = replace(
+                ctx,
+                answer_prompt=prompts.ANSWER_DETAILED_SYSTEM,
+                draft_prompt=prompts.DRAFT_DETAILED_SYSTEM,
+            )
+        return ctx
 
     async def go() -> None:
         if any(not runlog.done(k) for k in keys):

@@ -49,6 +49,7 @@ from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
+from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
 from specrag.models.loading import LoadedLM, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
@@ -124,12 +125,20 @@ def run_case(
     eta: float,
     method: str,
     max_new: int = MAX_NEW,
+    drafter: LoadedLM | None = None,
 ) -> dict[str, Any]:
-    """One method on one (question, document), timed from the text to the last token."""
+    """One method on one (question, document), timed from the text to the last token.
+
+    ``drafter``: RAPID's drafter and HF's assistant (default: the target itself).
+    """
+    drafter = drafter or loaded
     if method.startswith("rapid"):
         # every RAPID case pays its own chunking and embedding (no case reuses another's)
         document_search.clear_cache()
         model = ChatRapid(
+            target_model=loaded.name,
+            drafter_model=drafter.name,
+            device=str(loaded.device),
             eta=0.0 if method == "rapid_eta0" else eta,
             max_new_tokens=max_new,
             prefix_cache=PrefixCache(),  # empty: this call pays the document prefill
@@ -177,7 +186,7 @@ def run_case(
         # HF's speculative paths run as users run them: from the prompt, with their own
         # prefill (assisted generation prefills the assistant on the same long prompt too).
         # Handing them a pre-filled cache changed their greedy output in transformers 5.24.
-        kwargs["assistant_model"] = loaded.model
+        kwargs["assistant_model"] = drafter.model
     else:
         kwargs["prompt_lookup_num_tokens"] = 10
     before_generate = time.perf_counter() - start
@@ -193,7 +202,9 @@ def run_case(
     return res
 
 
-def warm_up(ex: QAExample, pool: list[QAExample], loaded: LoadedLM, eta: float) -> None:
+def warm_up(
+    ex: QAExample, pool: list[QAExample], loaded: LoadedLM, eta: float, drafter: LoadedLM
+) -> None:
     """A short case through every method, untimed and unrecorded.
 
     Loads the embedding model RAPID searches with (MiniLM), and runs once every code path the
@@ -203,7 +214,7 @@ def warm_up(ex: QAExample, pool: list[QAExample], loaded: LoadedLM, eta: float) 
     rng = random.Random(f"{SEED}:warm-up")
     document = build_document(ex, pool, WARMUP_TOKENS, loaded, rng)
     for method in ORDER:
-        run_case(ex, document, loaded, eta, method, max_new=WARMUP_NEW)
+        run_case(ex, document, loaded, eta, method, max_new=WARMUP_NEW, drafter=drafter)
 
 
 def _by_question(rows: list[dict[str, Any]], field: str) -> dict[str, float]:
@@ -348,23 +359,38 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def run(
-    *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, eta: float = 5.0
+    *,
+    quick: bool,
+    out_dir: Path,
+    log: Console,
+    fresh: bool = False,
+    eta: float = 5.0,
+    models: str = "embedded",
 ) -> dict[str, Any]:
-    """Run (or resume) the benchmark and write JSON + markdown."""
-    out_dir = out_dir / "bench_rapid"
+    """Run (or resume) the benchmark and write JSON + markdown.
+
+    ``models="pair"``: the 1.5B reads the document, the 0.5B drafts from the chunks (and is
+    HF's assistant); contexts of 2K and 4K tokens only - on 2 CPU cores one 8K prefill of the
+    1.5B takes minutes per method, so 8K does not fit a run of this size.
+    """
+    pair = models == "pair"
+    out_dir = out_dir / ("bench_rapid_pair" if pair else "bench_rapid")
     out_dir.mkdir(parents=True, exist_ok=True)
-    loaded = load_lm("embedded", "auto", "auto")
+    target_name, drafter_name = MODEL_PRESETS[models][::-1]
+    loaded = load_lm(target_name, "auto", "auto")
+    drafter = load_lm(drafter_name, "auto", "auto")
+    lengths = LENGTHS[:2] if pair else LENGTHS
     torch.manual_seed(SEED)
     n_questions = 1 if quick else 5
     pool = hotpot_questions()
     picked = sample(pool, n_questions, SEED)
     distractor_pool = sample(pool, 300, SEED + 1)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
-    work = [(ex, length) for length in LENGTHS for ex in picked]
+    work = [(ex, length) for length in lengths for ex in picked]
     keys = {case_key(ex.id, length, m) for ex, length in work for m in METHODS}
     if any(not runlog.done(k) for k in keys):
         log.print("bench rapid: warming up (one short untimed case through every method)")
-        warm_up(picked[0], distractor_pool, loaded, eta)
+        warm_up(picked[0], distractor_pool, loaded, eta, drafter)
     with progress_bar(log) as bar:
         task = bar.add_task("bench rapid", total=len(work) * len(METHODS))
         for ex, length in work:
@@ -375,7 +401,7 @@ def run(
                 key = case_key(ex.id, length, method)
                 bar.update(task, description=f"{length} tokens: {method}")
                 if not runlog.done(key):
-                    rec = run_case(ex, document, loaded, eta, method)
+                    rec = run_case(ex, document, loaded, eta, method, drafter=drafter)
                     rec.update(
                         qid=ex.id,
                         length=length,
@@ -394,6 +420,7 @@ def run(
     log.print("results written to: " + ", ".join(files))
     return {
         "benchmark": "rapid",
+        "models": {"preset": models, "target": loaded.name, "drafter": drafter.name},
         "quick": quick,
         "eta": eta,
         "max_new_tokens": MAX_NEW,

@@ -145,9 +145,13 @@ class SpecRagContext:
         gt=0,
     )
     drafter_after_tokens: int = _f(
-        16,
-        "The drafter joins the answer's decoding after this many tokens: its prefill of the "
-        "prompt cannot pay back on a terse answer (measured on the pair, see README).",
+        8, "The drafter joins the answer's decoding no earlier than this many tokens.", ge=0
+    )
+    drafter_join_factor: float = _f(
+        2.0,
+        "Ski rental: the drafter joins once the answer has decoded for this many times its "
+        "estimated prefill (target prefill x measured cost ratio); 0 = at once. A terse "
+        "answer never pays the drafter's prefill (measured on the pair, see README).",
         ge=0,
     )
     max_question_chars: int = _f(2000, "Longer questions are rejected.", ge=1)

@@ -60,7 +60,8 @@ class ChatLocalLM(LocalChatBase):
         default=None, description="a smaller model with the same tokenizer that proposes tokens"
     )
     drafter_max_cost_ratio: float = 0.5
-    drafter_after_tokens: int = 16
+    drafter_after_tokens: int = 8
+    drafter_join_factor: float = 2.0
 
     @property
     def _llm_type(self) -> str:
@@ -103,7 +104,7 @@ class ChatLocalLM(LocalChatBase):
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
         if not same_tokenizer(drafter, loaded):
             return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
-        policy = DrafterPolicy(self.drafter_max_cost_ratio, self.drafter_after_tokens)
+        policy = DrafterPolicy(self.drafter_max_cost_ratio)
         use, why = policy.decide(drafter.step_s, loaded.step_s)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
@@ -134,12 +135,18 @@ class ChatLocalLM(LocalChatBase):
         def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
             nonlocal merged, proposer
             if drafter is not None:  # built on the model thread: it owns a KV cache
-                policy = DrafterPolicy(self.drafter_max_cost_ratio, self.drafter_after_tokens)
+                policy = DrafterPolicy(
+                    self.drafter_max_cost_ratio,
+                    self.drafter_after_tokens,
+                    self.drafter_join_factor,
+                )
                 draft_lm = LMState(drafter.model, drafter.device)
                 merged = MergedProposer(
                     NgramProposer(sources),
                     DrafterProposer(draft_lm, prompt, sampler, generator),
                     policy,
+                    cost_ratio=drafter.step_s / loaded.step_s,
+                    prefill_s=lambda: stats.prefill_s,
                 )
                 proposer = merged
             lm = LMState(loaded.model, loaded.device)
@@ -168,6 +175,7 @@ class ChatLocalLM(LocalChatBase):
                     **plan,
                     **(merged.drafter.stats.as_dict() if merged and merged.drafter else {}),
                     "steps_by_source": dict(merged.choices) if merged else None,
+                    "drafter_events": list(merged.events) if merged else [],
                 },
                 "decode_speedup_vs_plain": speedup_vs_plain(stats, loaded.step_s),
             },

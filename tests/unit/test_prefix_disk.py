@@ -1,0 +1,85 @@
+"""The document prefix cache persists on disk: a new process (a new cache object) skips the
+prefill, entries are written atomically, bounded by bytes (LRU) and corrupt files are misses."""
+
+import torch
+
+from specrag.decoding.prefix_cache import PrefixCache, prefix_key
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import decode
+from specrag.decoding.state import LMState
+from tests.tiny import tiny_llama
+
+
+def prefilled(model, tokens):
+    state = LMState(model)
+    state.extend(tokens, all_logits=False)
+    return state
+
+
+def greedy_after(model, state, prompt, n=12):
+    out = decode(state, prompt, max_new_tokens=n, sampler=Sampler(0.0))
+    return [t.id for step in out for t in step]
+
+
+def test_a_new_cache_object_reads_the_prefix_from_disk(tmp_path):
+    model = tiny_llama()
+    prefix = list(range(3, 60))
+    key = prefix_key("tiny|cpu|fp32", prefix)
+    first = PrefixCache(disk_dir=tmp_path)
+    first.put(key, prefilled(model, prefix))
+    first.flush()
+    assert len(list(tmp_path.glob("*.kv"))) == 1
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically: no leftovers
+
+    second = PrefixCache(disk_dir=tmp_path)  # a "new process": nothing in memory
+    state = second.get(key, model)
+    assert state is not None and state.tokens == prefix
+    assert second.disk_hits == 1
+    prompt = prefix + [7, 8, 9]
+    fresh = greedy_after(model, LMState(model), prompt)
+    assert len(state) == len(prefix)  # only the question is left to prefill
+    assert greedy_after(model, state, prompt) == fresh
+
+
+def test_disk_entries_are_lru_bounded_by_bytes(tmp_path):
+    model = tiny_llama()
+    one = prefilled(model, [t % 60 + 1 for t in range(99)])
+    size = sum(k.numel() * k.element_size() * 2 for k, _ in one.kv_tensors())
+    cache = PrefixCache(disk_dir=tmp_path, disk_max_bytes=int(size * 2.5))
+    keys = []
+    for i in range(4):
+        tokens = [i + 1] + [t % 60 + 1 for t in range(98)]
+        keys.append(prefix_key("m", tokens))
+        cache.put(keys[-1], prefilled(model, tokens))
+        cache.flush()
+    files = list(tmp_path.glob("*.kv"))
+    assert len(files) == 2  # the two least recently used went
+    fresh = PrefixCache(disk_dir=tmp_path)
+    assert fresh.get(keys[0], model) is None and fresh.get(keys[3], model) is not None
+
+
+def test_a_corrupt_file_is_a_miss_and_removed(tmp_path):
+    model = tiny_llama()
+    prefix = list(range(5, 40))
+    key = prefix_key("m", prefix)
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(key, prefilled(model, prefix))
+    cache.flush()
+    (path,) = tmp_path.glob("*.kv")
+    path.write_bytes(b"not a tensor file")
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    assert not path.exists()
+
+
+def test_a_shorter_partial_prefix_never_replaces_a_longer_one(tmp_path):
+    model = tiny_llama()
+    prefix = [t % 60 + 1 for t in range(75)]
+    key = prefix_key("m", prefix)
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(key, prefilled(model, prefix[:60]))  # a budget stopped this prefill at 60
+    cache.flush()
+    cache.put(key, prefilled(model, prefix[:30]))
+    cache.flush()
+    state = PrefixCache(disk_dir=tmp_path).get(key, model)
+    assert state is not None and len(state) == 60
+    assert torch.equal(state.kv_tensors()[0][0], prefilled(model, prefix[:60]).kv_tensors()[0][0])
