@@ -14,10 +14,14 @@ times decides whether the drafter runs). Decoding statistics go to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from specrag.decoding.candidates import NgramProposer
@@ -34,6 +38,7 @@ from specrag.models.local import (
     make_generator,
 )
 from specrag.models.options import DecodeOptions, Speculation
+from specrag.models.tools import forced_call_prefix, supports_tools, tool_choice_name
 
 __all__ = ["ChatLocalLM", "LocalChatBase", "encode_chat", "make_generator"]
 
@@ -83,6 +88,28 @@ class ChatLocalLM(LocalChatBase):
             load_lm(self.drafter_model, self.device, self.dtype)
         return load_lm(self.model_name, self.device, self.dtype)
 
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools: their schemas go through the model's chat template.
+
+        The model answers with ``<tool_call>`` blocks, parsed into ``AIMessage.tool_calls``
+        (malformed ones into ``invalid_tool_calls``). ``tool_choice`` naming a tool (or
+        "any"/"required" with one tool) forces that call: the answer starts inside the call's
+        block, so only the arguments are generated. Raises ``ValueError`` for a model whose
+        chat template has no tool support.
+        """
+        loaded = self.load()
+        if not supports_tools(loaded.tokenizer):
+            raise ValueError(no_tools_message(loaded.name))
+        schemas = tuple(convert_to_openai_tool(t) for t in tools)
+        tool_choice_name(tool_choice, schemas)  # an unknown tool name fails here, not later
+        return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
+
     def _drafter_plan(
         self, loaded: LoadedLM, speculation: str
     ) -> tuple[LoadedLM | None, dict[str, Any]]:
@@ -112,7 +139,12 @@ class ChatLocalLM(LocalChatBase):
         loaded = self.load()
         temperature = self.temperature if options.temperature is None else options.temperature
         max_new = options.max_new_tokens or self.max_new_tokens
-        prompt = encode_chat(loaded, messages)
+        tools = options.tools
+        if tools and not supports_tools(loaded.tokenizer):
+            raise ValueError(no_tools_message(loaded.name))
+        forced_name = tool_choice_name(options.tool_choice, tools) if tools else None
+        forced = forced_call_prefix(forced_name) if forced_name else ""
+        prompt = encode_chat(loaded, messages, tools, forced)
         limit = loaded.max_context - 1
         if len(prompt) + max_new > limit:  # keep the chat head and the question end
             keep = max(limit - max_new, 16)
@@ -181,6 +213,8 @@ class ChatLocalLM(LocalChatBase):
             },
             finish_reason=lambda: stats.finish_reason,
             model_name=loaded.name,
+            tools=bool(tools),
+            forced=forced,
         )
 
 
@@ -203,3 +237,11 @@ def speedup_vs_plain(stats: DecodeStats, step_s: float) -> dict[str, Any] | None
         return None
     ratio = (stats.new_tokens - 1) * step / stats.decode_s
     return {"ratio": round(ratio, 3), "plain_step_s": round(step, 4), "basis": basis}
+
+
+def no_tools_message(name: str) -> str:
+    """The error for a model whose chat template cannot render tools."""
+    return (
+        f"model {name!r} cannot call tools: its chat template has no tool support "
+        "(use a tool-capable model, e.g. the pair's 'qwen2.5-coder-1.5b': `make models-pair`)"
+    )

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,18 +32,17 @@ from pydantic import ConfigDict
 
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token
-from specrag.defuse import defuse
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
+from specrag.models.tools import ToolCapture, defuse_dicts, template_messages
 from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
 
 
-def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages -> ``[{"role", "content"}]`` for a chat template."""
-    roles = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"}
-    return [{"role": roles.get(m.type, "user"), "content": str(m.text)} for m in messages]
+def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages -> ``[{"role", "content"}]`` for a chat template (no tools)."""
+    return template_messages(messages, tools=False)
 
 
 def special_tokens(tokenizer: Any) -> tuple[str, ...]:
@@ -59,24 +58,33 @@ def special_tokens(tokenizer: Any) -> tuple[str, ...]:
 _SPECIALS: dict[int, tuple[str, ...]] = {}
 
 
-def encode_chat(loaded: LoadedLM, messages: list[BaseMessage]) -> list[int]:
+def encode_chat(
+    loaded: LoadedLM,
+    messages: list[BaseMessage],
+    tools: Sequence[dict[str, Any]] = (),
+    forced: str = "",
+) -> list[int]:
     """Token ids of the chat prompt, generation prompt included.
 
     User and tool text is defused against the tokenizer's own special tokens first, so text
-    can never become a control token (system prompts are the application's own).
+    can never become a control token (system prompts are the application's own). ``tools``
+    (OpenAI-style schemas) are rendered by the chat template; ``forced`` is text the answer
+    must start with (a forced tool call), appended after the generation prompt.
     """
     tok = loaded.tokenizer
     specials = special_tokens(tok)
-    dicts = [
-        d if d["role"] == "system" else {**d, "content": defuse(d["content"], specials)}
-        for d in to_chat_dicts(messages)
-    ]
+    dicts = defuse_dicts(template_messages(messages, tools=bool(tools)), specials)
     if getattr(tok, "chat_template", None):
-        enc = tok.apply_chat_template(dicts, add_generation_prompt=True, tokenize=True)
+        extra = {"tools": list(tools)} if tools else {}
+        enc = tok.apply_chat_template(dicts, add_generation_prompt=True, tokenize=True, **extra)
         ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
-        return [int(i) for i in ids]
-    text = "\n\n".join(f"{d['role']}: {d['content']}" for d in dicts) + "\n\nassistant:"
-    return [int(i) for i in tok(text)["input_ids"]]
+        prompt = [int(i) for i in ids]
+    else:
+        text = "\n\n".join(f"{d['role']}: {d['content']}" for d in dicts) + "\n\nassistant:"
+        prompt = [int(i) for i in tok(text)["input_ids"]]
+    if forced:
+        prompt += [int(i) for i in tok(forced, add_special_tokens=False)["input_ids"]]
+    return prompt
 
 
 class TextStream:
@@ -114,6 +122,8 @@ class DecodeJob:
     finish_reason: Callable[[], str]
     model_name: str = ""
     flatten: bool = False  # also put the decoding statistics at the top of response_metadata
+    tools: bool = False  # tools are bound: tool-call blocks are parsed, not shown as text
+    forced: str = ""  # text the answer was forced to start with (a forced tool call)
 
 
 class LocalChatBase(BaseChatModel):
@@ -222,6 +232,7 @@ class _Run:
         self.stop_hit = False
         self.starts: list[int] = []  # character where each counted token's text starts
         self.retracted = 0  # tokens streamed before a stop sequence was seen that belong to it
+        self.capture = ToolCapture(job.forced) if job.tools else None
 
     def should_stop(self, n: int) -> str | None:
         if self.cancel.is_set() or MODEL_THREAD.closing:
@@ -286,6 +297,8 @@ class _Run:
                     ids.append(token.id)
         shown_before = len(self.text.emitted) - len(self.held)
         delta = self.release(self.text.push([t.id for t in step]))
+        if self.capture is not None:
+            delta = self.capture.feed(delta)
         logprobs = [
             {"token": self.job.tokenizer.decode([t.id]), "logprob": t.logprob}
             for t in step
@@ -311,6 +324,12 @@ class _Run:
         if self.stop_hit:
             finish = "stop_sequence"
         tail, self.held = ("" if self.stop_hit else self.held), ""
+        calls: list[Any] = []
+        if self.capture is not None:
+            rest, calls = self.capture.finish()
+            tail += rest
+            if calls:
+                finish = "tool_calls"
         decoding = {**job.metadata(), "new_tokens": self.n_tokens}
         if self.retracted:  # consumers drop the last N log-probs they were sent
             decoding["retracted_tokens"] = self.retracted
@@ -326,6 +345,7 @@ class _Run:
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=tail,
+                tool_call_chunks=calls,
                 usage_metadata=usage,
                 response_metadata={
                     **(decoding if job.flatten else {}),  # first: never over the fields below

@@ -33,6 +33,8 @@ class DecodeOptions:
     stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one found
     document: str | None = None  # RAPID: the long document the target reads
     drafter_context: str | None = None  # RAPID: the retrieved text the drafter reads
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI-style tool schemas (bind_tools)
+    tool_choice: Any = None  # None/"auto", "any"/"required", or a tool name
 
     @classmethod
     def from_call(cls, kwargs: dict[str, Any]) -> DecodeOptions:
@@ -51,5 +53,7 @@ class DecodeOptions:
                 )
             if key == "stop":  # one string is one stop sequence, not its characters
                 value = (value,) if isinstance(value, str) else tuple(value or ())
+            if key == "tools":
+                value = tuple(value or ())
             loose[key] = value
         return dataclasses.replace(base, **loose) if loose else base

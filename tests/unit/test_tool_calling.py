@@ -1,0 +1,185 @@
+"""Tool calling on a local model: a tiny scripted model behind a tool-capable chat template.
+
+The model is scripted (it emits a fixed text token by token, whatever the prompt), the
+tokenizer is SmolLM2's with a Qwen-style tool template, so the round trip is exercised end to
+end: schemas rendered into the prompt, the model's ``<tool_call>`` block parsed into
+``AIMessage.tool_calls``, malformed output into ``invalid_tool_calls``, a forced tool choice
+(``with_structured_output``), and a clear error for a template without tools.
+"""
+
+import copy
+
+import pytest
+import torch
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from pydantic import BaseModel, Field
+from transformers import LlamaConfig
+
+from specrag.models import loading
+from specrag.models.chat import ChatLocalLM, encode_chat
+from specrag.models.loading import LoadedLM, load_lm
+from specrag.models.tools import parse_tool_calls
+
+TOOL_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{{ messages[0].content if messages[0].role == 'system' else 'You are a helpful assistant.' }}
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and tools %}
+{%- elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.tool_calls is defined and m.tool_calls %}<|im_start|>assistant
+{%- for tc in m.tool_calls %}
+<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+class ScriptedLM(torch.nn.Module):
+    """Emits ``script`` (then EOS) token by token: the next token continues the longest prefix
+    of the script that the sequence ends with. Keeps a real (dummy) KV cache in step."""
+
+    def __init__(self, script: list[int], eos: int, vocab: int) -> None:
+        super().__init__()
+        self.config = LlamaConfig(
+            vocab_size=vocab, hidden_size=8, num_hidden_layers=1, num_attention_heads=1
+        )
+        self.script, self.eos, self.vocab = script, eos, vocab
+        self.history: list[int] = []
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # gives the module a device
+
+    def _next(self, seq: list[int]) -> int:
+        for k in range(min(len(self.script), len(seq)), 0, -1):
+            if seq[-k:] == self.script[:k]:
+                return self.script[k] if k < len(self.script) else self.eos
+        return self.script[0]
+
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
+        past = cache.get_seq_length() if cache is not None else 0
+        ids = input_ids[0].tolist()
+        self.history = self.history[:past] + ids
+        n = len(ids)
+        if cache is not None:
+            cache.update(torch.zeros(1, 1, n, 1), torch.zeros(1, 1, n, 1), 0)
+        logits = torch.full((1, n, self.vocab), -30.0)
+        for j in range(n):
+            logits[0, j, self._next(self.history[: past + j + 1])] = 30.0
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return type("Out", (), {"logits": logits})()
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_lm("embedded", "cpu", "float32")
+
+
+@pytest.fixture
+def scripted(smol, monkeypatch):
+    """``scripted(text)`` -> a ChatLocalLM whose model writes ``text``."""
+
+    def make(text: str, name: str = "scripted-tools") -> ChatLocalLM:
+        tok = copy.deepcopy(smol.tokenizer)
+        tok.chat_template = TOOL_TEMPLATE
+        script = tok(text, add_special_tokens=False)["input_ids"]
+        eos = smol.eos_token_ids[0]
+        model = ScriptedLM(script, eos, len(tok)).eval()
+        loaded = LoadedLM(name, model, tok, torch.device("cpu"), torch.float32, (eos,), 0.0, True)
+        monkeypatch.setitem(loading._LM_CACHE, (name, "cpu", str(torch.float32)), loaded)
+        return ChatLocalLM(model_name=name, device="cpu", dtype="float32", max_new_tokens=80)
+
+    return make
+
+
+def search_docs(query: str) -> str:
+    """Search the indexed documents for a query."""
+    return query
+
+
+CALL = '<tool_call>\n{"name": "search_docs", "arguments": {"query": "Norse leader"}}\n</tool_call>'
+
+
+def test_schemas_are_rendered_through_the_chat_template(scripted):
+    model = scripted(CALL)
+    bound = model.bind_tools([search_docs])
+    schemas = bound.kwargs["tools"]
+    assert schemas[0]["function"]["name"] == "search_docs"
+    loaded = model.load()
+    history = [
+        HumanMessage("Who was the Norse leader?"),
+        AIMessage("", tool_calls=[{"name": "search_docs", "args": {"query": "x"}, "id": "c1"}]),
+        ToolMessage("Rollo led the Norse.", tool_call_id="c1"),
+    ]
+    text = loaded.tokenizer.decode(encode_chat(loaded, history, schemas))
+    assert "Search the indexed documents for a query." in text  # the tool's description
+    assert '"name": "search_docs", "arguments": {"query": "x"}' in text  # the earlier call
+    assert "<tool_response>\nRollo led the Norse.\n</tool_response>" in text  # its result
+
+
+def test_a_tool_call_block_becomes_tool_calls(scripted):
+    bound = scripted("Let me search. " + CALL).bind_tools([search_docs])
+    chunks = list(bound.stream([HumanMessage("Who was the Norse leader?")]))
+    streamed = "".join(str(c.content) for c in chunks)
+    assert "<tool_call>" not in streamed and "<tool" not in streamed
+    msg = bound.invoke([HumanMessage("Who was the Norse leader?")])
+    assert str(msg.content).strip() == "Let me search."
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == [
+        ("search_docs", {"query": "Norse leader"})
+    ]
+    assert msg.tool_calls[0]["id"] and not msg.invalid_tool_calls
+    assert msg.response_metadata["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '<tool_call>\n{"name": "search_docs", "arguments": {"query": \n</tool_call>',
+        "<tool_call>\nsearch_docs(query='x')\n</tool_call>",
+        '<tool_call>\n{"name": "search_docs", "arguments": {"query": "Nor',  # cut off
+    ],
+)
+def test_malformed_tool_calls_become_invalid_tool_calls(scripted, bad):
+    msg = scripted(bad).bind_tools([search_docs]).invoke([HumanMessage("q")])
+    assert msg.tool_calls == []
+    assert len(msg.invalid_tool_calls) == 1
+    assert msg.invalid_tool_calls[0]["args"].startswith("<tool_call>")
+
+
+class Query(BaseModel):
+    """A self-contained search query."""
+
+    query: str = Field(description="the query")
+
+
+def test_with_structured_output_forces_the_call(scripted):
+    # the scripted model writes only the arguments: the call's head is forced by tool_choice
+    model = scripted('{"query": "Rollo"}}\n</tool_call>')
+    result = model.with_structured_output(Query).invoke([HumanMessage("Who was Rollo?")])
+    assert result == Query(query="Rollo")
+
+
+def test_a_template_without_tools_is_refused_at_bind_time(smol):
+    with pytest.raises(ValueError, match="cannot call tools: its chat template has no tool"):
+        ChatLocalLM(device="cpu", dtype="float32").bind_tools([search_docs])
+
+
+def test_parse_keeps_text_outside_blocks():
+    content, chunks = parse_tool_calls("Answer: " + CALL + " done")
+    assert content == "Answer:  done"
+    assert len(chunks) == 1 and chunks[0]["name"] == "search_docs"
