@@ -154,6 +154,18 @@ class SpecRagContext:
         "answer never pays the drafter's prefill (measured on the pair, see README).",
         ge=0,
     )
+    history_tokens: int = _f(
+        384,
+        "Chat interface: earlier turns given to the draft and answer prompts, newest first, "
+        "up to this many answer-model tokens (0 = none).",
+        ge=0,
+    )
+    query_rewrite: Literal["off", "concat", "model"] = _f(
+        "concat",
+        "Follow-up questions with history: 'concat' searches with the previous question "
+        "prepended, 'model' asks the draft model for a self-contained query, 'off' searches "
+        "the question as asked. Default chosen from the multi-turn check in the README.",
+    )
     max_question_chars: int = _f(2000, "Longer questions are rejected.", ge=1)
     # --- long documents (RAPID) -------------------------------------------------------------
     long_document_tokens: int = _f(

@@ -9,6 +9,9 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Any, Literal, TypedDict
 
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
+
 DraftStatus = Literal["ok", "truncated", "timeout", "failed", "off", "empty"]
 """ok: finished; truncated: cut by its budget or by retrieval; the rest: no usable text."""
 RetrievalStatus = Literal["ok", "timeout", "failed", "empty", "irrelevant"]
@@ -24,7 +27,10 @@ class InputState(TypedDict, total=False):
     """What a caller provides."""
 
     question: str
-    """The user's question (required)."""
+    """The user's question (this or ``messages``)."""
+    messages: Annotated[list[AnyMessage], add_messages]
+    """Chat interface (``MessagesState``): the question is the last human message, earlier
+    turns are history; the answer is appended as an ``AIMessage``."""
     document: str
     """Optional long document to answer from (RAPID path when over the token threshold)."""
 
@@ -34,6 +40,11 @@ class OutputState(TypedDict, total=False):
 
     answer: str
     """The final answer shown to the user."""
+    messages: Annotated[list[AnyMessage], add_messages]
+    """With the chat interface: the conversation, the answer appended as an ``AIMessage``
+    (citations in ``additional_kwargs``, route/reason/timings in ``response_metadata``)."""
+    query: str
+    """What was searched: the question, or a follow-up rewritten from the history."""
     route: str
     """Node that produced the answer: refine | generate | rapid_generate | fallback."""
     reason: str
@@ -68,6 +79,11 @@ class State(InputState, OutputState, total=False):
     and ``answer`` (start of the first answer node: the one answer budget)."""
     run_id: str
     """A fresh id per run (``prepare``): keys the signal between the parallel branches."""
+    from_messages: bool
+    """True when this run's question came from ``messages`` (the answer is appended there)."""
+    history: list[dict[str, str]]
+    """Earlier turns given to the prompts (``role``/``content``), newest last, bounded by
+    ``history_tokens``."""
     run_document: str
     """This run's document: ``prepare`` moves the input ``document`` here and clears the
     input key, so the next question on the same thread does not inherit it."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.runtime import Runtime
 
 from specrag.graph.context import SpecRagContext
@@ -58,6 +58,32 @@ def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
         for n, c in enumerate(chunks, start=1)
     ]
+
+
+def answer_message(state: State, update: dict[str, Any]) -> dict[str, Any]:
+    """``{"messages": [AIMessage]}`` for a run asked through ``messages`` (else ``{}``).
+
+    Citations go to ``additional_kwargs``; route, reason, verified and timings to
+    ``response_metadata``, so a chat graph can show them without reading specrag's keys.
+    """
+    if not state.get("from_messages"):
+        return {}
+    citations_ = update.get("citations") or []
+    meta = {
+        "route": update.get("route"),
+        "reason": update.get("reason", state.get("reason", "")),
+        "verified": update.get("verified"),
+        "timings": update.get("timings") or {},
+        "citations": citations_,
+        "model_name": "specrag",
+    }
+    message = AIMessage(
+        content=update.get("answer", ""),
+        additional_kwargs={"citations": citations_},
+        response_metadata=meta,
+        name="specrag",
+    )
+    return {"messages": [message]}
 
 
 def short_error(exc: BaseException) -> str:
@@ -127,7 +153,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         }
         if state.get("answer_error"):  # reached after a failed refine / rapid_generate
             update["reason"] = f"{state.get('reason', '')}; {state['answer_error']} -> {node}"
-        return update
+        return {**update, **answer_message(state, update)}
 
     answer.__name__ = node
     return answer

@@ -47,7 +47,9 @@ def make_draft(services: Services):  # noqa: ANN201
             until_retrieval = ctx.draft_policy == "until_retrieval"
             result = await stream_model(
                 model,
-                prompts.draft_messages(state.get("question", ""), ctx.draft_prompt),
+                prompts.draft_messages(
+                    state.get("question", ""), ctx.draft_prompt, state.get("history") or []
+                ),
                 budget_s=ctx.draft_timeout_s,
                 tags=["draft"],
                 options=DecodeOptions(

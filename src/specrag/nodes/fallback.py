@@ -10,7 +10,7 @@ from specrag import prompts
 from specrag.graph.context import SpecRagContext
 from specrag.graph.routing import draft_usable
 from specrag.graph.state import State
-from specrag.nodes.answer import run_timings
+from specrag.nodes.answer import answer_message, run_timings
 from specrag.nodes.streaming import emit, now
 
 
@@ -31,7 +31,7 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
         reason = f"{reason}; {state['answer_error']} -> fallback"
     timings = run_timings(dict(state), now())
     emit({"event": "answered", "node": "fallback", **timings})
-    return {
+    update: dict[str, Any] = {
         "answer": answer,
         "route": "fallback",
         "reason": reason,
@@ -39,3 +39,4 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
         "citations": [],
         "timings": timings,
     }
+    return {**update, **answer_message(state, update)}

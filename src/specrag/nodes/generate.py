@@ -17,7 +17,10 @@ def make_generate(services: Services):  # noqa: ANN201
         return AnswerCall(
             model=services.chat_model(ctx.answer_spec, ctx),
             messages=prompts.evidence_messages(
-                state.get("question", ""), state.get("chunks") or [], ctx.answer_prompt
+                state.get("question", ""),
+                state.get("chunks") or [],
+                ctx.answer_prompt,
+                state.get("history") or [],
             ),
             options=DecodeOptions(
                 temperature=ctx.refine_temperature,

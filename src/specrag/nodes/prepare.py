@@ -6,6 +6,8 @@
   question starts from fresh run keys (errors, timings, stats, route, draft, ...); the input
   ``document`` is moved to ``run_document`` and cleared, so the next question on the thread
   does not inherit it. The checkpoints keep the thread's history for ``--resume``.
+* **The question**: the ``question`` key, or with the chat interface the last human message of
+  ``messages`` (earlier turns become ``history`` for the prompts, bounded by tokens).
 * **A long document** is chunked and embedded here (``document_index_s``), outside the
   retrieval budget, which then only covers the search.
 """
@@ -39,6 +41,34 @@ async def _quietly(work: Callable[[], Any]) -> Any:
         return None
 
 
+def question_and_history(
+    state: State, ctx: SpecRagContext, count: Callable[[str], int]
+) -> tuple[str, list[dict[str, str]], bool]:
+    """The run's question, the history the prompts get, and whether it came from messages.
+
+    With ``messages`` ending in a human message, that message is the question and the earlier
+    human/AI turns (text only; tool traffic left out) are history, newest kept first, up to
+    ``history_tokens``. Otherwise the ``question`` key is the question and there is no history.
+    """
+    messages = state.get("messages") or []
+    if not messages or messages[-1].type != "human":
+        return state.get("question", ""), [], False
+    turns = [
+        {"role": "user" if m.type == "human" else "assistant", "content": str(m.text).strip()}
+        for m in messages[:-1]
+        if m.type in ("human", "ai") and str(m.text).strip()
+    ]
+    history: list[dict[str, str]] = []
+    used = 0
+    for turn in reversed(turns):
+        cost = count(turn["content"]) + 4  # + the turn's chat-template tags
+        if used + cost > ctx.history_tokens:
+            break
+        history.insert(0, turn)
+        used += cost
+    return str(messages[-1].text).strip(), history, True
+
+
 def make_prepare(services: Services):  # noqa: ANN201
     """Build the prepare node."""
 
@@ -56,8 +86,8 @@ def make_prepare(services: Services):  # noqa: ANN201
         timings = {"load_s": round(origin - t0, 4)}
         document_tokens = 0
         if document:
-            count = await _quietly(lambda: services.document_tokens(ctx, document))
-            document_tokens = int(count or 0)
+            n_tokens = await _quietly(lambda: services.document_tokens(ctx, document))
+            document_tokens = int(n_tokens or 0)
             if document_tokens > ctx.long_document_tokens:
                 await _quietly(lambda: services.warm(services.rapid_model(ctx)))
                 origin = now()
@@ -65,9 +95,21 @@ def make_prepare(services: Services):  # noqa: ANN201
             start = now()
             await _quietly(lambda: services.index_document(ctx, document))
             timings["document_index_s"] = round(now() - start, 4)
+
+        def count(text: str) -> int:  # history turns, in answer-model tokens
+            try:
+                return services.document_tokens(ctx, text)
+            except Exception:  # noqa: BLE001 - a remote answer model: count words
+                return len(text.split())
+
+        question, history, from_messages = question_and_history(state, ctx, count)
         seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
         emit({"event": "prepared", "seed": seed, **timings})
         return {
+            "question": question,
+            "query": question,
+            "history": history,
+            "from_messages": from_messages,
             "run_id": uuid.uuid4().hex,
             "document": "",
             "run_document": document,

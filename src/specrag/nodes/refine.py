@@ -23,7 +23,9 @@ def make_refine(services: Services):  # noqa: ANN201
     def build(state: State, ctx: SpecRagContext) -> AnswerCall:
         question, chunks = state.get("question", ""), state.get("chunks") or []
         if ctx.refine_mode == "verify":
-            messages = prompts.evidence_messages(question, chunks, ctx.answer_prompt)
+            messages = prompts.evidence_messages(
+                question, chunks, ctx.answer_prompt, state.get("history") or []
+            )
         else:
             messages = prompts.rewrite_messages(
                 question, chunks, state.get("draft", ""), ctx.rewrite_prompt

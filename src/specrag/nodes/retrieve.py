@@ -7,12 +7,43 @@ from typing import Any
 
 from langgraph.runtime import Runtime
 
+from specrag import prompts
 from specrag.graph.context import SpecRagContext
-from specrag.graph.services import Services
+from specrag.graph.services import Services, is_local
 from specrag.graph.signals import retrieval_signal
 from specrag.graph.state import State
+from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
 from specrag.nodes.streaming import emit, now
+
+
+async def followup_query(
+    question: str, history: list[dict[str, str]], ctx: SpecRagContext, services: Services
+) -> str:
+    """The retrieval query: a follow-up question made self-contained from the history.
+
+    ``concat``: the previous user question, then this one ("Who was the Norse leader? And
+    when did he die?"); ``model``: the draft model rewrites it (greedy, <= 32 tokens; an empty
+    or failed rewrite falls back to ``concat``); ``off`` or no history: the question itself.
+    """
+    previous = [t["content"] for t in history if t["role"] == "user"]
+    if ctx.query_rewrite == "off" or not previous:
+        return question
+    concat = f"{previous[-1]} {question}"
+    if ctx.query_rewrite == "concat":
+        return concat
+    try:
+        model = services.chat_model(ctx.draft_spec, ctx)
+        messages = prompts.query_rewrite_messages(question, history)
+        if is_local(model):
+            options = DecodeOptions(temperature=0.0, max_new_tokens=32, speculation="none")
+            reply = await model.ainvoke(messages, options=options)
+        else:
+            reply = await model.ainvoke(messages)
+        text = str(reply.content).strip().strip('"').splitlines()
+        return text[0].strip() if text and text[0].strip() else concat
+    except Exception:  # noqa: BLE001 - rewriting is an aid: never fail retrieval over it
+        return concat
 
 
 def make_retrieve(services: Services):  # noqa: ANN201 - a node function
@@ -23,13 +54,15 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         question = state.get("question", "")
         document = state.get("run_document") or None
         start = now()
-        update: dict[str, Any] = {}
+        update: dict[str, Any] = {"query": question}
         try:
 
             async def search() -> list[Any]:
+                query = await followup_query(question, state.get("history") or [], ctx, services)
+                update["query"] = query
                 if ctx.added_retrieval_latency_s > 0:  # injected (benchmarks only)
                     await asyncio.sleep(ctx.added_retrieval_latency_s)
-                return await asyncio.to_thread(services.retriever, question, document, ctx)
+                return await asyncio.to_thread(services.retriever, query, document, ctx)
 
             chunks = await asyncio.wait_for(search(), timeout=ctx.retrieval_timeout_s)
             found = [c.as_dict() for c in chunks]

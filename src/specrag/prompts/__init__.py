@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from specrag.defuse import defuse as defuse  # re-exported: the one defusing function
 
@@ -97,17 +97,54 @@ def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
-def draft_messages(question: str, system: str = DRAFT_SYSTEM) -> list[BaseMessage]:
-    """The draft prompt: the question alone (no evidence)."""
-    return [SystemMessage(system), HumanMessage(DRAFT_USER.format(question=defuse(question)))]
+History = Sequence[dict[str, str]]
+
+
+def history_messages(history: History) -> list[BaseMessage]:
+    """Earlier chat turns (``role``/``content`` dicts) as messages; user text defused."""
+    out: list[BaseMessage] = []
+    for turn in history:
+        if turn["role"] == "assistant":
+            out.append(AIMessage(turn["content"]))
+        else:
+            out.append(HumanMessage(defuse(turn["content"])))
+    return out
+
+
+def draft_messages(
+    question: str, system: str = DRAFT_SYSTEM, history: History = ()
+) -> list[BaseMessage]:
+    """The draft prompt: the question alone (no evidence), after any earlier turns."""
+    return [
+        SystemMessage(system),
+        *history_messages(history),
+        HumanMessage(DRAFT_USER.format(question=defuse(question))),
+    ]
 
 
 def evidence_messages(
-    question: str, chunks: Sequence[dict[str, Any]], system: str = ANSWER_SYSTEM
+    question: str,
+    chunks: Sequence[dict[str, Any]],
+    system: str = ANSWER_SYSTEM,
+    history: History = (),
 ) -> list[BaseMessage]:
-    """The serial-RAG prompt: system + evidence blocks + question (generate and verify)."""
+    """The serial-RAG prompt: system + earlier turns + evidence blocks + question."""
     user = ANSWER_USER.format(evidence=format_evidence(chunks), question=defuse(question))
-    return [SystemMessage(system), HumanMessage(user)]
+    return [SystemMessage(system), *history_messages(history), HumanMessage(user)]
+
+
+REWRITE_QUERY_SYSTEM = (
+    "Rewrite the user's last question as one self-contained search query, replacing pronouns "
+    "and references with the names they refer to in the conversation. Reply with the query "
+    "only."
+)
+
+
+def query_rewrite_messages(question: str, history: History) -> list[BaseMessage]:
+    """The follow-up rewriting prompt: the conversation, then the question to rewrite."""
+    turns = "\n".join(f"{t['role']}: {defuse(t['content'])}" for t in history)
+    user = f"Conversation:\n{turns}\n\nLast question: {defuse(question)}\n\nSearch query:"
+    return [SystemMessage(REWRITE_QUERY_SYSTEM), HumanMessage(user)]
 
 
 def rewrite_messages(

@@ -1,0 +1,98 @@
+"""The chat interface: ``{"messages": [...]}`` in, an ``AIMessage`` with citations out, so the
+specrag graph is a node of a ``MessagesState`` graph unchanged; follow-up questions are
+rewritten into a self-contained retrieval query (fake models, offline)."""
+
+import asyncio
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from specrag.graph.builder import build_graph
+from tests.fakes import FakeLogprobChat, chunk, ctx, services
+
+
+def recording_services(**kw):
+    queries: list[str] = []
+    found = [chunk("Rollo, the Norse leader, died around 930.", source="normans.txt")]
+    svc = services(chunks=found, **kw)
+    inner = svc.retriever
+
+    def retriever(question, document, context):
+        queries.append(question)
+        return inner(question, document, context)
+
+    svc.retriever = retriever
+    return svc, queries
+
+
+def test_specrag_is_a_node_of_a_messages_state_graph():
+    answer = FakeLogprobChat(reply="Rollo [1].", calls=[])
+    svc, _ = recording_services(answer=answer)
+    parent = StateGraph(MessagesState)
+    parent.add_node("specrag", build_graph(svc))
+    parent.add_edge(START, "specrag")
+    parent.add_edge("specrag", END)
+    out = asyncio.run(
+        parent.compile().ainvoke(
+            {"messages": [HumanMessage("Who was the Norse leader?")]}, context=ctx()
+        )
+    )
+    human, reply = out["messages"]
+    assert human.content == "Who was the Norse leader?"
+    assert isinstance(reply, AIMessage) and reply.content == "Rollo [1]."
+    assert reply.additional_kwargs["citations"][0]["source"] == "normans.txt"
+    meta = reply.response_metadata
+    assert meta["route"] in ("refine", "generate") and meta["verified"] is True
+    assert meta["reason"] and "total_s" in meta["timings"]
+
+
+def test_question_input_keeps_working_without_messages():
+    svc, _ = recording_services()
+    out = asyncio.run(build_graph(svc).ainvoke({"question": "Who?"}, context=ctx()))
+    assert out["answer"] and not out.get("messages")
+
+
+def conversation(question="When did he die?"):
+    return [
+        HumanMessage("Who was the Norse leader?"),
+        AIMessage("Rollo."),
+        HumanMessage(question),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("off", "When did he die?"),
+        ("concat", "Who was the Norse leader? When did he die?"),
+        ("model", "When did Rollo die?"),
+    ],
+)
+def test_follow_up_is_rewritten_before_retrieval(mode, expected):
+    draft = FakeLogprobChat(reply="When did Rollo die?", calls=[])
+    svc, queries = recording_services(draft=draft)
+    out = asyncio.run(
+        build_graph(svc).ainvoke(
+            {"messages": conversation()}, context=ctx(query_rewrite=mode, draft_policy="off")
+        )
+    )
+    assert queries == [expected]
+    assert out["query"] == expected
+    assert out["messages"][-1].content == out["answer"]
+
+
+def test_history_reaches_the_prompts_bounded_by_tokens():
+    answer = FakeLogprobChat(reply="Around 930.", calls=[])
+    svc, _ = recording_services(answer=answer)
+    long_turns = [HumanMessage("old " * 500), AIMessage("older answer " * 200)]
+    asyncio.run(
+        build_graph(svc).ainvoke(
+            {"messages": long_turns + conversation()}, context=ctx(history_tokens=64)
+        )
+    )
+    (prompt,) = answer.calls
+    texts = [str(m.content) for m in prompt]
+    assert "Who was the Norse leader?" in texts and "Rollo." in texts  # recent turns kept
+    assert not any(t.startswith("old old") for t in texts)  # over the budget: dropped
+    assert "When did he die?" in texts[-1]  # the question ends the prompt, with the evidence
