@@ -231,7 +231,7 @@ nb(
     [
         (
             "md",
-            '# specrag as a tool for LangChain agents\n`make_specrag_tool()` wraps the graph as a `BaseTool`. With a real tool-calling model, pass e.g. `init_chat_model("openai:gpt-4o-mini")` to `create_agent`. The 135M local model cannot call tools reliably, so to run offline this notebook drives the agent with a small scripted model that calls the tool and then reports what it returned; the tool itself runs the real graph on the embedded models.',
+            '# specrag as a tool for LangChain agents\n`make_specrag_tool()` wraps the graph as a `BaseTool`. With a real tool-calling model, pass e.g. `init_chat_model("openai:gpt-4o-mini")` to `create_agent`. The 135M local model cannot call tools (its chat template has no tool support), so the first agent below is driven by a small scripted model that calls the tool and then reports what it returned; the tool itself runs the real graph on the embedded models. The second agent is fully local on the drafter/target pair.',
         ),
         ("code", SETUP),
         (
@@ -268,6 +268,50 @@ agent = create_agent(ScriptedToolCaller(), tools=[tool])
 result = await agent.ainvoke({"messages": [("user", "Who was the Norse leader?")]})
 for m in result["messages"]:
     print(type(m).__name__, ":", (m.content or m.tool_calls)[:300] if isinstance(m.content, str) else m.content)""",
+        ),
+        (
+            "md",
+            "## A fully offline agent (the drafter/target pair)\nWith the pair installed (`make models-pair`), the agent's own model is local too: `ChatLocalLM` on Qwen2.5-Coder-1.5B-Instruct calls tools through its chat template (`bind_tools`), and specrag's tool answers on the pair (0.5B drafts, 1.5B verifies). Without the pair this cell says what to install.",
+        ),
+        (
+            "code",
+            """from specrag import ChatLocalLM
+from specrag.models.pair import INSTALL_HINT, installed
+
+if not installed():
+    print("the drafter/target pair is not installed:", INSTALL_HINT)
+else:
+    agent_model = ChatLocalLM(model_name="qwen2.5-coder-1.5b", max_new_tokens=160)
+    offline = create_agent(
+        agent_model,
+        tools=[make_specrag_tool(SpecRagContext(models="pair", refine_temperature=0.0))],
+        system_prompt="Answer with the search_documents tool, then give its answer and cite its sources.",
+    )
+    result = await offline.ainvoke({"messages": [("user", "Who was the Norse leader?")]})
+    for m in result["messages"]:
+        print(type(m).__name__, ":", m.content[:300] or m.tool_calls)""",
+        ),
+        (
+            "md",
+            "## specrag as a node of a chat graph\nThe graph also takes `{\"messages\": [...]}`: the last human message is the question, earlier turns are history (a follow-up is rewritten into a self-contained search query first), and the answer comes back as an `AIMessage` with its citations. So it drops into a `MessagesState` graph unchanged:",
+        ),
+        (
+            "code",
+            """from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+from specrag import specrag_graph
+
+chat = StateGraph(MessagesState)
+chat.add_node("specrag", specrag_graph)
+chat.add_edge(START, "specrag")
+chat.add_edge("specrag", END)
+chat = chat.compile()
+state = await chat.ainvoke({"messages": [HumanMessage("Who was the Norse leader?")]},
+                           context=SpecRagContext(refine_temperature=0.0))
+state = await chat.ainvoke({"messages": state["messages"] + [HumanMessage("What did he swear fealty to?")]},
+                           context=SpecRagContext(refine_temperature=0.0))
+for m in state["messages"]:
+    print(type(m).__name__, ":", m.content[:200], m.additional_kwargs.get("citations", ""))""",
         ),
     ],
 )

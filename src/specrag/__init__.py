@@ -6,6 +6,8 @@ from specrag.models.chat import ChatLocalLM
 from specrag.models.rapid_chat import ChatRapid
 from specrag.tools import make_specrag_tool
 
+specrag_graph = graph  # the compiled graph under a name that reads well in a parent graph
+
 __all__ = [
     "ChatLocalLM",
     "ChatRapid",
@@ -13,4 +15,5 @@ __all__ = [
     "build_graph",
     "graph",
     "make_specrag_tool",
+    "specrag_graph",
 ]
