@@ -277,6 +277,7 @@ for m in result["messages"]:
             "code",
             """from specrag import ChatLocalLM
 from specrag.models.pair import INSTALL_HINT, installed
+from specrag.tools import AGENT_PROMPT
 
 if not installed():
     print("the drafter/target pair is not installed:", INSTALL_HINT)
@@ -284,8 +285,8 @@ else:
     agent_model = ChatLocalLM(model_name="qwen2.5-coder-1.5b", max_new_tokens=160)
     offline = create_agent(
         agent_model,
-        tools=[make_specrag_tool(SpecRagContext(models="pair", refine_temperature=0.0))],
-        system_prompt="Answer with the search_documents tool, then give its answer and cite its sources.",
+        tools=[make_specrag_tool(SpecRagContext(models="pair", refine_temperature=0.0), output="text")],
+        system_prompt=AGENT_PROMPT,  # from specrag.tools
     )
     result = await offline.ainvoke({"messages": [("user", "Who was the Norse leader?")]})
     for m in result["messages"]:

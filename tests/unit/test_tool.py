@@ -72,3 +72,16 @@ def test_every_setting_is_validated_with_a_one_line_error():
         SpecRagContext(top_k="3")
     with pytest.raises(InputError, match="expected a number"):
         SpecRagContext.from_overrides({"rapid_eta": "strong"})
+
+
+def test_text_output_is_one_line_with_sources():
+    from specrag.tools import format_text
+
+    verified = {
+        "answer": "Rollo.",
+        "verified": True,
+        "citations": [{"source": "a.md"}, {"source": "b.md"}],
+    }
+    assert format_text(verified) == "Rollo. [sources: a.md, b.md]"
+    unverified = {"answer": "Maybe Rollo.", "verified": False, "reason": "retrieval timed out"}
+    assert format_text(unverified) == "Maybe Rollo. [unverified: retrieval timed out]"

@@ -183,3 +183,24 @@ def test_parse_keeps_text_outside_blocks():
     content, chunks = parse_tool_calls("Answer: " + CALL + " done")
     assert content == "Answer:  done"
     assert len(chunks) == 1 and chunks[0]["name"] == "search_docs"
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        '```json\n{\n  "name": "search_docs",\n  "arguments": {"query": "Norse leader"}\n}\n```',
+        '<tools>\n{"name": "search_docs", "arguments": {"query": "Norse leader"}}\n</tools>',
+        '{"name": "search_docs", "arguments": "{\\"query\\": \\"Norse leader\\"}"}',
+    ],
+)
+def test_other_call_formats_small_models_write_are_calls_too(scripted, written):
+    """Qwen2.5-Coder-1.5B writes its calls in a json fence or <tools> tags (measured on the
+    offline agent test); the decode stops once the call's object is complete, so the model
+    cannot go on to invent the tool's result."""
+    invented = '\nThe tool returned: {"answer": "Ragnar"}'
+    msg = scripted(written + invented).bind_tools([search_docs]).invoke([HumanMessage("q")])
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == [
+        ("search_docs", {"query": "Norse leader"})
+    ]
+    assert "Ragnar" not in str(msg.content) and "search_docs" not in str(msg.content)
+    assert msg.response_metadata["finish_reason"] == "tool_calls"

@@ -243,6 +243,8 @@ class _Run:
             return "stop_event"
         if self.stop_hit:
             return "stop_sequence"
+        if self.capture is not None and self.capture.done:
+            return "tool_call"
         return None
 
     def start(self, put: Callable[[tuple[str, Any]], None]) -> None:

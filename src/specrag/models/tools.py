@@ -85,29 +85,96 @@ def defuse_dicts(dicts: list[dict[str, Any]], specials: tuple[str, ...]) -> list
     ]
 
 
+# Where a tool call starts. The chat template asks for <tool_call> blocks; small models also
+# write the same JSON object in <tools> tags or a ```json fence (Qwen2.5-Coder-1.5B does, on
+# the offline-agent test), so those count as calls too - only while tools are bound.
+OPENERS = (TOOL_OPEN, "<tools>", "```json", '{"name"')
+
+
+def _first_object(text: str) -> tuple[int, int] | None:
+    """Span of the first complete top-level JSON object in ``text`` (strings respected)."""
+    begin = text.find("{")
+    if begin < 0:
+        return None
+    depth, in_str, escaped = 0, False, False
+    for i in range(begin, len(text)):
+        ch = text[i]
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return begin, i + 1
+    return None
+
+
+def _as_call(body: str) -> tuple[str, dict[str, Any]] | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    args = data.get("arguments", data.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (data["name"], args) if isinstance(args, dict) else None
+
+
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCallChunk]]:
     """Split generated text into (content, tool-call chunks).
 
-    Each ``<tool_call>`` block (an unclosed one at the end too) becomes one chunk. A block whose
-    body is a JSON object with a ``name`` gets its ``arguments`` as the chunk's JSON args; any
-    other block keeps its raw text as args (not JSON), which LangChain files under
-    ``invalid_tool_calls``.
+    Each ``<tool_call>`` block (an unclosed one at the end too) becomes one chunk; without any,
+    a tool-call object after another opener (``<tools>``, a ``json`` fence, a bare
+    ``{"name": ...}``) does. A JSON object with a ``name`` gets its ``arguments`` as the
+    chunk's JSON args; anything else keeps its raw text (starting with the opener, so never
+    valid JSON) as args, which LangChain files under ``invalid_tool_calls``.
     """
     chunks: list[ToolCallChunk] = []
-    for index, match in enumerate(_BLOCK.finditer(text)):
-        body = match.group(1).strip()
+    spans: list[tuple[int, int]] = []
+    blocks = list(_BLOCK.finditer(text))
+    if blocks:
+        pieces = [(m.start(), m.end(), m.group(0), m.group(1).strip()) for m in blocks]
+    else:
+        at = min((i for i in (text.find(o) for o in OPENERS) if i >= 0), default=-1)
+        pieces = []
+        if at >= 0:
+            span = _first_object(text[at:])
+            end = at + span[1] if span else len(text)
+            tail = text[end:].lstrip()
+            for closer in ("</tools>", "</tool_call>", "```"):  # the opener's closing tag/fence
+                if tail.startswith(closer):
+                    end = len(text) - len(tail) + len(closer)
+                    break
+                if closer.startswith(tail):  # cut off inside the closer: drop that part too
+                    end = len(text)
+                    break
+            body = text[at + span[0] : at + span[1]] if span else text[at:]
+            pieces = [(at, end, text[at:end], body)]
+    for index, (begin, end, raw, body) in enumerate(pieces):
         call_id = f"call_{uuid.uuid4().hex[:12]}"
-        try:
-            data = json.loads(body)
-            name = data["name"] if isinstance(data, dict) else None
-            args = data.get("arguments", data.get("parameters", {})) if name else None
-            if not isinstance(name, str) or not isinstance(args, dict):
-                raise ValueError("not a tool call object")
+        spans.append((begin, end))
+        call = _as_call(body)
+        if call is not None:
+            name, args = call
             chunks.append(
                 tool_call_chunk(name=name, args=json.dumps(args), id=call_id, index=index)
             )
-        except (ValueError, KeyError, TypeError):
-            raw = match.group(0)  # starts with "<tool_call>": never parses as JSON
+        else:
+            if not raw.startswith("<"):
+                raw = "<tool_call>" + raw  # keep invalid args from ever parsing as JSON
             name_match = re.search(r'"name"\s*:\s*"([^"]+)"', body)
             chunks.append(
                 tool_call_chunk(
@@ -117,14 +184,22 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCallChunk]]:
                     index=index,
                 )
             )
-    content = _BLOCK.sub("", text).strip() if chunks else text
-    return content, chunks
+    if not chunks:
+        return text, []
+    content, last = "", 0
+    for begin, end in spans:
+        content += text[last:begin]
+        last = end
+    content += text[last:]
+    return content.strip(), chunks
 
 
 class ToolCapture:
-    """Streams text up to the first ``<tool_call>``; captures the rest for parsing at the end.
+    """Streams text up to the first tool-call opener; captures the rest for parsing at the end.
 
-    A tail that may still become ``<tool_call>`` is held back, so no part of a tag is shown.
+    A tail that may still become an opener is held back, so no part of one is shown. Once the
+    captured call's JSON object is complete, ``done`` tells the decoder to stop (a small model
+    otherwise goes on to invent the tool's result).
     """
 
     def __init__(self, forced: str = "") -> None:
@@ -132,24 +207,28 @@ class ToolCapture:
         self.captured = forced
         self.capturing = bool(forced)
 
+    @property
+    def done(self) -> bool:
+        """True once a complete tool-call object has been captured."""
+        return self.capturing and _first_object(self.captured) is not None
+
     def feed(self, delta: str) -> str:
         """The part of ``delta`` that is answer text."""
         if self.capturing:
             self.captured += delta
             return ""
         buf = self.pending + delta
-        at = buf.find(TOOL_OPEN)
-        if at >= 0:
+        found = [i for i in (buf.find(o) for o in OPENERS) if i >= 0]
+        if found:
+            at = min(found)
             self.capturing, self.captured, self.pending = True, buf[at:], ""
             return buf[:at]
-        keep = next(
-            (
-                k
-                for k in range(min(len(TOOL_OPEN) - 1, len(buf)), 0, -1)
-                if buf.endswith(TOOL_OPEN[:k])
-            ),
-            0,
-        )
+        keep = 0
+        for opener in OPENERS:
+            for k in range(min(len(opener) - 1, len(buf)), keep, -1):
+                if buf.endswith(opener[:k]):
+                    keep = k
+                    break
         self.pending = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 

@@ -6,7 +6,7 @@ import asyncio
 import contextvars
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
@@ -18,6 +18,19 @@ class AskInput(BaseModel):
     """Arguments of the specrag tool."""
 
     question: str = Field(description="A self-contained question about the indexed documents.")
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """The tool's answer as one line: the answer, then its sources (or why it is unverified).
+
+    Small local agent models copy this line, citations included, where they paraphrase JSON
+    and drop the sources (measured with the pair's 1.5B: tests/pair/test_agent.py).
+    """
+    answer = str(result.get("answer", "")).strip()
+    sources = [str(c.get("source")) for c in result.get("citations") or []]
+    if result.get("verified") and sources:
+        return f"{answer} [sources: {', '.join(sources)}]"
+    return f"{answer} [unverified: {result.get('reason', 'no evidence')}]"
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -59,8 +72,16 @@ def make_specrag_tool(
         "Answer a question from the user's indexed documents. Returns JSON with the answer, "
         "whether it was verified against evidence, and the sources."
     ),
+    output: Literal["json", "text"] = "json",
 ) -> BaseTool:
-    """A tool that runs the specrag graph on a question (async and sync)."""
+    """A tool that runs the specrag graph on a question (async and sync).
+
+    ``output="json"``: answer, verified, route, reason and sources as JSON; ``"text"``: one
+    line, the answer and its sources (what small local agent models cite reliably).
+    """
+    if output not in ("json", "text"):
+        raise ValueError(f"output must be 'json' or 'text', not {output!r}")
+    fmt = format_result if output == "json" else format_text
     if graph is None:
         from specrag.graph.builder import graph as default_graph
 
@@ -69,7 +90,7 @@ def make_specrag_tool(
 
     async def arun(question: str) -> str:
         result = await graph.ainvoke({"question": question}, context=ctx)
-        return format_result(result)
+        return fmt(result)
 
     def run(question: str) -> str:
         # The graph's nodes are async-only: run them on an event loop of our own. Inside a
@@ -86,3 +107,11 @@ def make_specrag_tool(
     return StructuredTool.from_function(
         func=run, coroutine=arun, name=name, description=description, args_schema=AskInput
     )
+
+
+AGENT_PROMPT = (
+    "Answer with the search_documents tool, then give its answer and cite its sources in "
+    "square brackets."
+)
+"""A system prompt for an agent around the tool (with ``output="text"``): measured to make the
+pair's 1.5B call the tool and cite its sources (tests/pair/test_agent.py)."""
