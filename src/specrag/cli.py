@@ -123,23 +123,30 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     ctx = make_context(args)
     directory = index_dir_of(ctx)
-    records = load_files(args.paths)  # validates every input before the index is opened
-    report = index_with_progress(records, ctx, "indexing files", folder_roots(args.paths))
+    loaded = load_files(args.paths)  # validates every input before the index is opened
+    report = index_with_progress(loaded.records, ctx, "indexing files", folder_roots(args.paths))
     summary = {
         "index_dir": str(directory),
-        "files": report.files,
+        "files": len(loaded.files),
+        "sources": report.files,  # a PDF counts one source per page with text
         "chunks": report.chunks_total,
         "added": report.chunks_added,
         "removed": report.chunks_removed,
         "files_removed": len(report.sources_removed),
+        "skipped": [s.as_dict() for s in loaded.skipped],
     }
     if args.json:
         print(json.dumps(summary))
     else:
-        err.print(
-            f"indexed {report.files} files into {directory}: {report.chunks_total} chunks "
+        line = (
+            f"indexed {len(loaded.files)} files into {directory}: {report.chunks_total} chunks "
             f"({report.chunks_added} new, {report.chunks_removed} removed)"
         )
+        if loaded.skipped:
+            shown = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in loaded.skipped[:5])
+            more = f"; and {len(loaded.skipped) - 5} more" if len(loaded.skipped) > 5 else ""
+            line += f"; skipped {len(loaded.skipped)} ({shown}{more})"
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
@@ -332,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
             "drafts, 1.5B answers; `make models-pair` installs it)",
         )
 
-    p = sub.add_parser("index", help="index .txt/.md/.html files and folders")
+    p = sub.add_parser("index", help="index .txt/.md/.html/.pdf files and folders")
     p.add_argument("paths", nargs="+")
     common(p)
     p.set_defaults(func=cmd_index)

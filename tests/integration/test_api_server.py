@@ -129,3 +129,24 @@ async def test_server_concurrent_runs_keep_their_own_answers(server):
     alone = [await ask(q) for q in questions]
     together = await asyncio.gather(*(ask(q) for q in questions))
     assert list(together) == alone  # each concurrent answer belongs to its own question
+
+
+async def test_server_answers_a_messages_input_with_an_ai_message(server):
+    """Issue 12: the API server run with ``{"messages": [...]}`` returns an AI message whose
+    citations name the sources."""
+    from langgraph_sdk import get_client
+
+    client = get_client(url=server)
+    thread = await client.threads.create()
+    state = await client.runs.wait(
+        thread["thread_id"],
+        "specrag",
+        input={"messages": [{"role": "user", "content": "Who was the Norse leader?"}]},
+        context={"refine_temperature": 0.0, "answer_max_tokens": 32},
+    )
+    human, ai = state["messages"][-2:]
+    assert human["type"] == "human" and ai["type"] == "ai"
+    assert ai["content"] == state["answer"] and "Rollo" in ai["content"]
+    citations = ai["additional_kwargs"]["citations"]
+    assert citations and all(c["source"].startswith("squad:Normans:") for c in citations)
+    assert ai["response_metadata"]["route"] in ("refine", "generate")

@@ -14,7 +14,20 @@ from langchain_text_splitters import RecursiveCharacterTextSplitter
 
 from specrag.errors import InputError
 
-SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
+SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
+PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited as such
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file a folder index left out, and why (unsupported type, unreadable, empty)."""
+
+    path: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-friendly form."""
+        return {"path": self.path, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -67,8 +80,42 @@ def html_to_text(markup: str) -> str:
     return re.sub(r"\n\s*\n+", "\n\n", text).strip()
 
 
+def read_pdf_pages(path: Path) -> list[str]:
+    """The text of each page of a PDF (pypdf); one-line ``InputError`` if it cannot be read."""
+    try:
+        from pypdf import PdfReader
+
+        reader = PdfReader(str(path))
+        if reader.is_encrypted:
+            raise InputError(f"cannot read {path}: the PDF is encrypted")
+        return [(page.extract_text() or "").strip() for page in reader.pages]
+    except InputError:
+        raise
+    except FileNotFoundError as exc:
+        raise InputError(f"file not found: {path}") from exc
+    except Exception as exc:  # noqa: BLE001 - pypdf raises many kinds; one line for the user
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"cannot read PDF {path}: {first}") from exc
+
+
+def read_records(path: Path) -> list[tuple[str, str]]:
+    """``(source, text)`` records of one file.
+
+    One per PDF page (``path#page=n``, empty pages left out), else one for the file.
+    """
+    if path.suffix.lower() == ".pdf":
+        return [
+            (f"{path}{PAGE_MARK}{n}", text)
+            for n, text in enumerate(read_pdf_pages(path), start=1)
+            if text
+        ]
+    return [(str(path), read_text(path))]
+
+
 def read_text(path: Path) -> str:
-    """Text of a .txt/.md/.html file; one-line ``InputError`` for anything unreadable."""
+    """Text of a .txt/.md/.html/.pdf file; one-line ``InputError`` for anything unreadable."""
+    if path.suffix.lower() == ".pdf":
+        return "\n\n".join(p for p in read_pdf_pages(path) if p)
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
@@ -88,16 +135,27 @@ def read_text(path: Path) -> str:
 
 def collect_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand folders to their supported files; error on anything missing or unsupported."""
+    return collect_files_report(paths)[0]
+
+
+def collect_files_report(paths: Iterable[str | Path]) -> tuple[list[Path], list[Skipped]]:
+    """Folders expanded to their supported files, and the files in them left out (by type).
+
+    A file named explicitly must exist and be supported (one-line ``InputError``).
+    """
     files: list[Path] = []
+    skipped: list[Skipped] = []
     for item in paths:
         path = Path(item).expanduser()
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")
         if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES
-            )
-            files.extend(found)
+            for p in sorted(q for q in path.rglob("*") if q.is_file()):
+                if p.suffix.lower() in SUPPORTED_SUFFIXES:
+                    files.append(p)
+                else:
+                    kind = p.suffix.lower() or "(no extension)"
+                    skipped.append(Skipped(str(p.resolve()), f"unsupported type {kind}"))
         elif path.suffix.lower() in SUPPORTED_SUFFIXES:
             files.append(path)
         else:
@@ -105,7 +163,7 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
                 f"unsupported file type {path.suffix or '(none)'}: {item} "
                 f"(supported: {', '.join(SUPPORTED_SUFFIXES)})"
             )
-    return list(dict.fromkeys(p.resolve() for p in files))
+    return list(dict.fromkeys(p.resolve() for p in files)), skipped
 
 
 def make_splitter(

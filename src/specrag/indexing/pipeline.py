@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from specrag.errors import InputError
-from specrag.indexing.documents import collect_files, read_text
+from specrag.indexing.documents import Skipped, collect_files_report, read_records
 from specrag.indexing.store import IndexReport, VectorIndex, index_documents
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
 
@@ -31,12 +32,44 @@ def open_for_writing(directory: Path, collection: str, embedding_model: str) -> 
     return VectorIndex(directory, load_embeddings(embedding_model), collection, create=True)
 
 
-def load_files(paths: Iterable[str]) -> list[tuple[str, str]]:
-    """Read every file first, so a bad input fails before the index is touched."""
-    files = collect_files(paths)
-    if not files:
-        raise InputError("no .txt/.md/.html files found in the given paths")
-    return [(str(f), read_text(f)) for f in files]
+@dataclass
+class Loaded:
+    """What ``specrag index`` read: records, the files they came from, and what it skipped."""
+
+    records: list[tuple[str, str]]
+    files: list[str]
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+def load_files(paths: Iterable[str]) -> Loaded:
+    """Read every file first, so a bad input fails before the index is touched.
+
+    A file named explicitly must be readable (one-line ``InputError``); a file found in a
+    folder that is unreadable, empty or of another type is skipped and reported instead.
+    """
+    paths = list(paths)
+    files, skipped = collect_files_report(paths)
+    named = {Path(p).expanduser().resolve() for p in paths if not Path(p).expanduser().is_dir()}
+    out = Loaded([], [], skipped)
+    for f in files:
+        try:
+            records = [(source, text) for source, text in read_records(f) if text.strip()]
+        except InputError as exc:
+            if f in named:
+                raise
+            out.skipped.append(Skipped(str(f), f"unreadable: {exc}"))
+            continue
+        if not records:
+            if f in named:
+                raise InputError(f"no text in {f}")
+            out.skipped.append(Skipped(str(f), "empty (no text)"))
+            continue
+        out.records.extend(records)
+        out.files.append(str(f))
+    if not out.records:
+        why = f" (skipped {len(out.skipped)}: see --json)" if out.skipped else ""
+        raise InputError(f"no .txt/.md/.html/.pdf text found in the given paths{why}")
+    return out
 
 
 def folder_roots(paths: Iterable[str]) -> list[str]:

@@ -21,6 +21,7 @@ from langgraph.runtime import Runtime
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
+from specrag.indexing.documents import PAGE_MARK
 from specrag.models.options import DecodeOptions
 from specrag.nodes.streaming import CLOCK_ID, emit, live_marks, now, stream_model
 
@@ -53,11 +54,15 @@ def run_timings(
 
 
 def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Numbered citations matching the evidence blocks."""
-    return [
-        {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
-        for n, c in enumerate(chunks, start=1)
-    ]
+    """Numbered citations matching the evidence blocks (``page`` for a PDF page's chunk)."""
+    out = []
+    for n, c in enumerate(chunks, start=1):
+        cite = {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
+        source = str(c.get("source") or "")
+        if PAGE_MARK in source and source.rsplit(PAGE_MARK, 1)[1].isdigit():
+            cite["page"] = int(source.rsplit(PAGE_MARK, 1)[1])
+        out.append(cite)
+    return out
 
 
 def answer_message(state: State, update: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,100 @@
+"""Indexing the documents users have: PDFs (page numbers in citations) and folders that hold
+other files (skipped files are reported, with the reason)."""
+
+import json
+
+import pytest
+
+from specrag.cli import main
+from specrag.indexing.documents import read_text
+from specrag.indexing.pipeline import load_files
+
+
+def write_pdf(path, pages):
+    """A minimal valid PDF with one line of Helvetica text per page (no PDF library needed)."""
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        None,
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    kids = []
+    for text in pages:
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream.decode()}\nendstream")
+        content = len(objects)
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            f"/Resources << /Font << /F1 3 0 R >> >> /Contents {content} 0 R >>"
+        )
+        kids.append(f"{len(objects)} 0 R")
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for n, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n{body}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{o:010d} 00000 n \n" for o in offsets).encode()
+    out += (
+        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    )
+    path.write_bytes(bytes(out))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "notes.md").write_text("# Notes\n\nRollo led the Norse settlers of Normandy.")
+    (d / "page.html").write_text("<html><body><p>Normandy is in France.</p></body></html>")
+    write_pdf(d / "spec.pdf", ["The treaty was signed in 911.", "", "Rollo died around 930."])
+    (d / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    (d / "empty.txt").write_text("   \n")
+    (d / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    return d
+
+
+def test_pdf_pages_become_sources_with_page_numbers(folder):
+    loaded = load_files([str(folder)])
+    sources = [s for s, _ in loaded.records]
+    pdf = str(folder / "spec.pdf")
+    assert f"{pdf}#page=1" in sources and f"{pdf}#page=3" in sources
+    assert f"{pdf}#page=2" not in sources  # a page without text adds nothing
+    assert "treaty was signed in 911" in dict(loaded.records)[f"{pdf}#page=1"]
+    assert "Rollo died around 930." in read_text(folder / "spec.pdf")  # --document reads PDFs
+
+
+def test_a_folder_index_reports_what_it_skipped_and_why(folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    assert main(["index", str(folder), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["files"] == 3  # notes.md, page.html, spec.pdf
+    assert summary["sources"] == 4  # two PDF pages with text
+    reasons = {
+        p.split("/")[-1]: r for p, r in ((s["path"], s["reason"]) for s in summary["skipped"])
+    }
+    assert reasons["logo.png"] == "unsupported type .png"
+    assert reasons["empty.txt"] == "empty (no text)"
+    assert reasons["broken.pdf"].startswith("unreadable: cannot read PDF")
+    assert main(["index", str(folder)]) == 0
+    line = capsys.readouterr().err
+    assert (
+        "indexed 3 files" in line and "skipped 3" in line and "logo.png: unsupported type" in line
+    )
+
+
+def test_a_named_unreadable_pdf_is_a_one_line_error(folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    assert main(["index", str(folder / "broken.pdf")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specrag: error: cannot read PDF") and "\n" not in err
+
+
+def test_a_pdf_chunk_is_cited_with_its_page():
+    from specrag.nodes.answer import citations
+
+    cited = citations(
+        [{"id": "a", "source": "/d/spec.pdf#page=3", "score": 0.5}, {"source": "n.md"}]
+    )
+    assert cited[0]["page"] == 3 and "page" not in cited[1]
