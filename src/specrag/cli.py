@@ -72,6 +72,8 @@ def make_context(args: argparse.Namespace) -> Any:
     overrides: dict[str, Any] = parse_sets(getattr(args, "set", None) or [])
     if getattr(args, "index_dir", None):
         overrides["index_dir"] = str(args.index_dir)
+    if getattr(args, "index_url", None):
+        overrides["index_url"] = str(args.index_url)
     if getattr(args, "models", None):
         overrides["models"] = args.models
     ctx = SpecRagContext.from_overrides(overrides)
@@ -114,6 +116,7 @@ def index_with_progress(
             embedding_model=ctx.embedding_model,
             progress=lambda n: bar.advance(task, n),
             prune_roots=prune_roots or (),
+            url=ctx.index_url,
         )
 
 
@@ -126,7 +129,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     loaded = load_files(args.paths)  # validates every input before the index is opened
     report = index_with_progress(loaded.records, ctx, "indexing files", folder_roots(args.paths))
     summary = {
-        "index_dir": str(directory),
+        "index_dir": ctx.index_url or str(directory),
         "files": len(loaded.files),
         "sources": report.files,  # a PDF counts one source per page with text
         "chunks": report.chunks_total,
@@ -139,7 +142,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         line = (
-            f"indexed {len(loaded.files)} files into {directory}: {report.chunks_total} chunks "
+            f"indexed {len(loaded.files)} files into {ctx.index_url or directory}: "
+            f"{report.chunks_total} chunks "
             f"({report.chunks_added} new, {report.chunks_removed} removed)"
         )
         if loaded.skipped:
@@ -166,6 +170,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
         document = read_text(Path(args.document).expanduser())
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
+    elif ctx.index_url:
+        from specrag.graph.services import open_index
+
+        open_index(ctx)  # a bad URL, a server down or no collection: one line, before the run
     elif not (index_dir_of(ctx) / "chroma.sqlite3").is_file():
         raise SpecRagError(
             f"no index at {index_dir_of(ctx)}: run `specrag index PATH` or `specrag demo` first"
@@ -322,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--index-dir", help="Chroma directory (default: the user data dir)")
+        p.add_argument(
+            "--index-url",
+            help="a Chroma server instead (http://HOST:PORT of `chroma run --path DIR --port N`)",
+        )
         p.add_argument(
             "--set",
             action="append",

@@ -77,6 +77,11 @@ class SpecRagContext:
         "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."
     )
     index_dir: str = _f("", "Chroma directory; empty = the default data dir (SPECRAG_DATA_DIR).")
+    index_url: str = _f(
+        "",
+        "A Chroma server (http://HOST:PORT of `chroma run --path DIR --port N`) holding the "
+        "index instead of index_dir: one index shared by processes and hosts.",
+    )
     collection: str = _f("specrag", "Chroma collection name.")
     # --- retrieval ------------------------------------------------------------------------
     top_k: int = _f(3, "Chunks retrieved per question.", ge=1)

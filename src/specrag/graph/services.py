@@ -47,18 +47,18 @@ def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
     return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype, **params)
 
 
-_INDEXES: dict[tuple[str, str, str], VectorIndex] = {}
+_INDEXES: dict[tuple[str, str, str], VectorIndex] = {}  # (url or directory, collection, model)
 _INDEX_LOCK = threading.Lock()
 
 
 def open_index(ctx: SpecRagContext) -> VectorIndex:
     """The context's persistent index (one client per directory and collection)."""
     directory = str(Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir())
-    key = (directory, ctx.collection, ctx.embedding_model)
+    key = (ctx.index_url or directory, ctx.collection, ctx.embedding_model)
     with _INDEX_LOCK:
         if key not in _INDEXES:
             _INDEXES[key] = VectorIndex(
-                directory, load_embeddings(ctx.embedding_model), ctx.collection
+                directory, load_embeddings(ctx.embedding_model), ctx.collection, url=ctx.index_url
             )
         return _INDEXES[key]
 

@@ -27,9 +27,13 @@ def embedding_token_length(name: str = EMBEDDED_LM) -> Callable[[str], int]:
     return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def open_for_writing(directory: Path, collection: str, embedding_model: str) -> VectorIndex:
-    """Open (creating if needed) an index for indexing."""
-    return VectorIndex(directory, load_embeddings(embedding_model), collection, create=True)
+def open_for_writing(
+    directory: Path, collection: str, embedding_model: str, url: str = ""
+) -> VectorIndex:
+    """Open (creating if needed) an index for indexing (on the Chroma server at ``url``)."""
+    return VectorIndex(
+        directory, load_embeddings(embedding_model), collection, create=True, url=url
+    )
 
 
 @dataclass
@@ -85,9 +89,10 @@ def index_records(
     embedding_model: str = EMBEDDED_LM,
     progress: Callable[[int], None] | None = None,
     prune_roots: Iterable[str] = (),
+    url: str = "",
 ) -> IndexReport:
     """Index ``(source, text)`` records; drop sources under ``prune_roots`` that are gone."""
-    index = open_for_writing(directory, collection, embedding_model)
+    index = open_for_writing(directory, collection, embedding_model, url)
     roots = [r.rstrip(os.sep) + os.sep for r in prune_roots]
     removed: list[str] = []
     if roots:

@@ -40,6 +40,27 @@ def _short(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def connect(url: str) -> Any:
+    """A client of the Chroma server at ``url`` (``http(s)://host:port``), checked to answer.
+
+    A malformed URL or a server that does not answer is a one-line ``IndexError_``.
+    """
+    from urllib.parse import urlparse
+
+    import chromadb
+
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise IndexError_(f"bad --index-url {url!r}: use http://HOST:PORT of a `chroma run` server")
+    port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+    try:
+        client = chromadb.HttpClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https")
+        client.heartbeat()
+    except Exception as exc:  # noqa: BLE001 - connection errors come in many types
+        raise IndexError_(f"cannot reach the Chroma server at {url}: {_short(exc)}") from exc
+    return client
+
+
 class VectorIndex:
     """A Chroma collection of chunks from named sources."""
 
@@ -50,29 +71,49 @@ class VectorIndex:
         collection: str = DEFAULT_COLLECTION,
         *,
         create: bool = False,
+        url: str = "",
     ) -> None:
+        """Open the collection in ``directory`` (embedded Chroma), or on a Chroma server.
+
+        ``url``: ``chroma run --path DIR --port N``'s address; one index shared by processes
+        and hosts.
+        """
         self.directory = Path(directory).expanduser()
         self.collection_name = collection
-        if not create and not (self.directory / "chroma.sqlite3").is_file():
+        self.url = url
+        client = connect(url) if url else None
+        if client is not None and not create:
+            names = {getattr(c, "name", c) for c in client.list_collections()}
+            if collection not in names:
+                raise IndexError_(
+                    f"no collection {collection!r} on the Chroma server at {url}: run "
+                    f"`specrag index PATH --index-url {url}` first"
+                )
+        if client is None and not create and not (self.directory / "chroma.sqlite3").is_file():
             raise IndexError_(
                 f"no index at {self.directory}: run `specrag index PATH` or `specrag demo` first"
             )
         from langchain_chroma import Chroma
 
+        where = url or str(self.directory)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if client is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            location: dict[str, Any] = (
+                {"client": client} if client is not None else {"persist_directory": where}
+            )
             self.store = Chroma(
                 collection_name=collection,
                 embedding_function=embeddings,
-                persist_directory=str(self.directory),
                 collection_metadata={"hnsw:space": "cosine"},
+                **location,
             )
             self._collection = self.store._collection
             self._collection.count()
         except IndexError_:
             raise
         except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
-            raise IndexError_(f"cannot open index at {self.directory}: {_short(exc)}") from exc
+            raise IndexError_(f"cannot open index at {where}: {_short(exc)}") from exc
 
     def count(self) -> int:
         """Number of chunks stored."""
