@@ -379,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("bench", help="run a benchmark (rag, rapid, load or followup)")
-    p.add_argument("which", choices=["rag", "rapid", "load", "followup"])
+    p = sub.add_parser("bench", help="run a benchmark (rag, rapid, load, followup or retrieval)")
+    p.add_argument("which", choices=["rag", "rapid", "load", "followup", "retrieval"])
     p.add_argument("--quick", action="store_true", help="small sample (< 10 min on 2 cores)")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--fresh", action="store_true", help="ignore recorded runs (no resume)")

@@ -85,6 +85,12 @@ class SpecRagContext:
     collection: str = _f("specrag", "Chroma collection name.")
     # --- retrieval ------------------------------------------------------------------------
     top_k: int = _f(3, "Chunks retrieved per question.", ge=1)
+    retrieval: Literal["dense", "bm25", "hybrid"] = _f(
+        "dense",
+        "dense: MiniLM embeddings; bm25: lexical (bm25s, kept in step with the index); hybrid: "
+        "both fused by reciprocal rank fusion. See README 'Retrieval modes' for the measured "
+        "recall of each.",
+    )
     relevance_threshold: float = _f(
         0.2, "Minimum cosine similarity for a chunk to count as evidence.", ge=-1.0, le=1.0
     )

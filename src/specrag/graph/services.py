@@ -88,7 +88,7 @@ def default_retriever(question: str, document: str | None, ctx: SpecRagContext) 
             chunk_tokens=ctx.rapid_chunk_tokens,
             token_budget=ctx.rapid_drafter_tokens,
         )
-    return open_index(ctx).search(question, ctx.top_k)
+    return open_index(ctx).search(question, ctx.top_k, ctx.retrieval)
 
 
 def default_document_tokens(ctx: SpecRagContext, document: str) -> int:

@@ -110,4 +110,5 @@ def index_records(
         progress=progress,
     )
     report.sources_removed = removed
+    index.refresh_lexical()  # BM25 in step with what was just indexed or pruned
     return report

@@ -7,6 +7,7 @@ run killed half-way leaves chunks that a re-run keeps (same id) or completes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from specrag.errors import IndexError_
 from specrag.indexing.documents import Chunk, make_splitter, split_document
+from specrag.indexing.lexical import LexicalIndex, fingerprint, rrf
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class VectorIndex:
         self.directory = Path(directory).expanduser()
         self.collection_name = collection
         self.url = url
+        self._lexical: LexicalIndex | None = None
         client = connect(url) if url else None
         if client is not None and not create:
             names = {getattr(c, "name", c) for c in client.list_collections()}
@@ -153,8 +156,89 @@ class VectorIndex:
             self._collection.delete(ids=ids)
         return len(ids)
 
-    def search(self, query: str, k: int) -> list[Chunk]:
-        """Top-``k`` chunks with cosine similarity scores in [-1, 1] (higher is closer)."""
+    # --- lexical (BM25) and hybrid search --------------------------------------------------
+    def _lexical_dir(self) -> Path:
+        if not self.url:
+            return self.directory / f"bm25-{self.collection_name}"
+        from specrag.paths import cache_dir
+
+        digest = hashlib.sha256(f"{self.url}|{self.collection_name}".encode()).hexdigest()[:16]
+        return cache_dir() / "bm25" / digest
+
+    def lexical(self) -> LexicalIndex:
+        """The BM25 index of this collection, rebuilt when the collection's chunks changed."""
+        ids = [str(i) for i in self._collection.get(include=[])["ids"]]
+        key = fingerprint(ids)
+        if self._lexical is not None and self._lexical.key == key:
+            return self._lexical
+        path = self._lexical_dir()
+        loaded = LexicalIndex.load(path)
+        if loaded is None or loaded.key != key:
+            got: Any = self._collection.get(include=["documents"])
+            loaded = LexicalIndex.build(
+                [str(i) for i in got["ids"]], [str(d or "") for d in got["documents"] or []]
+            )
+            try:
+                loaded.save(path)
+            except OSError as exc:  # read-only location: keep it in memory only
+                log.warning("could not persist the BM25 index at %s: %s", path, exc)
+        self._lexical = loaded
+        return loaded
+
+    def refresh_lexical(self) -> None:
+        """Bring the BM25 index in step with the collection now (after indexing/pruning)."""
+        self.lexical()
+
+    def _chunks_with_cosine(self, query: str, ids: list[str]) -> dict[str, Chunk]:
+        """Chunks by id, scored by cosine similarity to ``query`` (like dense hits)."""
+        if not ids:
+            return {}
+        got: Any = self._collection.get(ids=ids, include=["documents", "metadatas", "embeddings"])
+        q = self.store.embeddings.embed_query(query) if self.store.embeddings else None
+        out = {}
+        for cid, doc, meta, emb in zip(
+            got["ids"], got["documents"], got["metadatas"], got["embeddings"], strict=True
+        ):
+            score = 0.0
+            if q is not None and emb is not None:
+                dot = sum(a * b for a, b in zip(q, emb, strict=True))
+                norm = (sum(a * a for a in q) * sum(b * b for b in emb)) ** 0.5
+                score = dot / norm if norm else 0.0
+            meta = meta or {}
+            out[str(cid)] = Chunk(
+                id=str(cid),
+                source=str(meta.get("source", "")),
+                text=str(doc or ""),
+                position=int(meta.get("position", 0) or 0),
+                score=float(score),
+            )
+        return out
+
+    def search(self, query: str, k: int, mode: str = "dense") -> list[Chunk]:
+        """Top-``k`` chunks, best first, each scored by cosine similarity in [-1, 1].
+
+        ``mode``: ``dense`` (embeddings), ``bm25`` (lexical), or ``hybrid``: both rankings
+        (``max(10, 3k)`` deep) fused by reciprocal rank fusion.
+        """
+        if mode == "dense":
+            return self.dense(query, k)
+        if self.count() == 0:
+            return []
+        depth = max(10, 3 * k)
+        lexical = [cid for cid, _ in self.lexical().search(query, depth if mode == "hybrid" else k)]
+        if mode == "bm25":
+            chunks = self._chunks_with_cosine(query, lexical)
+            return [chunks[c] for c in lexical if c in chunks]
+        if mode != "hybrid":
+            raise ValueError(f"unknown retrieval mode {mode!r} (dense, bm25, hybrid)")
+        dense = self.dense(query, depth)
+        fused = [cid for cid, _ in rrf([[c.id for c in dense], lexical])][:k]
+        known = {c.id: c for c in dense}
+        extra = self._chunks_with_cosine(query, [c for c in fused if c not in known])
+        return [known.get(c) or extra[c] for c in fused if c in known or c in extra]
+
+    def dense(self, query: str, k: int) -> list[Chunk]:
+        """Top-``k`` chunks by embedding similarity."""
         if self.count() == 0:
             return []
         hits = self.store.similarity_search_with_score(query, k=k)

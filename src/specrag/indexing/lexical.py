@@ -1,0 +1,97 @@
+"""BM25 over the chunks of a Chroma collection (bm25s), kept in step with it.
+
+The BM25 index is persisted beside the Chroma directory (``bm25-<collection>/``; for a Chroma
+server, in the cache dir keyed by URL and collection). It records a fingerprint of the chunk
+ids it was built from: whenever the collection's ids differ (re-index, pruning, another
+process), it is rebuilt from the collection's own texts before the next search, so BM25 can
+never return a chunk that is no longer indexed or miss one that is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def fingerprint(ids: list[str]) -> str:
+    """Identity of a set of chunk ids."""
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+
+
+def _tokenize(texts: list[str]) -> Any:
+    import bm25s
+
+    return bm25s.tokenize(texts, stopwords="en", show_progress=False)
+
+
+@dataclass
+class LexicalIndex:
+    """A BM25 retriever and the chunk ids its rows stand for."""
+
+    retriever: Any
+    ids: list[str]
+    key: str
+
+    @classmethod
+    def build(cls, ids: list[str], texts: list[str]) -> LexicalIndex:
+        """Index ``texts`` (row i is chunk ``ids[i]``)."""
+        import bm25s
+
+        retriever = bm25s.BM25()
+        if texts:
+            retriever.index(_tokenize(texts), show_progress=False)
+        return cls(retriever, list(ids), fingerprint(ids))
+
+    def save(self, directory: Path) -> None:
+        """Write atomically: a reader sees the old index or the new one, never half."""
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        if self.ids:
+            self.retriever.save(str(tmp))
+        (tmp / "ids.json").write_text(json.dumps({"key": self.key, "ids": self.ids}))
+        old = directory.with_name(f"{directory.name}.old{os.getpid()}")
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def load(cls, directory: Path) -> LexicalIndex | None:
+        """The saved index, or None when there is none (or it cannot be read)."""
+        try:
+            import bm25s
+
+            meta = json.loads((directory / "ids.json").read_text())
+            retriever = bm25s.BM25.load(str(directory)) if meta["ids"] else bm25s.BM25()
+            return cls(retriever, list(meta["ids"]), str(meta["key"]))
+        except Exception:  # noqa: BLE001 - missing or damaged: the caller rebuilds it
+            return None
+
+    def search(self, query: str, k: int) -> list[tuple[str, float]]:
+        """Top-``k`` ``(chunk id, BM25 score)``, best first (positive scores only)."""
+        if not self.ids or k <= 0:
+            return []
+        rows, scores = self.retriever.retrieve(
+            _tokenize([query]), k=min(k, len(self.ids)), show_progress=False
+        )
+        return [
+            (self.ids[int(r)], float(s))
+            for r, s in zip(rows[0], scores[0], strict=True)
+            if float(s) > 0
+        ]
+
+
+def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion: ``sum 1 / (k + rank)`` over the rankings, best first."""
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -1,0 +1,46 @@
+"""BM25 and hybrid retrieval, kept in step with the Chroma index through re-index and pruning."""
+
+from specrag.indexing.lexical import rrf
+from specrag.indexing.pipeline import index_records, open_for_writing
+
+
+def sources(hits):
+    return {c.source for c in hits}
+
+
+def test_rrf_rewards_agreement():
+    fused = [item for item, _ in rrf([["a", "b", "c"], ["c", "a", "d"]])]
+    assert fused[0] == "a" and fused[1] == "c" and set(fused) == {"a", "b", "c", "d"}
+
+
+def test_bm25_follows_reindex_and_pruning(tmp_path):
+    directory = tmp_path / "index"
+    docs = {
+        "a.md": "The zebrafish genome was sequenced in Hinxton.",
+        "b.md": "Rollo led the Norse settlers of Normandy.",
+    }
+    index_records(list(docs.items()), directory)
+    index = open_for_writing(directory, "specrag", "embedded")
+    assert sources(index.search("zebrafish Hinxton", 1, "bm25")) == {"a.md"}
+    assert sources(index.search("Rollo Normandy", 1, "hybrid")) == {"b.md"}
+    assert (directory / "bm25-specrag" / "ids.json").is_file()  # persisted beside Chroma
+
+    # a.md changes its text: the old words are gone from BM25 too
+    index_records([("a.md", "Lighthouses guide ships at night."), ("b.md", docs["b.md"])], directory)
+    fresh = open_for_writing(directory, "specrag", "embedded")  # as a new process would
+    assert "a.md" not in sources(fresh.search("zebrafish Hinxton", 2, "bm25"))
+    assert sources(fresh.search("lighthouses ships", 1, "bm25")) == {"a.md"}
+
+    # b.md is removed (pruned): neither BM25 nor hybrid can return it
+    fresh.remove_source("b.md")
+    assert "b.md" not in sources(fresh.search("Rollo Normandy", 3, "bm25"))
+    assert "b.md" not in sources(fresh.search("Rollo Normandy", 3, "hybrid"))
+
+
+def test_hybrid_scores_are_cosine_like_dense(tmp_path):
+    directory = tmp_path / "index"
+    index_records([("n.md", "Rollo led the Norse settlers of Normandy.")], directory)
+    index = open_for_writing(directory, "specrag", "embedded")
+    (dense,) = index.search("Who led the Norse?", 1, "dense")
+    (hybrid,) = index.search("Who led the Norse?", 1, "hybrid")
+    assert abs(dense.score - hybrid.score) < 1e-4  # thresholds mean the same in every mode
