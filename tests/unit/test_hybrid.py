@@ -26,7 +26,9 @@ def test_bm25_follows_reindex_and_pruning(tmp_path):
     assert (directory / "bm25-specrag" / "ids.json").is_file()  # persisted beside Chroma
 
     # a.md changes its text: the old words are gone from BM25 too
-    index_records([("a.md", "Lighthouses guide ships at night."), ("b.md", docs["b.md"])], directory)
+    index_records(
+        [("a.md", "Lighthouses guide ships at night."), ("b.md", docs["b.md"])], directory
+    )
     fresh = open_for_writing(directory, "specrag", "embedded")  # as a new process would
     assert "a.md" not in sources(fresh.search("zebrafish Hinxton", 2, "bm25"))
     assert sources(fresh.search("lighthouses ships", 1, "bm25")) == {"a.md"}

@@ -84,7 +84,7 @@ def run(
                     followup_query(case["followup"], case["history"], ctx, services)
                 )
                 rewrite_s = time.perf_counter() - start
-                found = [c.source for c in index.search(query, 3)]
+                found = [c.source for c in index.search(query, 3, "dense")]
                 row[mode] = {
                     "query": query,
                     "hit_at_3": float(bool(set(case["gold"]) & set(found))),

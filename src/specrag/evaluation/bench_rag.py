@@ -179,7 +179,7 @@ async def run_one(
     elif system in ("serial_lookup", "serial_hf_assisted"):
         index = open_index(ctx)
         await asyncio.sleep(latency)
-        found = await asyncio.to_thread(index.search, question, ctx.top_k)
+        found = await asyncio.to_thread(index.search, question, ctx.top_k, ctx.retrieval)
         relevant = [c for c in found if c.score >= ctx.relevance_threshold] or found[:1]
         chunks = [c.as_dict() for c in relevant]
         rec["retrieve_s"] = time.perf_counter() - start

@@ -86,10 +86,11 @@ class SpecRagContext:
     # --- retrieval ------------------------------------------------------------------------
     top_k: int = _f(3, "Chunks retrieved per question.", ge=1)
     retrieval: Literal["dense", "bm25", "hybrid"] = _f(
-        "dense",
+        "hybrid",
         "dense: MiniLM embeddings; bm25: lexical (bm25s, kept in step with the index); hybrid: "
-        "both fused by reciprocal rank fusion. See README 'Retrieval modes' for the measured "
-        "recall of each.",
+        "both fused by reciprocal rank fusion. hybrid is the default: recall@3 0.917 vs dense "
+        "0.863 (+0.053 [+0.017, +0.090]) on 300 SQuAD dev questions (bench retrieval, "
+        "2026-11-30).",
     )
     relevance_threshold: float = _f(
         0.2, "Minimum cosine similarity for a chunk to count as evidence.", ge=-1.0, le=1.0
