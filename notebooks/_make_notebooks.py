@@ -136,8 +136,9 @@ for delay in (0.0, 1.0):
             rows.append(dict(system=name, delay=delay, question=q, route=r["route"],
                              e2e=time.perf_counter() - t, passes=stats.get("passes_per_token"),
                              answer=r["answer"]))
-for row in rows:
-    print(f"{row['system']:22} delay={row['delay']} e2e={row['e2e']:.2f}s passes/token={row['passes']:.2f} {row['route']:8} {row['answer'][:60]}")""",
+for row in rows:  # passes/token is "-" when a run had no decoding statistics (e.g. budget ran out)
+    passes = f"{row['passes']:.2f}" if row["passes"] is not None else "-"
+    print(f"{row['system']:22} delay={row['delay']} e2e={row['e2e']:.2f}s passes/token={passes} {row['route']:8} {row['answer'][:60]}")""",
         ),
         (
             "code",

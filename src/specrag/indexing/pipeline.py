@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -43,6 +43,13 @@ class Loaded:
     records: list[tuple[str, str]]
     files: list[str]
     skipped: list[Skipped] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        """The records (so ``index_records(load_files(paths), ...)`` keeps working)."""
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
 
 
 def load_files(paths: Iterable[str]) -> Loaded:
