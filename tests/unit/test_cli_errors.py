@@ -59,9 +59,15 @@ def test_binary_file_to_index(capsys, tmp_path):
 
 
 def test_unsupported_file_type(capsys, tmp_path):
+    image = tmp_path / "x.png"
+    image.write_bytes(b"\x89PNG")
+    assert "unsupported file type .png" in one_line_error(capsys, main(["index", str(image)]))
+
+
+def test_unreadable_pdf(capsys, tmp_path):
     pdf = tmp_path / "x.pdf"
-    pdf.write_bytes(b"%PDF")
-    assert "unsupported file type .pdf" in one_line_error(capsys, main(["index", str(pdf)]))
+    pdf.write_bytes(b"%PDF")  # PDFs are indexed now (issue 11): a broken one is one line
+    assert "cannot read PDF" in one_line_error(capsys, main(["index", str(pdf)]))
 
 
 def test_missing_document(capsys, tmp_path):
