@@ -189,69 +189,64 @@ class VectorIndex:
         """Bring the BM25 index in step with the collection now (after indexing/pruning)."""
         self.lexical()
 
-    def _chunks_with_cosine(self, query: str, ids: list[str]) -> dict[str, Chunk]:
-        """Chunks by id, scored by cosine similarity to ``query`` (like dense hits)."""
+    @staticmethod
+    def _chunk(cid: Any, text: Any, meta: Any, score: float) -> Chunk:
+        meta = meta or {}
+        return Chunk(
+            id=str(cid),
+            source=str(meta.get("source", "")),
+            text=str(text or ""),
+            position=int(meta.get("position", 0) or 0),
+            score=float(score),
+        )
+
+    def _by_id(self, ids: list[str], query_vec: list[float]) -> dict[str, Chunk]:
+        """Chunks by id, scored by cosine similarity to ``query_vec`` (like dense hits)."""
         if not ids:
             return {}
         got: Any = self._collection.get(ids=ids, include=["documents", "metadatas", "embeddings"])
-        q = self.store.embeddings.embed_query(query) if self.store.embeddings else None
         out = {}
         for cid, doc, meta, emb in zip(
             got["ids"], got["documents"], got["metadatas"], got["embeddings"], strict=True
         ):
             score = 0.0
-            if q is not None and emb is not None:
-                dot = sum(a * b for a, b in zip(q, emb, strict=True))
-                norm = (sum(a * a for a in q) * sum(b * b for b in emb)) ** 0.5
+            if emb is not None:
+                dot = sum(a * b for a, b in zip(query_vec, emb, strict=True))
+                norm = (sum(a * a for a in query_vec) * sum(b * b for b in emb)) ** 0.5
                 score = dot / norm if norm else 0.0
-            meta = meta or {}
-            out[str(cid)] = Chunk(
-                id=str(cid),
-                source=str(meta.get("source", "")),
-                text=str(doc or ""),
-                position=int(meta.get("position", 0) or 0),
-                score=float(score),
-            )
+            out[str(cid)] = self._chunk(cid, doc, meta, score)
         return out
+
+    def _dense(self, query_vec: list[float], k: int) -> list[Chunk]:
+        hits = self.store.similarity_search_by_vector_with_relevance_scores(query_vec, k=k)
+        return [  # Chroma returns cosine distances: similarity = 1 - distance
+            self._chunk(doc.id, doc.page_content, doc.metadata, 1.0 - float(distance))
+            for doc, distance in hits
+        ]
 
     def search(self, query: str, k: int, mode: str = "dense") -> list[Chunk]:
         """Top-``k`` chunks, best first, each scored by cosine similarity in [-1, 1].
 
         ``mode``: ``dense`` (embeddings), ``bm25`` (lexical), or ``hybrid``: both rankings
-        (``max(10, 3k)`` deep) fused by reciprocal rank fusion.
+        (``max(10, 3k)`` deep) fused by reciprocal rank fusion. The query is embedded once.
         """
-        if mode == "dense":
-            return self.dense(query, k)
+        if mode not in ("dense", "bm25", "hybrid"):
+            raise ValueError(f"unknown retrieval mode {mode!r} (dense, bm25, hybrid)")
         if self.count() == 0:
             return []
+        query_vec = self.store.embeddings.embed_query(query)  # type: ignore[union-attr]
+        if mode == "dense":
+            return self._dense(query_vec, k)
         depth = max(10, 3 * k)
         lexical = [cid for cid, _ in self.lexical().search(query, depth if mode == "hybrid" else k)]
         if mode == "bm25":
-            chunks = self._chunks_with_cosine(query, lexical)
+            chunks = self._by_id(lexical, query_vec)
             return [chunks[c] for c in lexical if c in chunks]
-        if mode != "hybrid":
-            raise ValueError(f"unknown retrieval mode {mode!r} (dense, bm25, hybrid)")
-        dense = self.dense(query, depth)
+        dense = self._dense(query_vec, depth)
         fused = [cid for cid, _ in rrf([[c.id for c in dense], lexical])][:k]
         known = {c.id: c for c in dense}
-        extra = self._chunks_with_cosine(query, [c for c in fused if c not in known])
-        return [known.get(c) or extra[c] for c in fused if c in known or c in extra]
-
-    def dense(self, query: str, k: int) -> list[Chunk]:
-        """Top-``k`` chunks by embedding similarity."""
-        if self.count() == 0:
-            return []
-        hits = self.store.similarity_search_with_score(query, k=k)
-        return [
-            Chunk(
-                id=str(doc.id),
-                source=str(doc.metadata.get("source", "")),
-                text=doc.page_content,
-                position=int(doc.metadata.get("position", 0) or 0),
-                score=1.0 - float(distance),
-            )
-            for doc, distance in hits
-        ]
+        known.update(self._by_id([c for c in fused if c not in known], query_vec))
+        return [known[c] for c in fused if c in known]
 
 
 def index_documents(
