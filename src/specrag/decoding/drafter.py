@@ -34,7 +34,7 @@ from specrag.decoding.state import LMState
 class DrafterStats:
     """What the drafter did in one decode."""
 
-    passes: int = 0  # drafter forward calls (catch-up feeds included)
+    passes: int = 0  # drafter forward calls (catch-up feeds and prefill slices included)
     proposed: int = 0
     prefill_tokens: int = 0
     prefill_s: float = 0.0
@@ -71,9 +71,6 @@ class DrafterProposer:
         self.generator = generator
         self.stats = DrafterStats()
 
-    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.sampler.probs(logits)  # one-hot argmax when greedy
-
     @torch.inference_mode()
     def propose(self, generated: list[int], k: int) -> Proposal:
         """The drafter's next ``k`` tokens and its distribution at each."""
@@ -85,21 +82,20 @@ class DrafterProposer:
         first_fill = len(self.lm) < len(self.prompt)
         missing = context[len(self.lm) :]
         logits = self.lm.extend(missing, all_logits=False)[-1]
-        self.stats.passes += 1 + (len(missing) - 1) // 2048
         if first_fill:
             self.stats.prefill_tokens += len(missing)
             self.stats.prefill_s += time.perf_counter() - t0
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         while True:
-            q = self._dist(logits)
+            q = self.sampler.probs(logits)  # one-hot argmax when greedy
             token = self.sampler.pick(q, self.generator)
             tokens.append(token)
             rows.append(q)
             if len(tokens) >= k:
                 break
             logits = self.lm.extend([token])[-1]
-            self.stats.passes += 1
+        self.stats.passes = self.lm.forward_passes  # the drafter's own counter (slices included)
         self.stats.proposed += len(tokens)
         self.stats.draft_s += time.perf_counter() - t0
         return Proposal(tokens, "drafter", None if self.sampler.greedy else torch.stack(rows))

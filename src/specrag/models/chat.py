@@ -110,6 +110,11 @@ class ChatLocalLM(LocalChatBase):
         tool_choice_name(tool_choice, schemas)  # an unknown tool name fails here, not later
         return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
 
+    def _policy(self) -> DrafterPolicy:
+        return DrafterPolicy(
+            self.drafter_max_cost_ratio, self.drafter_after_tokens, self.drafter_join_factor
+        )
+
     def _drafter_plan(
         self, loaded: LoadedLM, speculation: str
     ) -> tuple[LoadedLM | None, dict[str, Any]]:
@@ -131,8 +136,9 @@ class ChatLocalLM(LocalChatBase):
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
         if not same_tokenizer(drafter, loaded):
             return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
-        policy = DrafterPolicy(self.drafter_max_cost_ratio)
-        use, why = policy.decide(drafter.step_s, loaded.step_s)
+        if drafter.model.config.vocab_size != loaded.model.config.vocab_size:  # q rows vs p rows
+            return None, {**info, "drafter_used": False, "why": "output vocabularies differ"}
+        use, why = self._policy().decide(drafter.step_s, loaded.step_s)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
@@ -167,16 +173,11 @@ class ChatLocalLM(LocalChatBase):
         def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
             nonlocal merged, proposer
             if drafter is not None:  # built on the model thread: it owns a KV cache
-                policy = DrafterPolicy(
-                    self.drafter_max_cost_ratio,
-                    self.drafter_after_tokens,
-                    self.drafter_join_factor,
-                )
                 draft_lm = LMState(drafter.model, drafter.device)
                 merged = MergedProposer(
                     NgramProposer(sources),
                     DrafterProposer(draft_lm, prompt, sampler, generator),
-                    policy,
+                    self._policy(),
                     cost_ratio=drafter.step_s / loaded.step_s,
                     prefill_s=lambda: stats.prefill_s,
                 )

@@ -59,11 +59,6 @@ class LoadedLM:
     step_s: float = 0.0  # measured: one single-token decode step on a short cache
 
     @property
-    def n_params(self) -> int:
-        """Number of parameters."""
-        return sum(p.numel() for p in self.model.parameters())
-
-    @property
     def key(self) -> str:
         """Stable identity of this model instance (used to key KV caches)."""
         return f"{self.name}|{self.device}|{self.dtype}"
@@ -215,17 +210,26 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
 _PROBE = "<|im_start|>user\nWho was the Norse leader in 911? Ünïcödé 1969 {x: [1, 2]}<|im_end|>"
 
 
+_SAME_TOKENIZER: dict[tuple[str, str], bool] = {}
+
+
 def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
-    """True when two models share a vocabulary (token-by-token drafting needs it)."""
+    """True when two models share a vocabulary (token-by-token drafting needs it).
+
+    The same token-to-id map and the same ids for a probe text; checked once per pair of
+    loaded models (comparing two 150K-entry vocabularies is not free). The models' output
+    sizes may still differ (padded embedding matrices).
+    """
     if a.tokenizer is b.tokenizer:
         return True
-    if (
-        len(a.tokenizer) != len(b.tokenizer)
-        or a.model.config.vocab_size != b.model.config.vocab_size
-    ):
-        return False
-    encode = lambda tok: tok(_PROBE, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return bool(encode(a.tokenizer) == encode(b.tokenizer))
+    pair = (a.key, b.key)
+    if pair not in _SAME_TOKENIZER:
+        encode = lambda tok: tok(_PROBE, add_special_tokens=False)["input_ids"]  # noqa: E731
+        _SAME_TOKENIZER[pair] = bool(
+            a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+            and encode(a.tokenizer) == encode(b.tokenizer)
+        )
+    return _SAME_TOKENIZER[pair]
 
 
 def _measure_step(model: Any, device: torch.device) -> float:

@@ -32,7 +32,7 @@ from specrag.decoding.speculative import Token, prefill_stop
 from specrag.decoding.state import LMState, Stopped
 from specrag.defuse import defuse
 from specrag.errors import InputError
-from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm
+from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm, same_tokenizer
 from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
@@ -183,7 +183,7 @@ class ChatRapid(LocalChatBase):
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         target, drafter = self.load()
-        if target.tokenizer.get_vocab() != drafter.tokenizer.get_vocab():
+        if not same_tokenizer(target, drafter):
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
         instructions, document, question = split_messages(messages, options.document)
         max_new = options.max_new_tokens or self.max_new_tokens
