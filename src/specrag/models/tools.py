@@ -21,7 +21,7 @@ from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
 
 from specrag.defuse import defuse
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_OPEN = "<tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -56,7 +56,7 @@ def forced_call_prefix(name: str) -> str:
 
 
 def template_messages(messages: Sequence[BaseMessage], tools: bool) -> list[dict[str, Any]]:
-    """LangChain messages -> chat-template dicts; user and tool text defused by the caller.
+    """LangChain messages -> chat-template dicts (text defused by the caller).
 
     With ``tools``, an AI message's tool calls and a tool message's role are kept (the
     template renders them as ``<tool_call>`` / ``<tool_response>`` turns); without, a tool
@@ -78,9 +78,12 @@ def template_messages(messages: Sequence[BaseMessage], tools: bool) -> list[dict
 
 
 def defuse_dicts(dicts: list[dict[str, Any]], specials: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Defuse user and tool text (system prompts and the model's own turns are trusted)."""
+    """Defuse every turn but the system prompt (the application's own), as before tools.
+
+    Assistant turns too: with the chat interface they come back from the caller's history.
+    """
     return [
-        {**d, "content": defuse(d["content"], specials)} if d["role"] in ("user", "tool") else d
+        d if d["role"] == "system" else {**d, "content": defuse(d["content"], specials)}
         for d in dicts
     ]
 
