@@ -58,9 +58,9 @@ def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for n, c in enumerate(chunks, start=1):
         cite = {"n": n, "id": c.get("id"), "source": c.get("source"), "score": c.get("score")}
-        source = str(c.get("source") or "")
-        if PAGE_MARK in source and source.rsplit(PAGE_MARK, 1)[1].isdigit():
-            cite["page"] = int(source.rsplit(PAGE_MARK, 1)[1])
+        _, mark, page = str(c.get("source") or "").rpartition(PAGE_MARK)
+        if mark and page.isdigit():
+            cite["page"] = int(page)
         out.append(cite)
     return out
 

@@ -9,12 +9,12 @@ from langgraph.runtime import Runtime
 
 from specrag import prompts
 from specrag.graph.context import SpecRagContext
-from specrag.graph.services import Services, is_local
+from specrag.graph.services import Services
 from specrag.graph.signals import retrieval_signal
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
-from specrag.nodes.streaming import emit, now
+from specrag.nodes.streaming import emit, now, stream_model
 
 
 async def followup_query(
@@ -33,14 +33,14 @@ async def followup_query(
     if ctx.query_rewrite == "concat":
         return concat
     try:
-        model = services.chat_model(ctx.draft_spec, ctx)
-        messages = prompts.query_rewrite_messages(question, history)
-        if is_local(model):
-            options = DecodeOptions(temperature=0.0, max_new_tokens=32, speculation="none")
-            reply = await model.ainvoke(messages, options=options)
-        else:
-            reply = await model.ainvoke(messages)
-        text = str(reply.content).strip().strip('"').splitlines()
+        result = await stream_model(
+            services.chat_model(ctx.draft_spec, ctx),
+            prompts.query_rewrite_messages(question, history),
+            budget_s=ctx.retrieval_timeout_s,  # the search waits within the same budget
+            tags=["query_rewrite"],
+            options=DecodeOptions(temperature=0.0, max_new_tokens=32, speculation="none"),
+        )
+        text = result.text.strip('"').splitlines()
         return text[0].strip() if text and text[0].strip() else concat
     except Exception:  # noqa: BLE001 - rewriting is an aid: never fail retrieval over it
         return concat
