@@ -32,7 +32,7 @@ from rich.console import Console
 from specrag import prompts
 from specrag.data.datasets import sample, squad_questions
 from specrag.evaluation import metrics
-from specrag.evaluation.bench_rag import SEED, _qkey, _values, build_datasets, run_one
+from specrag.evaluation.bench_rag import SEED, _cell, _qkey, _values, build_datasets, run_one
 from specrag.evaluation.store import RunLog
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
@@ -162,14 +162,6 @@ def markdown(summary: dict[str, Any]) -> str:
         "e2e_vs_serial_hf_assisted",
     ]
 
-    def cell(row: dict[str, Any], col: str) -> str:
-        v = row.get(col)
-        if v is None:
-            return "-"
-        text = f"{v:.3f}" if isinstance(v, float) else str(v)
-        ci = row.get(f"{col}_ci95")
-        return f"{text} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and "_vs_" in col else text
-
     parts = []
     for dataset, rows in summary.items():
         parts.append(f"\n### {dataset}\n")
@@ -180,7 +172,7 @@ def markdown(summary: dict[str, Any]) -> str:
             routes = ", ".join(f"{k}:{v}" for k, v in row["routes"].items())
             parts.append(
                 f"| {system} | "
-                + " | ".join(cell(row, c) for c in cols)
+                + " | ".join(_cell(row, c) for c in cols)
                 + f" | {src or '-'} | {routes} |"
             )
     return "\n".join(parts) + "\n"
