@@ -102,12 +102,8 @@ def run(
         }
         if mode != "off":
             pairs = [(r[mode]["hit_at_3"], r["off"]["hit_at_3"]) for r in rows]
-
-            def diff(ps: Any) -> float:
-                return metrics.mean([a - b for a, b in ps])
-
-            summary[mode]["diff_vs_off"] = diff(pairs)
-            summary[mode]["diff_vs_off_ci95"] = metrics.bootstrap_ci(pairs, diff, seed=SEED)
+            diff, ci = metrics.mean_diff_ci(pairs, seed=SEED)
+            summary[mode]["diff_vs_off"], summary[mode]["diff_vs_off_ci95"] = diff, ci
     lines = ["| mode | recall@3 [95% CI] | diff vs off [95% CI] | rewrite s |", "|---|---|---|---|"]
     for mode in MODES:
         s = summary[mode]

@@ -58,12 +58,7 @@ def run(
         }
         if mode != "dense":
             pairs = list(zip(hits[mode], hits["dense"], strict=True))
-
-            def diff(ps: Any) -> float:
-                return metrics.mean([a - b for a, b in ps])
-
-            row["diff_vs_dense"] = diff(pairs)
-            row["diff_vs_dense_ci95"] = metrics.bootstrap_ci(pairs, diff, seed=SEED)
+            row["diff_vs_dense"], row["diff_vs_dense_ci95"] = metrics.mean_diff_ci(pairs, seed=SEED)
         summary[mode] = row
     lines = [
         "| mode | recall@3 [95% CI] | vs dense, paired [95% CI] | search ms |",

@@ -109,6 +109,17 @@ def bootstrap_ci(
     return [percentile(values, tail), percentile(values, 100 - tail)]
 
 
+def mean_diff_ci(
+    pairs: Sequence[tuple[float, float]], *, seed: int = 0
+) -> tuple[float, list[float] | None]:
+    """Mean of ``a - b`` over paired ``(a, b)`` values and its bootstrap interval (by pair)."""
+
+    def diff(ps: Sequence[tuple[float, float]]) -> float:
+        return mean([a - b for a, b in ps])
+
+    return diff(pairs), bootstrap_ci(pairs, diff, seed=seed)
+
+
 def ratio_ci(
     num: Mapping[K, V],
     den: Mapping[K, V],
