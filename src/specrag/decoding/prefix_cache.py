@@ -119,7 +119,8 @@ class PrefixCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.is_file():  # written before; a longer partial prefix replaces a shorter one
                 try:
-                    old = torch.load(path, map_location="cpu", weights_only=True)
+                    # mmap: only the token list is read, not the (hundreds of MB of) tensors
+                    old = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
                     if len(old["tokens"]) >= len(state.tokens):
                         os.utime(path)
                         return
