@@ -2,26 +2,17 @@
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from specrag.data.datasets import squad_paragraphs
 from specrag.indexing.pipeline import index_records
+from tests.servers import free_port, running
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,37 +29,10 @@ def server(tmp_path_factory, smol):
         "HF_HUB_OFFLINE": "1",
         "LANGGRAPH_CLI_NO_ANALYTICS": "1",
     }
-    log = open(data / "server.log", "w")
-    proc = subprocess.Popen(
-        [exe, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("server did not start:\n" + (data / "server.log").read_text()[-3000:])
-    if proc.poll() is not None:
-        pytest.fail("server exited:\n" + (data / "server.log").read_text()[-3000:])
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    cmd = [exe, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)]
+    with running(cmd, f"{url}/ok", data / "server.log", cwd=ROOT, env=env):
+        yield url
 
 
 async def test_server_streams_draft_then_answer(server):

@@ -5,24 +5,16 @@ one-line error."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from specrag.cli import main
+from tests.servers import free_port, running
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -30,33 +22,10 @@ def chroma_url(tmp_path_factory):
     data = tmp_path_factory.mktemp("chroma-server")
     exe = shutil.which("chroma", path=str(Path(sys.executable).parent)) or "chroma"
     port = free_port()
-    log = open(data / "server.log", "w")
-    proc = subprocess.Popen(
-        [exe, "run", "--path", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v2/heartbeat", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            pytest.fail("chroma exited:\n" + (data / "server.log").read_text()[-2000:])
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("chroma did not start:\n" + (data / "server.log").read_text()[-2000:])
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    cmd = [exe, "run", "--path", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)]
+    with running(cmd, f"{url}/api/v2/heartbeat", data / "server.log", timeout_s=60, poll_s=0.5):
+        yield url
 
 
 def test_index_in_one_process_ask_from_another(chroma_url, tmp_path, monkeypatch, capsys, smol):

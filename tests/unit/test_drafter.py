@@ -17,11 +17,12 @@ from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
 from tests.tiny import tiny_llama
-from tests.unit.test_decoding import (
+from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
     exact_conditionals,
     exact_sequences,
     marginal,
+    one_thread,
     run,
     tv_to_exact,
 )
@@ -38,14 +39,6 @@ def tiny_pair(vocab=64, seed=0, sharpen=40.0, layers=4):
     }
     drafter.load_state_dict(keep)
     return target, drafter
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
