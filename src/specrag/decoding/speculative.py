@@ -50,10 +50,17 @@ class DecodeStats:
     finish_reason: str = ""
     plain_steps: int = 0  # passes with no candidate: plain decode steps, timed
     plain_step_s: float = 0.0  # their total time
+    # an incremental decode (:mod:`specrag.decoding.incremental`): the final answer's tokens
+    # by source, and one record per prompt rebuild
+    sources: dict[str, int] | None = None
+    rebuilds: list[dict[str, float | int]] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
 
     def tokens_from(self) -> dict[str, int]:
         """Output tokens by where they came from; ``target`` = the verifier's own tokens."""
-        names = {"prompt": "evidence"}  # prompt n-grams: the evidence (and question) text
+        names = {"prompt": "evidence", "model": "target"}  # prompt n-grams: the evidence text
+        if self.sources is not None:
+            return {names.get(k, k): v for k, v in self.sources.items()}
         out = {names.get(k, k): v for k, v in self.accepted.items()}
         out["target"] = self.new_tokens - sum(self.accepted.values())
         return out
@@ -77,6 +84,7 @@ class DecodeStats:
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "finish_reason": self.finish_reason,
+            **({"rebuilds": list(self.rebuilds)} if self.rebuilds else {}),
         }
 
 
@@ -88,10 +96,27 @@ def prefill(
     Reuses whatever prefix of ``prompt`` the cache already holds (prefix caching). A long
     prefill checks ``should_stop`` between slices and raises :class:`Stopped` when told to.
     """
+    return prefill_verify(lm, prompt, [], should_stop)[-1]
+
+
+def prefill_verify(
+    lm: LMState,
+    prompt: list[int],
+    prior: list[int],
+    should_stop: Callable[[], str | None] | None = None,
+) -> torch.Tensor:
+    """Prefill ``prompt`` and feed ``prior`` after it in the same pass.
+
+    Returns logits ``[1 + len(prior), vocab]``: row ``i`` predicts ``prior[i]`` (the last row,
+    the token after all of ``prior``), so ``prior`` - an answer decoded under an earlier
+    prompt - is verified against this prompt as speculative candidates. The cached prefix the
+    two prompts share is reused.
+    """
     lm.sync(prompt)
     if len(lm) == len(prompt):  # fully cached: recompute the last position's logits
         lm.crop(len(prompt) - 1)
-    return lm.extend(prompt[len(lm) :], all_logits=False, should_stop=should_stop)[-1]
+    ids = prompt[len(lm) :] + list(prior)
+    return lm.extend(ids, all_logits=False, keep=len(prior) + 1, should_stop=should_stop)
 
 
 def prefill_stop(
@@ -101,6 +126,70 @@ def prefill_stop(
     if should_stop is None:
         return None
     return lambda: should_stop(0)
+
+
+@dataclass
+class Revise:
+    """Yielded by :func:`decode` with ``prior``: keep only the first ``keep`` answer tokens.
+
+    The tokens after them, decoded under an earlier prompt, are not what this prompt's model
+    would emit: they are retracted, and the tokens yielded next replace them.
+    """
+
+    keep: int
+    dropped: int
+
+
+Step = list[Token] | Revise
+
+
+def _verify(
+    logits_all: torch.Tensor,
+    cands: list[int],
+    source: str,
+    q: torch.Tensor | None,
+    sampler: Sampler,
+    generator: torch.Generator | None,
+    eos_ids: tuple[int, ...],
+) -> tuple[list[Token], int, bool]:
+    """Accept a prefix of ``cands`` against ``logits_all`` ``[1 + len(cands), vocab]``.
+
+    Returns the emitted tokens (the accepted candidates, then the model's correction or bonus
+    token unless an accepted candidate was an end-of-sequence token), how many candidates were
+    accepted, and whether an end-of-sequence candidate ended the step.
+    """
+    step: list[Token] = []
+    logp_all = torch.log_softmax(logits_all, dim=-1)  # [1 + len(cands), vocab]
+    best = logits_all.argmax(dim=-1).tolist() if sampler.greedy else []
+    for i, cand in enumerate(cands):
+        if sampler.greedy:
+            ok = best[i] == cand
+        else:
+            probs = sampler.probs(logits_all[i])
+            u = torch.rand((), generator=generator, device=probs.device)
+            q_c = float(q[i, cand]) if q is not None else 1.0
+            ok = bool(u * q_c < probs[cand])  # u < p(c) / q(c)
+        if not ok:  # the model's correction replaces the first rejected candidate
+            if sampler.greedy:
+                nxt = best[i]
+            else:
+                if q is not None:
+                    residual = (probs - q[i].to(probs.device)).clamp_min(0.0)
+                else:
+                    residual = probs.clone()
+                    residual[cand] = 0.0
+                total = residual.sum()
+                nxt = sampler.pick(residual / total if total > 0 else probs, generator)
+            step.append(Token(nxt, float(logp_all[i, nxt]), "model"))
+            return step, i, False
+        step.append(Token(cand, float(logp_all[i, cand]), source))
+        if cand in eos_ids:
+            return step, i + 1, True
+    # every candidate accepted (or none proposed): the model adds its own next token
+    row = len(cands)
+    nxt = best[row] if sampler.greedy else sampler.pick(sampler.probs(logits_all[row]), generator)
+    step.append(Token(nxt, float(logp_all[row, nxt]), "model"))
+    return step, len(cands), False
 
 
 def decode(
@@ -115,16 +204,23 @@ def decode(
     should_stop: Callable[[int], str | None] | None = None,
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
-) -> Iterator[list[Token]]:
+    prior: list[Token] | None = None,
+) -> Iterator[Step]:
     """Yield the tokens accepted at each step (a list per forward pass).
 
     ``should_stop(n_generated)`` is checked between steps; a non-empty string it returns ends
     the decode with that ``finish_reason`` (time budget, "retrieval finished", cancellation).
+
+    ``prior``: an answer already shown, decoded under an earlier prompt. Its tokens are
+    verified as candidates in the prefill pass (deterministic proposals, so the output is
+    still exactly this prompt's decode); the agreed prefix is kept (not yielded again), and a
+    :class:`Revise` is yielded first when some of it is rejected.
     """
     stats = stats if stats is not None else DecodeStats()
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     t1 = t0
+    before = [t.id for t in prior or []][:max_new_tokens]
     generated: list[int] = []
     k = max_candidates
 
@@ -134,16 +230,30 @@ def decode(
         stats.decode_s = time.perf_counter() - t1
 
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
-        logits = prefill(lm, prompt, prefill_stop(should_stop))  # [vocab]
+        logits_all = prefill_verify(lm, prompt, before, prefill_stop(should_stop))
     except Stopped as stop:
         stats.prefill_s = time.perf_counter() - t0
+        if before:  # nothing was verified: what was shown stays as it is
+            generated.extend(before)
         return finish(stop.reason)
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
 
-    last = sampler.pick(sampler.probs(logits), generator)
-    generated.append(last)
-    yield [Token(last, token_logprob(logits, last), "model")]
+    first, n_kept, hit_eos = _verify(
+        logits_all, before, "kept", None, sampler, generator, eos_ids
+    )
+    if before:
+        stats.proposed["kept"] = len(before)
+        stats.accepted["kept"] = n_kept
+        first = [*(prior or [])[:n_kept], *first[n_kept:]]  # kept tokens keep their source
+        first = first[:max_new_tokens]  # all kept at the length limit: no bonus token
+    generated.extend(t.id for t in first)
+    lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
+    if n_kept < len(before):
+        yield Revise(keep=n_kept, dropped=len(before) - n_kept)
+    if first[n_kept:]:
+        yield first[n_kept:]
+    last = generated[-1]
     while True:
         if last in eos_ids:
             return finish("stop")
@@ -161,50 +271,13 @@ def decode(
         if not cands:
             stats.plain_steps += 1
             stats.plain_step_s += time.perf_counter() - t_pass
-        if cands:
+        else:
             stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
-        step: list[Token] = []
-        n_accepted = 0
-        hit_eos = False
-        logp_all = torch.log_softmax(logits_all, dim=-1)  # [1 + len(cands), vocab]
-        best = logits_all.argmax(dim=-1).tolist() if sampler.greedy else []
-        for i, cand in enumerate(cands):
-            if sampler.greedy:
-                ok = best[i] == cand
-            else:
-                probs = sampler.probs(logits_all[i])
-                u = torch.rand((), generator=generator, device=probs.device)
-                q_c = float(q[i, cand]) if q is not None else 1.0
-                ok = bool(u * q_c < probs[cand])  # u < p(c) / q(c)
-            if not ok:  # the model's correction replaces the first rejected candidate
-                if sampler.greedy:
-                    nxt = best[i]
-                else:
-                    if q is not None:
-                        residual = (probs - q[i].to(probs.device)).clamp_min(0.0)
-                    else:
-                        residual = probs.clone()
-                        residual[cand] = 0.0
-                    total = residual.sum()
-                    nxt = sampler.pick(residual / total if total > 0 else probs, generator)
-                step.append(Token(nxt, float(logp_all[i, nxt]), "model"))
-                k = max(1, k - 1)
-                break
-            n_accepted += 1
-            step.append(Token(cand, float(logp_all[i, cand]), source))
-            if cand in eos_ids:
-                hit_eos = True
-                break
-        else:  # every candidate accepted (or none proposed): the model adds its own next token
-            row = len(cands)
-            nxt = (
-                best[row]
-                if sampler.greedy
-                else sampler.pick(sampler.probs(logits_all[row]), generator)
-            )
-            step.append(Token(nxt, float(logp_all[row, nxt]), "model"))
-            if cands:
-                k = min(k + 2, max_candidates)
+        step, n_accepted, hit_eos = _verify(
+            logits_all, cands, source, q, sampler, generator, eos_ids
+        )
+        if cands:
+            k = min(k + 2, max_candidates) if n_accepted == len(cands) else max(1, k - 1)
         if n_accepted:
             stats.accepted[source] = stats.accepted.get(source, 0) + n_accepted
         # the cache holds prompt + generated + ``last`` + candidates; keep only what was

@@ -53,28 +53,35 @@ class LMState:
         ids: list[int],
         *,
         all_logits: bool = True,
+        keep: int = 1,
         should_stop: Callable[[], str | None] | None = None,
     ) -> torch.Tensor:
         """Feed ``ids`` after the cached tokens.
 
-        Returns float32 logits ``[len(ids), vocab]`` (or ``[1, vocab]`` for the last position
-        when ``all_logits`` is False - used by prefill, where a full logits matrix of an 8K
-        prompt would need gigabytes). ``should_stop`` is asked before every prefill slice; a
+        Returns float32 logits ``[len(ids), vocab]``, or with ``all_logits`` False only the
+        last ``keep`` positions' ``[keep, vocab]`` - used by prefill, where a full logits
+        matrix of an 8K prompt would need gigabytes (``keep > 1``: a prompt followed by tokens
+        to verify, in one pass). ``should_stop`` is asked before every prefill slice; a
         reason it returns raises :class:`Stopped` (the slices already fed stay cached, so
         the invariant holds).
         """
         if not ids:
             raise ValueError("extend() needs at least one token")
+        if not 1 <= keep <= len(ids):
+            raise ValueError(f"keep={keep} must be in 1..{len(ids)}")
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
-        for start in range(0, len(ids), step):
+        starts = list(range(0, len(ids), step))
+        if not all_logits and len(ids) - starts[-1] < keep:  # the last slice holds them all
+            starts = [s for s in starts if s < len(ids) - keep] + [len(ids) - keep]
+        for start, end in zip(starts, [*starts[1:], len(ids)], strict=True):
             if should_stop is not None and (reason := should_stop()):
                 raise Stopped(reason)
-            piece = ids[start : start + step]
+            piece = ids[start:end]
             input_ids = torch.tensor([piece], dtype=torch.long, device=self.device)
             kwargs = {self._kw: self.cache, "use_cache": True}
             if not all_logits:
-                kwargs["logits_to_keep"] = 1
+                kwargs["logits_to_keep"] = keep if end == len(ids) else 1
             result = self.model(input_ids=input_ids, **kwargs)
             self.tokens.extend(piece)
             self.forward_passes += 1

@@ -1,0 +1,192 @@
+"""Decoding while the evidence grows: incremental, self-correcting answers.
+
+The answer starts from the first batch of evidence. When a later batch arrives, the prompt is
+rebuilt with all the evidence so far and the decode restarts on it *without starting over*:
+
+1. the KV cache is cropped to the prefix the old and new prompts share (the chat head and the
+   evidence blocks that did not change) - only the new evidence and the question are fed;
+2. the tokens already generated are fed in the same pass and verified as speculative
+   candidates (:func:`specrag.decoding.speculative.decode` with ``prior``): the agreed prefix
+   is kept, the first disagreement is replaced by the model's own token, the rest is retracted
+   (a :class:`~specrag.decoding.speculative.Revise` step);
+3. decoding continues from there. When the answer ends before the evidence is complete, the
+   decode waits for the next prompt (or for the feed to close) and re-verifies.
+
+After the last prompt the answer is the decode of that prompt: token-identical (greedy) to
+serial RAG over the final evidence, or distributed exactly as it (sampling: kept tokens are
+deterministic proposals, accepted with probability ``p(c)``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+from specrag.decoding.candidates import Proposer
+from specrag.decoding.speculative import DecodeStats, Revise, Step, Token, decode
+from specrag.decoding.state import LMState
+
+T = TypeVar("T")
+
+# A decode that ended by itself; with evidence still to come it waits and re-verifies.
+NATURAL_ENDS = ("stop", "length", "stop_sequence")
+NEW_EVIDENCE = "new_evidence"
+
+
+class PromptFeed(Generic[T]):
+    """The rebuilt prompts of one incremental decode (thread-safe; the newest one wins).
+
+    The answer node ``put``s a prompt per evidence batch and ``close``s the feed after the
+    last one; the decode ``take``s between steps.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._latest: T | None = None
+        self._pending = False
+        self._closed = False
+        self.puts = 0
+
+    def put(self, item: T) -> None:
+        """Offer a new prompt (replaces one not yet taken)."""
+        with self._cv:
+            self._latest, self._pending = item, True
+            self.puts += 1
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """No more prompts will come."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    @property
+    def pending(self) -> bool:
+        """A prompt was put and not yet taken."""
+        return self._pending
+
+    @property
+    def closed(self) -> bool:
+        """Closed and nothing pending: the current prompt is the final one."""
+        return self._closed and not self._pending
+
+    def take(self) -> T | None:
+        """The newest prompt not yet taken, or None."""
+        with self._cv:
+            item, self._latest, self._pending = self._latest, None, False
+            return item
+
+    def wait(self, timeout: float) -> None:
+        """Block until a prompt is put, the feed closes, or ``timeout`` seconds pass."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._pending or self._closed, timeout=timeout)
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def absorb(total: DecodeStats, part: DecodeStats, first: bool) -> None:
+    """Add one segment's work counters to the whole decode's."""
+    # every segment after the first starts with a prefill+verify pass of its own
+    total.forward_passes += part.forward_passes + (0 if first else 1)
+    for name in ("proposed", "accepted"):
+        into = getattr(total, name)
+        for key, value in getattr(part, name).items():
+            into[key] = into.get(key, 0) + value
+    total.prefill_s += part.prefill_s
+    total.decode_s += part.decode_s
+    total.plain_steps += part.plain_steps
+    total.plain_step_s += part.plain_step_s
+    total.prompt_tokens = part.prompt_tokens
+    total.finish_reason = part.finish_reason
+
+
+def decode_incremental(
+    lm: LMState,
+    prompt: list[int],
+    feed: PromptFeed[Any],
+    encode: Callable[[Any], list[int]],
+    *,
+    make_proposer: Callable[[list[int]], Proposer | None],
+    should_stop: Callable[[int], str | None],
+    stats: DecodeStats,
+    poll_s: float = 0.01,
+    **decode_kwargs: Any,
+) -> Iterator[Step]:
+    """:func:`decode` over a prompt that is rebuilt while the answer is decoded.
+
+    ``feed`` delivers new prompts (``encode`` turns one into token ids); ``make_proposer``
+    builds the speculative proposer for each prompt (its n-grams are the new evidence). Yields
+    token lists and :class:`Revise` steps, and - while it waits for evidence after the answer
+    ended - empty lists (the model thread serves other work in between). ``stats`` gets the
+    summed counters, the answer's tokens by source, and one record per rebuild in
+    ``stats.rebuilds``.
+    """
+    answer: list[Token] = []
+    first = True
+    while True:
+        part = DecodeStats()
+
+        def stop(n: int) -> str | None:
+            reason = should_stop(n)
+            if reason and reason != "stop_sequence":
+                return reason
+            return NEW_EVIDENCE if feed.pending else reason
+
+        reused = shared_prefix(lm.tokens, prompt)
+        before = len(answer)
+        t0 = time.perf_counter()
+        for item in decode(
+            lm,
+            prompt,
+            proposer=make_proposer(prompt),
+            should_stop=stop,
+            stats=part,
+            prior=answer,
+            **decode_kwargs,
+        ):
+            if isinstance(item, Revise):
+                del answer[item.keep :]
+            else:
+                answer.extend(item)
+            yield item
+        if not first:
+            kept = part.accepted.get("kept", 0)
+            stats.rebuilds.append(
+                {
+                    "at_tokens": before,
+                    "kept_tokens": kept,
+                    "dropped_tokens": before - kept if before else 0,
+                    "prompt_tokens": len(prompt),
+                    "reused_prefix_tokens": reused,
+                    "verify_s": round(part.prefill_s, 4),
+                    "at_s": round(t0 - stats.started, 4),
+                }
+            )
+        absorb(stats, part, first)
+        first = False
+        stats.new_tokens = len(answer)
+        stats.sources = dict(Counter(t.source for t in answer))
+        reason = part.finish_reason
+        if reason != NEW_EVIDENCE and reason not in NATURAL_ENDS:
+            return  # time, cancellation: the answer ends as it is
+        while not feed.pending:  # the answer ended: wait for the rest of the evidence
+            if feed.closed:
+                return
+            late = should_stop(len(answer))
+            if late and late != "stop_sequence":
+                stats.finish_reason = late
+                return
+            feed.wait(poll_s)
+            yield []
+        new = feed.take()
+        if new is not None:
+            prompt = encode(new)
