@@ -124,9 +124,9 @@ def test_sampled_incremental_answer_has_the_final_prompts_distribution():
 
     Vocab 3 at temperature 3 (spread distributions), 4 new tokens, the rebuild after the
     second token: 2000 runs against the exact distribution of plain sampling under P2 (81
-    outcomes; with no bug the TV's null distribution has mean ~0.05 and a 99.9% quantile
-    below 0.08). Mutation: keeping every earlier token without verifying gave TV 0.21
-    (measured), the mixture of P1's and P2's distributions.
+    outcomes; multinomial draws from the exact distribution give TV mean 0.045, 99.9% quantile
+    0.068). Measured: TV 0.056. Mutation: keeping every earlier token unverified (the mixture
+    of P1's and P2's distributions) gave TV 0.095 and no retraction.
     """
     model = tiny_llama(vocab=3, seed=4, layers=1)
     p1, p2, new, sampler = [1, 2, 0, 1], [1, 2, 2, 2, 0, 1], 4, Sampler(3.0)
@@ -140,4 +140,4 @@ def test_sampled_incremental_answer_has_the_final_prompts_distribution():
         kept += stats.rebuilds[0]["kept_tokens"]
     tv = tv_to_exact(counts, exact)
     assert dropped > 0 and kept > 0, (dropped, kept)
-    assert tv < 0.08, f"TV={tv:.3f} kept={kept} dropped={dropped}"
+    assert tv < 0.075, f"TV={tv:.3f} kept={kept} dropped={dropped}"
