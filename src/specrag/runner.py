@@ -41,6 +41,8 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
             "total_s": timings.get("total_s"),
             "ttft_s": timings.get("ttft_s"),
         },
+        "batches": result.get("batches") or [],
+        "revisions": result.get("revisions") or [],
         "stats": result.get("stats") or {},
         "errors": result.get("errors") or [],
     }
@@ -73,21 +75,40 @@ async def _run(
     if not stream:
         return await app.ainvoke(inputs, config=config or None, context=ctx)
     final: dict[str, Any] = {}
-    current = None
+    current, shown = None, ""
     async for mode, payload in app.astream(
         inputs, config=config or None, context=ctx, stream_mode=["messages", "custom", "values"]
     ):
+        event = payload.get("event") if mode == "custom" else None
         if mode == "messages":
             chunk, meta = payload
             node = meta.get("langgraph_node")
             if node != current and chunk.content:
-                current = node
+                current, shown = node, ""
                 label = "draft (unverified)" if node == "draft" else f"answer ({node})"
                 err.print(f"\n[dim]{label}:[/dim] ", end="")
             if chunk.content:
+                shown += chunk.content
                 err.print(chunk.content, end="", highlight=False, markup=False)
-        elif mode == "custom" and payload.get("event") == "route":
+        elif event == "route":
             err.print(f"\n[dim]route -> {payload['route']}: {payload['reason']}[/dim]", end="")
+        elif event == "batch":
+            err.print(
+                f"\n[dim]evidence batch ({payload['source']}, {len(payload['chunks'])} chunks) "
+                f"at {payload['arrival_s']:.2f}s[/dim]",
+                end="",
+            )
+            if shown and current != "draft":  # the answer goes on below the note
+                err.print(f"\n[dim]answer ({current}):[/dim] ", end="")
+                err.print(shown, end="", highlight=False, markup=False)
+        elif event == "revise":  # the new evidence retracts the end of the answer: redraw
+            shown = shown[: payload["keep"]]
+            err.print(
+                f"\n[dim]revised: retracted {payload['dropped_text']!r}[/dim]"
+                f"\n[dim]answer ({current}):[/dim] ",
+                end="",
+            )
+            err.print(shown, end="", highlight=False, markup=False)
         elif mode == "values":
             final = payload
     err.print()

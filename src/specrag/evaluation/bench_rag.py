@@ -7,12 +7,17 @@ Systems, all on the same local model and prompts, in ONE run:
 * ``serial_lookup`` - retrieve, then HF ``generate(prompt_lookup_num_tokens=10)``;
 * ``spec_rewrite`` - the graph, ``refine_mode=rewrite``;
 * ``spec_verify`` - the graph, ``refine_mode=verify`` (default);
+* ``serial_incremental`` / ``spec_verify_incremental`` - ``serial_plain`` / ``spec_verify``
+  with ``answer_policy=incremental``: the answer starts from the first evidence batch and is
+  re-verified (and revised) when later batches arrive;
 * answer settings, at no added latency: ``serial_no_stop`` (no stop sequences for invented
   turns), ``serial_brief`` (an answer-first, brief prompt) and ``serial_t0.2`` (sampled at
-  temperature 0.2, seeded) - each compared with ``serial_plain``.
+  temperature 0.2, seeded), and the retrieval modes ``serial_dense`` and ``serial_bm25``
+  (``serial_plain`` searches ``hybrid``) - each compared with ``serial_plain``.
 
-The retrieval latency sweep ADDS an injected delay (0, 0.5, 1, 2 s) before retrieval results
-return, modelling a remote vector store. Answers are greedy (``refine_temperature=0``) so
+The latency sweep ADDS an injected delay (0, 0.5, 1, 2 s) before every evidence batch after
+the first (the first - the best dense hit - arrives undelayed), modelling slower sources; a
+system that waits for the evidence (``answer_policy=wait``, HF lookup) waits for all of it. Answers are greedy (``refine_temperature=0``) so
 accuracy differences come from the systems, not from sampling.
 
 Before anything is timed, every index is opened (Chroma) and searched once and one question
@@ -52,7 +57,16 @@ from specrag.paths import cache_dir
 from specrag.progress import progress_bar
 
 SEED = 2026
-SYSTEMS = ["no_rag", "serial_plain", "serial_lookup", "spec_rewrite", "spec_verify"]
+SYSTEMS = [
+    "no_rag",
+    "serial_plain",
+    "serial_lookup",
+    "spec_rewrite",
+    "spec_verify",
+    "serial_incremental",
+    "spec_verify_incremental",
+]
+INCREMENTAL = {"answer_policy": "incremental"}
 # Answer settings measured against serial_plain (no added latency only): the old answer
 # without stop sequences, a brief answer-first prompt, and sampling at T=0.2 (seeded).
 SERIAL = {"draft_policy": "off", "speculation": "none"}
@@ -60,11 +74,14 @@ STYLE_SYSTEMS: dict[str, dict[str, Any]] = {
     "serial_no_stop": {**SERIAL, "stop_at_invented_turns": False},
     "serial_brief": {**SERIAL, "answer_prompt": prompts.ANSWER_BRIEF_SYSTEM},
     "serial_t0.2": {**SERIAL, "refine_temperature": 0.2, "seed": SEED},
+    "serial_dense": {**SERIAL, "retrieval": "dense"},
+    "serial_bm25": {**SERIAL, "retrieval": "bm25"},
 }
 LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
-# protocols (2: warm-up before timing; answer token counts recorded).
-PROTOCOL = 2
+# protocols (2: warm-up before timing; answer token counts recorded; 3: the delay is injected
+# before the later evidence batches only).
+PROTOCOL = 3
 
 
 def case_key(item: dict[str, Any], system: str, latency: float) -> str:
@@ -146,7 +163,7 @@ async def run_one(
         base,
         index_dir=item["index_dir"],
         collection=item["collection"],
-        added_retrieval_latency_s=latency,
+        added_batch_latency_s=latency,
     )
     question = item["question"]
     rec: dict[str, Any] = {
@@ -201,6 +218,8 @@ async def run_one(
             "serial_plain": SERIAL,
             "spec_rewrite": {"refine_mode": "rewrite"},
             "spec_verify": {"refine_mode": "verify"},
+            "serial_incremental": {**SERIAL, **INCREMENTAL},
+            "spec_verify_incremental": {"refine_mode": "verify", **INCREMENTAL},
             **STYLE_SYSTEMS,
         }[system]
         result = await graph.ainvoke({"question": question}, context=replace(ctx, **overrides))
@@ -221,6 +240,8 @@ async def run_one(
             tokens_from=node_stats.get("tokens_from"),
             proposer=node_stats.get("proposer"),
             decode_speedup_vs_plain=node_stats.get("decode_speedup_vs_plain"),
+            revisions=len(result.get("revisions") or []),
+            revised_chars=sum(len(r["dropped_text"]) for r in result.get("revisions") or []),
         )
     rec["e2e_s"] = time.perf_counter() - start
     rec["em"] = metrics.exact_match(rec["answer"], item["answers"])
@@ -256,6 +277,16 @@ def _per_token(rs: list[dict[str, Any]], field: str, first: int = 0) -> dict[str
         for r in rs
         if r.get(field) and r.get("new_tokens") and r["new_tokens"] - first > 0
     }
+
+
+INCREMENTAL_SYSTEMS = ("serial_incremental", "spec_verify_incremental")
+
+
+def revised_fraction(shares: list[tuple[int, int]]) -> float | None:
+    """Share of the streamed characters later retracted: retracted / (retracted + final)."""
+    retracted = sum(r for r, _ in shares)
+    streamed = retracted + sum(n for _, n in shares)
+    return retracted / streamed if streamed else None
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -307,13 +338,21 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 ),
                 "routes": dict(Counter(r.get("route") for r in rs)),
             }
-            if system in ("spec_verify", "spec_rewrite"):
+            if system in ("spec_verify", "spec_rewrite", *INCREMENTAL_SYSTEMS):
                 same = [
                     r["answer"] == serial.get((r["qid"], r["latency"]))
                     for r in rs
                     if (r["qid"], r["latency"]) in serial
                 ]
                 row["identical_to_serial_plain"] = _finite(metrics.mean([float(s) for s in same]))
+                row["same_answer_as_serial"] = row["identical_to_serial_plain"]
+            if system in INCREMENTAL_SYSTEMS:
+                shares = [(r.get("revised_chars") or 0, len(r["answer"])) for r in rs]
+                row["revised_fraction"] = revised_fraction(shares)
+                row["revised_fraction_ci95"] = metrics.bootstrap_ci(
+                    shares, revised_fraction, seed=SEED
+                )
+                row["revisions_mean"] = metrics.mean([r.get("revisions") or 0 for r in rs])
             per[str(latency)] = row
         out[system] = per
 
@@ -327,7 +366,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for latency in LATENCIES:
         base = rows_of.get(("serial_plain", latency))
         look = rows_of.get(("serial_lookup", latency))
-        for system in ("spec_verify", "spec_rewrite", "serial_lookup", *STYLE_SYSTEMS):
+        for system in (
+            "spec_verify",
+            "spec_rewrite",
+            "serial_lookup",
+            *INCREMENTAL_SYSTEMS,
+            *STYLE_SYSTEMS,
+        ):
             if (system, latency) not in rows_of:
                 continue
             rs = rows_of[(system, latency)]
@@ -343,6 +388,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     _values(base, "decode_s"),
                     mean,
                 )
+                put(row, "ttft_vs_serial", _values(rs, "ttft_s"), _values(base, "ttft_s"), median)
                 put(
                     row,
                     "draft_ttft_vs_serial_ttft",
@@ -390,7 +436,7 @@ def _fmt(v: Any) -> str:
 
 def _cell(row: dict[str, Any], col: str) -> str:
     """A value; a ratio with its 95% interval."""
-    ci = row.get(f"{col}_ci95") if "_vs_" in col else None
+    ci = row.get(f"{col}_ci95") if ("_vs_" in col or col == "revised_fraction") else None
     value = _fmt(row.get(col))
     return f"{value} [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci and value != "-" else value
 
@@ -415,7 +461,7 @@ def compare_settings(records: list[dict[str, Any]]) -> dict[str, Any]:
         if not pairs:
             continue
         row: dict[str, Any] = {"n": len(pairs)}
-        for field in ("contains", "f1"):
+        for field in ("contains", "f1", "recall_at_k"):
 
             def diff(ps: Any, field: str = field) -> float:
                 return metrics.mean([a[field] - b[field] for a, b in ps])
@@ -433,7 +479,7 @@ def compare_settings(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def settings_markdown(comparison: dict[str, Any]) -> str:
     """The answer-settings comparison as a markdown table."""
-    cols = ["contains_diff", "f1_diff", "new_tokens_ratio", "e2e_s_ratio"]
+    cols = ["contains_diff", "f1_diff", "recall_at_k_diff", "new_tokens_ratio", "e2e_s_ratio"]
     lines = [
         "| system vs serial_plain (no added latency) | n | " + " | ".join(cols) + " |",
         "|---|---|" + "---|" * len(cols),
@@ -457,6 +503,8 @@ def markdown(summary: dict[str, Any]) -> str:
         "e2e_s_median",
         "e2e_s_p90",
         "passes_per_token",
+        "ttft_vs_serial",
+        "revised_fraction",
         "decode_vs_serial_plain",
         "decode_per_token_vs_serial_plain",
         "draft_ttft_vs_serial_ttft",
@@ -467,7 +515,7 @@ def markdown(summary: dict[str, Any]) -> str:
         "identical_to_serial_plain",
     ]
     lines = [
-        "| system | added latency (s, injected) | " + " | ".join(cols) + " | routes |",
+        "| system | later batches' delay (s, injected) | " + " | ".join(cols) + " | routes |",
         "|---|---|" + "---|" * len(cols) + "---|",
     ]
     for system, per in summary.items():
@@ -505,7 +553,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         ys = [per[k]["e2e_s_median"] for k in per]
         yerr = _yerr(ys, [per[k].get("e2e_s_median_ci95") for k in per])
         ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=system)
-    ax.set_xlabel("added retrieval latency (s, injected)")
+    ax.set_xlabel("later evidence batches' delay (s, injected)")
     ax.set_ylabel("end-to-end latency, median (s; 95% CI)")
     ax.set_title("specrag bench rag: latency vs retrieval latency")
     ax.legend()
@@ -516,7 +564,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for system in ("spec_verify", "spec_rewrite", "serial_lookup"):
+    for system in ("spec_verify", "spec_rewrite", "serial_lookup", *INCREMENTAL_SYSTEMS):
         per = summary.get(system, {})
         keys = [k for k in per if per[k].get("e2e_vs_serial_plain") is not None]
         if not keys:
@@ -525,7 +573,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         yerr = _yerr(ys, [per[k].get("e2e_vs_serial_plain_ci95") for k in keys])
         ax.errorbar([float(k) for k in keys], ys, yerr=yerr, marker="o", capsize=3, label=system)
     ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
-    ax.set_xlabel("added retrieval latency (s, injected)")
+    ax.set_xlabel("later evidence batches' delay (s, injected)")
     ax.set_ylabel("e2e median / serial_plain e2e median (95% CI)")
     ax.set_title("specrag bench rag: end-to-end latency relative to serial RAG")
     ax.legend()
@@ -634,6 +682,7 @@ def run(
         "quick": quick,
         "questions": len(items),
         "added_latencies_s": LATENCIES,
+        "added_latency": "injected before every evidence batch after the first",
         "systems": summary,
         "answer_settings": settings,
         "files": files,

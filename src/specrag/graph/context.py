@@ -103,6 +103,19 @@ class SpecRagContext:
         "INJECTED delay before retrieval results return (models a remote store; benchmarks).",
         ge=0,
     )
+    added_batch_latency_s: float = _f(
+        0.0,
+        "INJECTED delay before each retrieval batch after the first (models slower sources: "
+        "a remote store, a reranker; benchmarks).",
+        ge=0,
+    )
+    answer_policy: Literal["wait", "incremental"] = _f(
+        "wait",
+        "wait: the answer starts once retrieval has returned every batch; incremental: it "
+        "starts from the first batch, each later batch rebuilds the prompt and re-verifies "
+        "the tokens so far (retracting what the new evidence changes); greedy answers are "
+        "identical.",
+    )
     # --- draft ----------------------------------------------------------------------------
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
         "until_retrieval",

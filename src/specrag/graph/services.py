@@ -7,7 +7,7 @@ Defaults use the embedded local models; tests and applications pass their own
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +18,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from specrag.graph.context import SpecRagContext
 from specrag.indexing.document_search import index_document, search_document
 from specrag.indexing.documents import Chunk
-from specrag.indexing.store import VectorIndex
+from specrag.indexing.store import Batch, VectorIndex
 from specrag.models.chat import LocalChatBase
 from specrag.models.loading import load_embeddings, load_lm
 from specrag.models.registry import chat_model_from_spec, local_model_name
@@ -26,6 +26,7 @@ from specrag.paths import default_index_dir
 
 ChatFactory = Callable[[str, SpecRagContext], BaseChatModel]
 Retriever = Callable[[str, str | None, SpecRagContext], list[Chunk]]
+BatchRetriever = Callable[[str, str | None, SpecRagContext], Iterator[Batch]]
 RapidFactory = Callable[[SpecRagContext], BaseChatModel]
 
 
@@ -147,6 +148,19 @@ class Services:
     warm: Callable[[BaseChatModel], None] = warm_model
     document_tokens: Callable[[SpecRagContext, str], int] = default_document_tokens
     index_document_now: Callable[[SpecRagContext, str], None] = default_index_document
+    batch_retriever: BatchRetriever | None = None  # None: the index's own batches
+
+    def retrieve_batches(
+        self, query: str, document: str | None, ctx: SpecRagContext
+    ) -> Iterator[Batch]:
+        """Evidence as batches, most relevant first (the index's dense hit, then the fused
+        rest); a document search or a custom ``retriever`` is one batch."""
+        if self.batch_retriever is not None:
+            yield from self.batch_retriever(query, document, ctx)
+        elif self.retriever is default_retriever and not document:
+            yield from open_index(ctx).search_batches(query, ctx.top_k, ctx.retrieval)
+        else:
+            yield Batch("document" if document else "search", self.retriever(query, document, ctx))
 
     def index_document(self, ctx: SpecRagContext, document: str) -> None:
         """Index the run's document outside the retrieval budget (default retriever only)."""

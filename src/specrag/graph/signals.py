@@ -1,4 +1,5 @@
-"""The "retrieval delivered evidence" signal between the two parallel start nodes.
+"""Run-keyed hand-overs between nodes: the "retrieval delivered evidence" signal between the
+two parallel start nodes, and the stream of later evidence batches for an incremental answer.
 
 ``draft`` (policy ``until_retrieval``) stops within one token of it; ``retrieve`` sets it ONLY
 when it found usable evidence, so a failed, slow or empty retrieval lets the draft finish
@@ -11,8 +12,10 @@ nothing leaks.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 _SIGNALS: OrderedDict[str, threading.Event] = OrderedDict()
@@ -30,3 +33,37 @@ def retrieval_signal(state: dict[str, Any]) -> threading.Event:
             while len(_SIGNALS) > _MAX:
                 _SIGNALS.popitem(last=False)
         return event
+
+
+@dataclass
+class EvidenceStream:
+    """The batches a run's retrieval delivers after its first (``answer_policy="incremental"``).
+
+    ``retrieve`` returns with the first batch and keeps searching in a task that puts each
+    later batch's evidence (all relevant chunks so far, in canonical order) on ``queue`` and
+    ``None`` when it is done; the answer node takes them from there. ``records`` describes every batch as it arrived.
+    """
+
+    queue: asyncio.Queue[list[dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+
+_STREAMS: OrderedDict[str, EvidenceStream] = OrderedDict()
+
+
+def open_evidence_stream(state: dict[str, Any]) -> EvidenceStream:
+    """A new evidence stream for this run."""
+    key = str(state.get("run_id") or "")
+    with _LOCK:
+        stream = _STREAMS[key] = EvidenceStream()
+        while len(_STREAMS) > _MAX:
+            _STREAMS.popitem(last=False)
+        return stream
+
+
+def evidence_stream(state: dict[str, Any]) -> EvidenceStream | None:
+    """This run's evidence stream, taken (an answer node consumes it once); None if absent."""
+    with _LOCK:
+        return _STREAMS.pop(str(state.get("run_id") or ""), None)

@@ -59,6 +59,12 @@ class OutputState(TypedDict, total=False):
     """Retrieved chunks: id, source, score, position, text (best first)."""
     citations: list[dict[str, Any]]
     """Sources the answer was given, numbered as in the evidence blocks."""
+    batches: list[dict[str, Any]]
+    """The search's batches as they arrived, most relevant first: ``source`` (the ranking),
+    ``chunks`` (new chunk ids), ``arrival_s`` (seconds after retrieval started)."""
+    revisions: list[dict[str, Any]]
+    """Retractions of an incremental answer: ``keep`` (characters of the streamed answer that
+    stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``."""
     timings: Annotated[dict[str, float], merge_dicts]
     """Seconds: load_s (model loading, before the run's origin), document_index_s, and from
     the origin: retrieve_s, draft_s, draft_ttft_s, answer_s, ttft_s, total_s."""
@@ -93,6 +99,8 @@ class State(InputState, OutputState, total=False):
     draft_tokens: int
     """Number of draft tokens produced."""
     retrieval_status: RetrievalStatus
+    evidence_complete: bool
+    """False while an incremental run's later batches are still coming (``answer_policy``)."""
     document_tokens: int
     """Length of the input document in answer-model tokens (0 without a document)."""
     answer_error: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,28 +225,72 @@ class VectorIndex:
         ]
 
     def search(self, query: str, k: int, mode: str = "dense") -> list[Chunk]:
-        """Top-``k`` chunks, best first, each scored by cosine similarity in [-1, 1].
+        """Top-``k`` chunks, best first: the evidence after the last of :meth:`search_batches`."""
+        evidence: list[Chunk] = []
+        for batch in self.search_batches(query, k, mode):
+            evidence = batch.after(evidence)
+        return evidence
+
+    def search_batches(self, query: str, k: int, mode: str = "dense") -> Iterator[Batch]:
+        """Top-``k`` chunks as batches, most relevant first, each scored by cosine similarity.
 
         ``mode``: ``dense`` (embeddings), ``bm25`` (lexical), or ``hybrid``: both rankings
-        (``max(10, 3k)`` deep) fused by reciprocal rank fusion. The query is embedded once.
+        (``max(10, 3k)`` deep) fused by reciprocal rank fusion; the query is embedded once.
+        Batch 1 is the best hit of the first ranking (dense; bm25 alone: lexical), ready
+        before the fusion; batch 2 the rest of the top ``k``. A hybrid batch 2 carries the
+        fused ranking as the new evidence order (it may rank batch 1's hit lower, or drop it).
         """
         if mode not in ("dense", "bm25", "hybrid"):
             raise ValueError(f"unknown retrieval mode {mode!r} (dense, bm25, hybrid)")
         if self.count() == 0:
-            return []
+            return
         query_vec = self.store.embeddings.embed_query(query)  # type: ignore[union-attr]
-        if mode == "dense":
-            return self._dense(query_vec, k)
-        depth = max(10, 3 * k)
-        lexical = [cid for cid, _ in self.lexical().search(query, depth if mode == "hybrid" else k)]
         if mode == "bm25":
+            lexical = [cid for cid, _ in self.lexical().search(query, k)]
             chunks = self._by_id(lexical, query_vec)
-            return [chunks[c] for c in lexical if c in chunks]
+            ranked = [chunks[c] for c in lexical if c in chunks]
+            yield from _first_then_rest("bm25", ranked)
+            return
+        depth = max(10, 3 * k) if mode == "hybrid" else k
         dense = self._dense(query_vec, depth)
-        fused = [cid for cid, _ in rrf([[c.id for c in dense], lexical])][:k]
+        if mode == "dense" or not dense:
+            yield from _first_then_rest("dense", dense[:k])
+            return
+        yield Batch("dense", dense[:1])
+        lexical = [cid for cid, _ in self.lexical().search(query, depth)]
+        fused = [cid for cid, _ in rrf([[c.id for c in dense], lexical])]
         known = {c.id: c for c in dense}
-        known.update(self._by_id([c for c in fused if c not in known], query_vec))
-        return [known[c] for c in fused if c in known]
+        known.update(self._by_id([c for c in fused[:k] if c not in known], query_vec))
+        ranked = [known[c] for c in fused[:k] if c in known]
+        yield Batch("hybrid", [c for c in ranked if c.id != dense[0].id], ranked)
+
+
+@dataclass
+class Batch:
+    """Chunks a search delivers together; ``source`` names the ranking they come from.
+
+    ``ranked``: the whole evidence in its new order when this batch re-ranks what came
+    before (fusion); None when its chunks simply follow the earlier ones.
+    """
+
+    source: str
+    chunks: list[Chunk]
+    ranked: list[Chunk] | None = None
+
+    def after(self, evidence: list[Chunk]) -> list[Chunk]:
+        """The evidence once this batch has arrived (``evidence``: what came before)."""
+        if self.ranked is not None:
+            return list(self.ranked)
+        seen = {c.id for c in evidence}
+        return evidence + [c for c in self.chunks if c.id not in seen]
+
+
+def _first_then_rest(source: str, ranked: list[Chunk]) -> Iterator[Batch]:
+    """A ranking as two batches: its best hit, then the rest."""
+    if ranked:
+        yield Batch(source, ranked[:1])
+    if ranked[1:]:
+        yield Batch(source, ranked[1:])
 
 
 def index_documents(

@@ -27,7 +27,8 @@ from pydantic import Field
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.speculative import DecodeStats, Token, decode
+from specrag.decoding.incremental import decode_incremental
+from specrag.decoding.speculative import DecodeStats, Step, decode
 from specrag.decoding.state import LMState
 from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm, same_tokenizer
 from specrag.models.local import (
@@ -150,51 +151,80 @@ class ChatLocalLM(LocalChatBase):
             raise ValueError(no_tools_message(loaded.name))
         forced_name = tool_choice_name(options.tool_choice, tools) if tools else None
         forced = forced_call_prefix(forced_name) if forced_name else ""
-        prompt = encode_chat(loaded, messages, tools, forced)
         limit = loaded.max_context - 1
-        if len(prompt) + max_new > limit:  # keep the chat head and the question end
-            keep = max(limit - max_new, 16)
-            prompt = prompt[:8] + prompt[-(keep - 8) :]
-        sources: dict[str, list[int]] = {}
-        draft = options.draft
+
+        def encode(msgs: list[BaseMessage]) -> list[int]:
+            ids = encode_chat(loaded, msgs, tools, forced)
+            if len(ids) + max_new > limit:  # keep the chat head and the question end
+                keep = max(limit - max_new, 16)
+                ids = ids[:8] + ids[-(keep - 8) :]
+            return ids
+
+        prompt = encode(messages)
+        draft_ids: list[int] = []
         speculation = options.speculation or self.speculation
-        if speculation == "draft+prompt" and draft:
-            sources["draft"] = loaded.tokenizer(draft, add_special_tokens=False)["input_ids"]
-        if speculation != "none":
-            sources["prompt"] = prompt
+        if speculation == "draft+prompt" and options.draft:
+            draft_ids = loaded.tokenizer(options.draft, add_special_tokens=False)["input_ids"]
+
+        def ngram_sources(ids: list[int]) -> dict[str, list[int]]:
+            sources = {"draft": draft_ids} if draft_ids else {}
+            return {**sources, "prompt": ids} if speculation != "none" else sources
+
+        feed = options.prompt_feed
         sampler = Sampler(temperature, self.top_p)
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(loaded.device, sampler, seed)
         stats = DecodeStats()
         drafter, plan = self._drafter_plan(loaded, speculation)
         merged: MergedProposer | None = None
-        proposer: Any = NgramProposer(sources) if sources else None
 
-        def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
-            nonlocal merged, proposer
-            if drafter is not None:  # built on the model thread: it owns a KV cache
-                draft_lm = LMState(drafter.model, drafter.device)
+        def produce(should_stop: StopCheck) -> Iterator[Step]:
+            draft_lm = LMState(drafter.model, drafter.device) if drafter is not None else None
+
+            def make_proposer(ids: list[int]) -> Any:
+                nonlocal merged
+                found = ngram_sources(ids)
+                if draft_lm is None or drafter is None:
+                    return NgramProposer(found) if found else None
+                # built on the model thread; after a rebuild the drafter's cache is cropped
+                # to the prefix it shares with the new prompt, as the target's is
                 merged = MergedProposer(
-                    NgramProposer(sources),
-                    DrafterProposer(draft_lm, prompt, sampler, generator),
+                    NgramProposer(found),
+                    DrafterProposer(draft_lm, ids, sampler, generator),
                     self._policy(),
                     cost_ratio=drafter.step_s / loaded.step_s,
                     prefill_s=lambda: stats.prefill_s,
                 )
-                proposer = merged
+                return merged
+
             lm = LMState(loaded.model, loaded.device)
-            yield from decode(
-                lm,
-                prompt,
-                max_new_tokens=max_new,
-                sampler=sampler,
-                eos_ids=loaded.eos_token_ids,
-                proposer=proposer,
-                max_candidates=self.max_candidates,
-                should_stop=should_stop,
-                generator=generator,
-                stats=stats,
-            )
+            common = {
+                "max_new_tokens": max_new,
+                "sampler": sampler,
+                "eos_ids": loaded.eos_token_ids,
+                "max_candidates": self.max_candidates,
+                "generator": generator,
+            }
+            if feed is None:
+                yield from decode(
+                    lm,
+                    prompt,
+                    proposer=make_proposer(prompt),
+                    should_stop=should_stop,
+                    stats=stats,
+                    **common,
+                )
+            else:
+                yield from decode_incremental(
+                    lm,
+                    prompt,
+                    feed,
+                    encode,
+                    make_proposer=make_proposer,
+                    should_stop=should_stop,
+                    stats=stats,
+                    **common,
+                )
 
         return DecodeJob(
             produce=produce,

@@ -31,7 +31,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict
 
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.speculative import Token
+from specrag.decoding.speculative import Revise, Step, Token
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
 from specrag.models.tools import ToolCapture, defuse_dicts, template_messages
@@ -114,7 +114,7 @@ StopCheck = Callable[[int], "str | None"]
 class DecodeJob:
     """Everything :class:`LocalChatBase` needs to stream one local decode."""
 
-    produce: Callable[[StopCheck], Iterator[list[Token]]]  # stepped on the model thread
+    produce: Callable[[StopCheck], Iterator[Step]]  # stepped on the model thread
     tokenizer: Any
     eos_ids: tuple[int, ...]
     input_tokens: int
@@ -146,7 +146,12 @@ class LocalChatBase(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        chunks = list(self._stream(messages, stop, run_manager, **kwargs))
+        result = generate_from_stream(iter(chunks))
+        if any(c.message.response_metadata.get("revisions") for c in chunks):
+            # an incremental answer: the concatenated chunks still hold retracted text
+            result.generations[0].message.content = revised_text(chunks)
+        return result
 
     def _stream(
         self,
@@ -212,6 +217,16 @@ class LocalChatBase(BaseChatModel):
         yield run.final_chunk()
 
 
+def revised_text(chunks: Sequence[ChatGenerationChunk]) -> str:
+    """The text a stream of chunks shows once each ``revisions`` retraction is applied."""
+    text = ""
+    for chunk in chunks:
+        for revision in chunk.message.response_metadata.get("revisions") or []:
+            text = text[: revision["keep"]]
+        text += chunk.text
+    return text
+
+
 class _Run:
     """One decode in flight: its worker thread, stop conditions and chunk building."""
 
@@ -233,6 +248,8 @@ class _Run:
         self.starts: list[int] = []  # character where each counted token's text starts
         self.retracted = 0  # tokens streamed before a stop sequence was seen that belong to it
         self.capture = ToolCapture(job.forced) if job.tools else None
+        self.ids: list[int] = []  # every answer token so far (a Revise cuts it)
+        self.shown = ""  # the text sent in chunks so far (what a client shows)
 
     def should_stop(self, n: int) -> str | None:
         if self.cancel.is_set() or MODEL_THREAD.closing:
@@ -263,7 +280,11 @@ class _Run:
                 put(("error", exc))
             put(("done", None))
 
-        MODEL_THREAD.run_steps(begin, lambda step: put(("step", step)), end)
+        def on_step(step: Step) -> None:
+            if step:  # an empty step: an incremental decode waiting for evidence
+                put(("step", step))
+
+        MODEL_THREAD.run_steps(begin, on_step, end)
 
     def release(self, delta: str) -> str:
         """The part of ``delta`` that can be shown now.
@@ -271,7 +292,8 @@ class _Run:
         Text before a stop sequence; a tail that may still become one is held back.
         """
         if not self.stops:
-            return delta
+            out, self.held = self.held + delta, ""
+            return out
         buf = self.held + delta
         found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
         if found:
@@ -286,7 +308,48 @@ class _Run:
         self.held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
-    def chunk(self, step: list[Token]) -> ChatGenerationChunk:
+    def revise(self, revise: Revise) -> ChatGenerationChunk:
+        """Retract the answer after its first ``revise.keep`` tokens.
+
+        The chunk carries ``response_metadata["revisions"]``: ``keep`` (characters of the
+        shown text that stay), the token counts and the retracted text. Stop sequences are
+        looked for again in what is kept.
+        """
+        del self.ids[revise.keep :]
+        del self.starts[revise.keep :]
+        self.n_tokens = revise.keep
+        self.text.ids = [i for i in self.ids if i not in self.text.skip]
+        text = self.job.tokenizer.decode(self.text.ids, skip_special_tokens=True)
+        self.text.emitted = text.rstrip("\ufffd")
+        visible, self.stop_hit = text, False
+        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if found:
+            visible, self.stop_hit = text[: min(found)], True
+        keep = 0
+        limit = min(len(self.shown), len(visible))
+        while keep < limit and self.shown[keep] == visible[keep]:
+            keep += 1
+        dropped_text, self.shown = self.shown[keep:], self.shown[:keep]
+        self.held = "" if self.stop_hit else self.text.emitted[keep:]
+        revision = {
+            "keep": keep,
+            "kept_tokens": revise.keep,
+            "dropped_tokens": revise.dropped,
+            "dropped_text": dropped_text,
+        }
+        return ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata={"revisions": [revision]})
+        )
+
+    def chunk(self, step: Step) -> ChatGenerationChunk:
+        if isinstance(step, Revise):
+            return self.revise(step)
+        self.ids.extend(t.id for t in step)
+        out = self._chunk(step)
+        self.shown += out.text
+        return out
+
+    def _chunk(self, step: list[Token]) -> ChatGenerationChunk:
         if self.stop_hit:  # tokens decoded after a stop sequence are dropped
             return ChatGenerationChunk(message=AIMessageChunk(content=""))
         if self.first_token_s is None:
@@ -326,6 +389,7 @@ class _Run:
         if self.stop_hit:
             finish = "stop_sequence"
         tail, self.held = ("" if self.stop_hit else self.held), ""
+        self.shown += tail
         calls: list[Any] = []
         if self.capture is not None:
             rest, calls = self.capture.finish()

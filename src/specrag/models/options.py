@@ -33,6 +33,9 @@ class DecodeOptions:
     stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one found
     document: str | None = None  # RAPID: the long document the target reads
     drafter_context: str | None = None  # RAPID: the retrieved text the drafter reads
+    # incremental answers: a PromptFeed of rebuilt message lists (the answer is re-verified
+    # against each; see specrag.decoding.incremental)
+    prompt_feed: Any = None
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI-style tool schemas (bind_tools)
     tool_choice: Any = None  # None/"auto", "any"/"required", or a tool name
 

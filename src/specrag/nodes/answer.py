@@ -10,6 +10,7 @@ a run never spends more than one answer budget.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,10 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.runtime import Runtime
 
+from specrag.decoding.incremental import PromptFeed
 from specrag.graph.context import SpecRagContext
-from specrag.graph.services import Services
+from specrag.graph.services import Services, is_local
+from specrag.graph.signals import EvidenceStream, evidence_stream
 from specrag.graph.state import State
 from specrag.indexing.documents import PAGE_MARK
 from specrag.models.options import DecodeOptions
@@ -103,6 +106,32 @@ def answer_budget(state: State, ctx: SpecRagContext, started: float) -> float:
     return ctx.answer_timeout_s - (started - first)
 
 
+async def weave(
+    stream: EvidenceStream,
+    chunks: list[dict[str, Any]],
+    state: State,
+    ctx: SpecRagContext,
+    build: AnswerBuilder,
+    feed: PromptFeed[list[BaseMessage]] | None,
+) -> None:
+    """Update ``chunks`` to each later batch's evidence; with a feed, offer the new prompt."""
+    while (more := await stream.queue.get()) is not None:
+        chunks[:] = more
+        if feed is not None:
+            feed.put(build({**state, "chunks": list(chunks)}, ctx).messages)
+    if feed is not None:
+        feed.close()
+
+
+def evidence(stream: EvidenceStream, chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """State keys for the final evidence of an incremental run."""
+    return {
+        "chunks": list(chunks),
+        "batches": [dict(r) for r in stream.records],
+        "evidence_complete": True,
+    }
+
+
 def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # noqa: ANN201
     """An answer node: stream ``build(state, ctx)`` under the shared answer budget.
 
@@ -114,12 +143,23 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         ctx = runtime.context or SpecRagContext()
         started = now()
         marks = {"answer": live_marks(dict(state)).get("answer", started), "clock": CLOCK_ID}
+        chunks = list(state.get("chunks") or [])
+        stream = None if state.get("evidence_complete", True) else evidence_stream(dict(state))
+        weaving: asyncio.Task[None] | None = None
         try:
             budget = answer_budget(state, ctx, started)
             if budget <= 0:
                 raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
             call = build(state, ctx)
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
+            if stream is not None and is_local(call.model):  # incremental: answer now
+                feed: PromptFeed[list[BaseMessage]] = PromptFeed()
+                options = dataclasses.replace(call.options, prompt_feed=feed)
+                call = dataclasses.replace(call, options=options)
+                weaving = asyncio.create_task(weave(stream, chunks, state, ctx, build, feed))
+            elif stream is not None:  # a remote model cannot re-verify: wait for the rest
+                await weave(stream, chunks, state, ctx, build, None)
+                call = build({**state, "chunks": chunks}, ctx)
             result = await stream_model(
                 call.model,
                 call.messages,
@@ -134,7 +174,17 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             message = f"{node}: {short_error(exc)}"
             earlier = state.get("answer_error")  # refine/rapid_generate failed first
             chain = f"{earlier} -> {node}; {message}" if earlier else message
-            return {"answer_error": chain, "errors": [message], "marks": marks}
+            failed = {"answer_error": chain, "errors": [message], "marks": marks}
+            if stream is not None:  # the next answer node gets all the evidence
+                if weaving is not None:
+                    weaving.cancel()
+                await weave(stream, chunks, state, ctx, build, None)
+                failed.update(evidence(stream, chunks))
+                failed["errors"] = [*stream.errors, message]
+            return failed
+        finally:
+            if weaving is not None and not weaving.done():  # the decode ended by its budget
+                weaving.cancel()
         decoding = dict(result.metadata.get("decoding") or {})
         if result.timed_out:
             decoding["truncated"] = True
@@ -151,11 +201,16 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             "answer_error": "",
             "route": node,
             "verified": True,
-            "citations": citations(state.get("chunks") or []),
+            "citations": citations(chunks),
             "timings": timings,
             "stats": {node: decoding} if decoding else {},
             "marks": marks,
+            "revisions": result.revisions,
         }
+        if stream is not None:
+            update.update(evidence(stream, chunks))
+            if stream.errors:
+                update["errors"] = list(stream.errors)
         if state.get("answer_error"):  # reached after a failed refine / rapid_generate
             update["reason"] = f"{state.get('reason', '')}; {state['answer_error']} -> {node}"
         return {**update, **answer_message(state, update)}

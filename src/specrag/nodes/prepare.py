@@ -131,6 +131,9 @@ def make_prepare(services: Services):  # noqa: ANN201
             "draft_truncated": False,
             "chunks": [],
             "citations": [],
+            "batches": [],
+            "revisions": [],
+            "evidence_complete": True,
         }
 
     return prepare

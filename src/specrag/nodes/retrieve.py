@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -10,8 +11,10 @@ from langgraph.runtime import Runtime
 from specrag import prompts
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
-from specrag.graph.signals import retrieval_signal
+from specrag.graph.signals import EvidenceStream, open_evidence_stream, retrieval_signal
 from specrag.graph.state import State
+from specrag.indexing.documents import Chunk
+from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
 from specrag.nodes.streaming import emit, now, stream_model
@@ -46,35 +49,92 @@ async def followup_query(
         return concat
 
 
+async def next_batch(batches: Iterator[Batch], n: int, ctx: SpecRagContext) -> Batch | None:
+    """The next batch of a search (``n`` delivered so far), after its injected delay."""
+    batch = await asyncio.to_thread(next, batches, None)
+    if batch is not None and n > 0 and ctx.added_batch_latency_s > 0:  # benchmarks only
+        await asyncio.sleep(ctx.added_batch_latency_s)
+    return batch
+
+
+class Delivered:
+    """What a search delivered so far: the evidence in its canonical order, and the batches."""
+
+    def __init__(self, ctx: SpecRagContext, document: str | None, start: float) -> None:
+        self.ctx, self.document, self.start = ctx, document, start
+        self.evidence: list[Chunk] = []
+        self.records: list[dict[str, Any]] = []
+
+    @property
+    def found(self) -> list[dict[str, Any]]:
+        """Every chunk found so far, best first."""
+        return [c.as_dict() for c in self.evidence]
+
+    def add(self, batch: Batch) -> bool:
+        """Record a batch; True when it changed the evidence that counts (relevant chunks)."""
+        before = [c["id"] for c in self.relevant(self.found)]
+        dropped = {c.id for c in self.evidence}
+        self.evidence = batch.after(self.evidence)
+        dropped -= {c.id for c in self.evidence}
+        record: dict[str, Any] = {
+            "source": batch.source,
+            "chunks": [c.id for c in batch.chunks],
+            "arrival_s": round(now() - self.start, 4),
+        }
+        if dropped:  # re-ranked out of the top k by this batch
+            record["dropped"] = sorted(dropped)
+        self.records.append(record)
+        return [c["id"] for c in self.relevant(self.found)] != before
+
+    def relevant(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Chunks at or above the relevance threshold (a run's document: all of them)."""
+        if self.document:
+            return chunks  # the document is the user's chosen evidence
+        return [c for c in chunks if c["score"] >= self.ctx.relevance_threshold]
+
+
 def make_retrieve(services: Services):  # noqa: ANN201 - a node function
-    """Build the retrieve node."""
+    """Build the retrieve node.
+
+    The search delivers batches, most relevant first. ``answer_policy="wait"`` collects them
+    all; ``"incremental"`` returns with the first batch that holds evidence and keeps
+    searching in a task whose batches the answer node weaves in (:class:`EvidenceStream`),
+    within the same retrieval budget.
+    """
 
     async def retrieve(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
         ctx = runtime.context or SpecRagContext()
         question = state.get("question", "")
         document = state.get("run_document") or None
+        incremental = ctx.answer_policy == "incremental" and not document
         start = now()
+        got = Delivered(ctx, document, start)
         update: dict[str, Any] = {"query": question}
+        batches: Iterator[Batch] = iter(())
+        done = True
         try:
 
-            async def search() -> list[Any]:
+            async def search() -> bool:
+                nonlocal batches
                 query = await followup_query(question, state.get("history") or [], ctx, services)
                 update["query"] = query
                 if ctx.added_retrieval_latency_s > 0:  # injected (benchmarks only)
                     await asyncio.sleep(ctx.added_retrieval_latency_s)
-                return await asyncio.to_thread(services.retriever, query, document, ctx)
+                batches = services.retrieve_batches(query, document, ctx)
+                while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
+                    if got.add(batch) and incremental:
+                        return False  # evidence: answer now, weave the rest in later
+                return True
 
-            chunks = await asyncio.wait_for(search(), timeout=ctx.retrieval_timeout_s)
-            found = [c.as_dict() for c in chunks]
-            relevant = [c for c in found if c["score"] >= ctx.relevance_threshold]
-            if document:
-                relevant = found  # the document is the user's chosen evidence
-            status = "ok" if relevant else ("irrelevant" if found else "empty")
+            done = await asyncio.wait_for(search(), timeout=ctx.retrieval_timeout_s)
+            relevant = got.relevant(got.found)
+            status = "ok" if relevant else ("irrelevant" if got.found else "empty")
             update.update(chunks=relevant, retrieval_status=status)
-            if found and not relevant:
+            if got.found and not relevant:
+                best = max(c["score"] for c in got.found)
                 update["errors"] = [
-                    f"retrieve: best score {max(c['score'] for c in found):.2f} "
-                    f"< relevance_threshold {ctx.relevance_threshold}"
+                    f"retrieve: best score {best:.2f} < relevance_threshold "
+                    f"{ctx.relevance_threshold}"
                 ]
         except TimeoutError:
             update.update(chunks=[], retrieval_status="timeout")
@@ -82,6 +142,10 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         except Exception as exc:  # noqa: BLE001 - becomes the fallback route
             update.update(chunks=[], retrieval_status="failed")
             update["errors"] = [f"retrieve: {short_error(exc)}"]
+        if not done and update["retrieval_status"] == "ok":
+            stream_rest(state, ctx, got, batches, start + ctx.retrieval_timeout_s)
+        update["evidence_complete"] = done
+        update["batches"] = [dict(r) for r in got.records]
         if update["retrieval_status"] == "ok":
             # "draft while you wait" stops now. Without evidence the draft runs on within its
             # own budget: it may become the run's (unverified) answer.
@@ -93,8 +157,41 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                 "status": update["retrieval_status"],
                 "chunks": len(update["chunks"]),
                 "retrieve_s": update["timings"]["retrieve_s"],
+                "batches": len(got.records),
+                "complete": done,
             }
         )
         return update
 
     return retrieve
+
+
+def stream_rest(
+    state: State,
+    ctx: SpecRagContext,
+    got: Delivered,
+    batches: Iterator[Batch],
+    deadline: float,
+) -> EvidenceStream:
+    """Search on in a task; each later batch's evidence goes to the run's evidence stream."""
+    stream = open_evidence_stream(dict(state))
+    stream.records = got.records  # the answer node reports every batch, later ones included
+
+    async def rest() -> None:
+        try:
+            async with asyncio.timeout(max(0.0, deadline - now())):
+                while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
+                    if got.add(batch):
+                        emit({"event": "batch", **got.records[-1]})
+                        await stream.queue.put(got.relevant(got.found))
+        except TimeoutError:
+            stream.errors.append(
+                f"retrieve: later batches missed the {ctx.retrieval_timeout_s}s retrieval budget"
+            )
+        except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
+            stream.errors.append(f"retrieve: later batches failed: {short_error(exc)}")
+        finally:
+            stream.queue.put_nowait(None)
+
+    stream.task = asyncio.create_task(rest())
+    return stream

@@ -71,6 +71,7 @@ class Streamed:
     timed_out: bool = False  # the budget ended the call (text may be partial)
     stopped: bool = False  # ended early by the stop event
     tokens: int = 0
+    revisions: list[dict[str, Any]] = field(default_factory=list)  # retractions (incremental)
 
     @property
     def confidence(self) -> float | None:
@@ -112,16 +113,22 @@ async def stream_model(
         async with asyncio.timeout(budget_s + GRACE_S):
             async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
                 text = chunk.text if isinstance(chunk.text, str) else str(chunk.content)
+                meta = chunk.response_metadata or {}
+                for revision in meta.get("revisions") or []:  # new evidence retracted text
+                    out.text = out.text[: revision["keep"]]
+                    out.tokens = revision["kept_tokens"]
+                    out.logprobs = out.logprobs[: revision["kept_tokens"]]
+                    out.revisions.append({**revision, "at_s": round(now() - start, 4)})
+                    emit({"event": "revise", **out.revisions[-1]})
                 if text and out.ttft_s is None:
                     out.ttft_s = now() - start
                 out.text += text
-                meta = chunk.response_metadata or {}
                 lps = (meta.get("logprobs") or {}).get("content") or []
                 out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
                 # local models report a log-prob per token; others count text chunks
                 out.tokens += len(lps) if (lps or local) else (1 if text else 0)
                 for key, value in meta.items():
-                    if key != "logprobs":
+                    if key not in ("logprobs", "revisions"):
                         out.metadata[key] = value
                 if chunk.usage_metadata:
                     out.metadata["usage"] = dict(chunk.usage_metadata)

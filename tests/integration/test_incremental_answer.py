@@ -1,0 +1,109 @@
+"""Incremental answers through the graph, on the embedded SmolLM2 (the article's third path).
+
+The search delivers a misleading first batch (the French and Indian War paragraph naming
+Tanaghrisson, a "leader") and, only once the answer has streamed a few tokens, a second batch
+that re-ranks the evidence (the Normans paragraphs naming Rollo). The incremental answer must
+start from the first batch, retract what the second contradicts, and end token-identical to
+the serial (``wait``) answer over the final evidence.
+"""
+
+import asyncio
+import threading
+
+import pytest
+
+from specrag import SpecRagContext, build_graph
+from specrag.data.datasets import squad_paragraphs
+from specrag.graph.services import Services
+from specrag.indexing.documents import Chunk
+from specrag.indexing.store import Batch
+
+pytestmark = pytest.mark.integration
+
+QUESTION = "Who was the Norse leader?"
+
+
+def paragraph(pid: str, score: float) -> Chunk:
+    text = next(p.text for p in squad_paragraphs() if p.id == pid)  # ids: squad:Title:n
+    return Chunk(id=pid, source=pid, text=text, score=score)
+
+
+MISLEADING = paragraph("squad:French_and_Indian_War:18", 0.38)
+RANKED = [paragraph("squad:Normans:4", 0.37), paragraph("squad:Normans:0", 0.36), MISLEADING]
+
+
+def gated_batches(release: threading.Event):
+    """Batch 1 at once; batch 2 (a re-ranking) only when ``release`` is set."""
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [MISLEADING])
+        assert release.wait(60), "the answer never streamed"
+        yield Batch("hybrid", RANKED[:2], RANKED)
+
+    return batches
+
+
+def run(policy: str, route_settings: dict, release: threading.Event, after_tokens: int = 4):
+    """Stream one run; release batch 2 once ``after_tokens`` answer chunks were streamed."""
+    ctx = SpecRagContext(
+        answer_policy=policy, retrieval_timeout_s=60, answer_timeout_s=120, **route_settings
+    )
+    graph = build_graph(Services(batch_retriever=gated_batches(release)))
+
+    async def go():
+        final, revises, streamed = {}, [], 0
+        async for mode, payload in graph.astream(
+            {"question": QUESTION}, context=ctx, stream_mode=["messages", "custom", "values"]
+        ):
+            if mode == "messages":
+                chunk, meta = payload
+                if meta.get("langgraph_node") in ("refine", "generate") and chunk.content:
+                    streamed += 1
+                    if streamed >= after_tokens:
+                        release.set()
+            elif mode == "custom" and payload.get("event") == "revise":
+                revises.append(payload)
+            elif mode == "values":
+                final = payload
+        return final, revises
+
+    return asyncio.run(go())
+
+
+ROUTES = {
+    "generate": {"draft_policy": "off"},
+    "refine": {
+        "draft_policy": "complete",
+        "draft_max_tokens": 12,
+        "draft_temperature": 0.0,
+        "min_draft_tokens": 0,
+        "confidence_threshold": 0.0,
+    },
+}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_incremental_answer_retracts_and_equals_serial_rag(route):
+    released = threading.Event()
+    released.set()  # wait: batch 2 comes at once, the answer starts after it
+    serial, none = run("wait", ROUTES[route], released)
+    assert not none and not serial["revisions"]
+
+    incremental, revises = run("incremental", ROUTES[route], threading.Event())
+    assert incremental["route"] == serial["route"] == route
+    # the answer started from batch 1 and was revised when batch 2 re-ranked the evidence
+    assert revises, incremental["answer"]
+    assert incremental["revisions"] == [{k: r[k] for k in r if k != "event"} for r in revises]
+    assert all(r["dropped_tokens"] > 0 and r["dropped_text"] for r in revises)
+    stats = incremental["stats"][route]
+    assert stats["rebuilds"] and stats["rebuilds"][-1]["reused_prefix_tokens"] > 0
+    # ... and ends as serial RAG over the final evidence, in the canonical order
+    assert incremental["answer"] == serial["answer"]
+    assert [c["id"] for c in incremental["chunks"]] == [c.id for c in RANKED]
+    assert [c["id"] for c in incremental["citations"]] == [c.id for c in RANKED]
+    assert incremental["chunks"] == serial["chunks"]
+    sources = [b["source"] for b in incremental["batches"]]
+    assert sources == ["dense", "hybrid"] == [b["source"] for b in serial["batches"]]
+    first, second = incremental["batches"]
+    assert first["chunks"] == [MISLEADING.id] and first["arrival_s"] < second["arrival_s"]
+    assert second.get("dropped") is None  # re-ranked to third, still in the top k
