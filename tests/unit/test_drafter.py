@@ -237,3 +237,59 @@ def test_a_drafter_that_is_rarely_right_stops_proposing(pair):
     assert any(e.startswith("stopped") for e in proposer.events)
     assert proposer.choices["drafter"] == 4  # exactly the probe, then no more
     assert stats.proposed["drafter"] > stats.accepted.get("drafter", 0)
+
+
+def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
+    """Qwen2.5-0.5B has 151,936 output rows, Qwen2.5-7B 152,064: one tokenizer, padded heads.
+
+    The drafter here has 8 padding rows past the shared 64 tokens, made to dominate its
+    distribution; its q is laid out on the target's rows with the padding masked, so it
+    never proposes them, greedy output stays the target's, and sampling gets a q of the
+    target's width. Without the layout (``vocab=None``) a padding row wins, is proposed, and
+    the target's embedding lookup of it fails.
+    """
+    target, _ = pair
+    drafter = tiny_llama(72, 1, 2, 40.0)
+    with torch.no_grad():
+        state = {k: v for k, v in target.state_dict().items() if "layers." not in k}
+        drafter.model.embed_tokens.weight[:64] = state["model.embed_tokens.weight"]
+        drafter.lm_head.weight[:64] = state["lm_head.weight"]
+        drafter.lm_head.weight[64:] = state["lm_head.weight"][:8] * 3  # padding that wins
+        for k, v in target.state_dict().items():
+            if k.startswith("model.layers.") and int(k.split(".")[2]) < 2:
+                drafter.state_dict()[k].copy_(v)
+    prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = run(decode(LMState(target), prompt, max_new_tokens=40, sampler=Sampler(0.0)))
+
+    def decode_with(vocab):
+        seen = []
+        inner = DrafterProposer(LMState(drafter), prompt, Sampler(0.0), vocab=vocab, usable=vocab)
+
+        class Logged:
+            stats = inner.stats
+
+            def propose(self, generated, k):
+                out = inner.propose(generated, k)
+                seen.extend(out.tokens)
+                return out
+
+        policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0)
+        proposer = MergedProposer(NgramProposer({}), Logged(), policy)
+        stats = DecodeStats()
+        gen = decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=40,
+            sampler=Sampler(0.0),
+            proposer=proposer,
+            stats=stats,
+        )
+        return run(gen), seen, stats
+
+    out, seen, stats = decode_with(64)
+    proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
+    assert out == plain
+    assert seen and max(seen) < 64
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    with pytest.raises(IndexError):  # the drafter's own 72 rows: a padding id hits the target
+        decode_with(None)

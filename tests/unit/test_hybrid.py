@@ -46,3 +46,32 @@ def test_hybrid_scores_are_cosine_like_dense(tmp_path):
     (dense,) = index.search("Who led the Norse?", 1, "dense")
     (hybrid,) = index.search("Who led the Norse?", 1, "hybrid")
     assert abs(dense.score - hybrid.score) < 1e-4  # thresholds mean the same in every mode
+
+
+def test_search_batches_best_dense_hit_first_then_the_fused_ranking(tmp_path):
+    """Batch 1 is the best dense hit; a hybrid batch 2 carries the fused top k (re-ranked).
+
+    The evidence after the last batch is exactly what ``search`` returns, in every mode.
+    """
+    directory = tmp_path / "index"
+    docs = [
+        ("war.md", "The Norse leader of the expedition met the chief Tanaghrisson."),
+        ("rollo.md", "Rollo was the Norse leader who founded Normandy in 911."),
+        ("rollo2.md", "Rollo, leader of the Norse raiders, swore fealty to Charles III."),
+        ("fish.md", "The zebrafish genome was sequenced in Hinxton."),
+    ]
+    index_records(docs, directory)
+    index = open_for_writing(directory, "specrag", "embedded")
+    question = "Who was the Norse leader Rollo?"
+    for mode in ("dense", "bm25", "hybrid"):
+        batches = list(index.search_batches(question, 3, mode))
+        assert len(batches) == 2 and len(batches[0].chunks) == 1, mode
+        evidence = []
+        for batch in batches:
+            evidence = batch.after(evidence)
+        assert [c.id for c in evidence] == [c.id for c in index.search(question, 3, mode)]
+        assert len(evidence) == 3
+    first, second = index.search_batches(question, 3, "hybrid")
+    assert first.source == "dense" and second.source == "hybrid"
+    assert first.chunks[0].id == index.search(question, 1, "dense")[0].id
+    assert second.ranked is not None and first.chunks[0].id not in {c.id for c in second.chunks}

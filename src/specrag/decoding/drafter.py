@@ -64,12 +64,28 @@ class DrafterProposer:
         prompt: list[int],
         sampler: Sampler,
         generator: torch.Generator | None = None,
+        vocab: int | None = None,
+        usable: int | None = None,
     ) -> None:
         self.lm = drafter
         self.prompt = prompt
         self.sampler = sampler
         self.generator = generator
         self.stats = DrafterStats()
+        # The target's output size and the tokens the shared tokenizer really has: models of
+        # one family pad their output layers differently (Qwen2.5 0.5B: 151,936 rows, 7B:
+        # 152,064); q is laid out on the target's rows, padding rows never proposed.
+        self.vocab = vocab
+        self.usable = usable
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits ``[vocab_d]`` on the target's rows ``[vocab]``."""
+        if self.vocab is None or (self.usable is None and logits.shape[-1] == self.vocab):
+            return logits
+        n = min(self.vocab, logits.shape[-1], self.usable or logits.shape[-1])
+        out = torch.full((self.vocab,), float("-inf"), dtype=logits.dtype, device=logits.device)
+        out[:n] = logits[:n]
+        return out
 
     @torch.inference_mode()
     def propose(self, generated: list[int], k: int) -> Proposal:
@@ -81,7 +97,7 @@ class DrafterProposer:
             self.lm.crop(len(context) - 1)
         first_fill = len(self.lm) < len(self.prompt)
         missing = context[len(self.lm) :]
-        logits = self.lm.extend(missing, all_logits=False)[-1]
+        logits = self._fit(self.lm.extend(missing, all_logits=False)[-1])
         if first_fill:
             self.stats.prefill_tokens += len(missing)
             self.stats.prefill_s += time.perf_counter() - t0
@@ -94,7 +110,7 @@ class DrafterProposer:
             rows.append(q)
             if len(tokens) >= k:
                 break
-            logits = self.lm.extend([token])[-1]
+            logits = self._fit(self.lm.extend([token])[-1])
         self.stats.passes = self.lm.forward_passes  # the drafter's own counter (slices included)
         self.stats.proposed += len(tokens)
         self.stats.draft_s += time.perf_counter() - t0

@@ -137,8 +137,6 @@ class ChatLocalLM(LocalChatBase):
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
         if not same_tokenizer(drafter, loaded):
             return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
-        if drafter.model.config.vocab_size != loaded.model.config.vocab_size:  # q rows vs p rows
-            return None, {**info, "drafter_used": False, "why": "output vocabularies differ"}
         use, why = self._policy().decide(drafter.step_s, loaded.step_s)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
@@ -190,7 +188,14 @@ class ChatLocalLM(LocalChatBase):
                 # to the prefix it shares with the new prompt, as the target's is
                 merged = MergedProposer(
                     NgramProposer(found),
-                    DrafterProposer(draft_lm, ids, sampler, generator),
+                    DrafterProposer(
+                        draft_lm,
+                        ids,
+                        sampler,
+                        generator,
+                        vocab=loaded.model.config.vocab_size,
+                        usable=len(loaded.tokenizer),
+                    ),
                     self._policy(),
                     cost_ratio=drafter.step_s / loaded.step_s,
                     prefill_s=lambda: stats.prefill_s,
