@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specrag.decoding.candidates import Proposal, Proposer
-from specrag.decoding.sampling import Sampler, token_logprob
+from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState, Stopped
 
 
@@ -239,9 +239,7 @@ def decode(
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
 
-    first, n_kept, hit_eos = _verify(
-        logits_all, before, "kept", None, sampler, generator, eos_ids
-    )
+    first, n_kept, hit_eos = _verify(logits_all, before, "kept", None, sampler, generator, eos_ids)
     if before:
         stats.proposed["kept"] = len(before)
         stats.accepted["kept"] = n_kept

@@ -17,8 +17,9 @@ Systems, all on the same local model and prompts, in ONE run:
 
 The latency sweep ADDS an injected delay (0, 0.5, 1, 2 s) before every evidence batch after
 the first (the first - the best dense hit - arrives undelayed), modelling slower sources; a
-system that waits for the evidence (``answer_policy=wait``, HF lookup) waits for all of it. Answers are greedy (``refine_temperature=0``) so
-accuracy differences come from the systems, not from sampling.
+system that waits for the evidence (``answer_policy=wait``, HF lookup) waits for all of it.
+Answers are greedy (``refine_temperature=0``) so accuracy differences come from the systems,
+not from sampling.
 
 Before anything is timed, every index is opened (Chroma) and searched once and one question
 runs through every system (untimed, unrecorded), so no timed run pays a model load, the
@@ -34,6 +35,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -282,7 +284,7 @@ def _per_token(rs: list[dict[str, Any]], field: str, first: int = 0) -> dict[str
 INCREMENTAL_SYSTEMS = ("serial_incremental", "spec_verify_incremental")
 
 
-def revised_fraction(shares: list[tuple[int, int]]) -> float | None:
+def revised_fraction(shares: Sequence[tuple[int, int]]) -> float | None:
     """Share of the streamed characters later retracted: retracted / (retracted + final)."""
     retracted = sum(r for r, _ in shares)
     streamed = retracted + sum(n for _, n in shares)
@@ -462,6 +464,8 @@ def compare_settings(records: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         row: dict[str, Any] = {"n": len(pairs)}
         for field in ("contains", "f1", "recall_at_k"):
+            if any(a.get(field) is None or b.get(field) is None for a, b in pairs):
+                continue  # not measured for this system (e.g. no retrieval)
 
             def diff(ps: Any, field: str = field) -> float:
                 return metrics.mean([a[field] - b[field] for a, b in ps])

@@ -153,8 +153,11 @@ class Services:
     def retrieve_batches(
         self, query: str, document: str | None, ctx: SpecRagContext
     ) -> Iterator[Batch]:
-        """Evidence as batches, most relevant first (the index's dense hit, then the fused
-        rest); a document search or a custom ``retriever`` is one batch."""
+        """Evidence as batches, most relevant first.
+
+        The index's best dense hit, then the fused rest; a document search or a custom
+        ``retriever`` is one batch.
+        """
         if self.batch_retriever is not None:
             yield from self.batch_retriever(query, document, ctx)
         elif self.retriever is default_retriever and not document:

@@ -1,5 +1,7 @@
-"""Run-keyed hand-overs between nodes: the "retrieval delivered evidence" signal between the
-two parallel start nodes, and the stream of later evidence batches for an incremental answer.
+"""Run-keyed hand-overs between nodes: the evidence signal and the evidence stream.
+
+The "retrieval delivered evidence" signal runs between the two parallel start nodes; the
+stream carries the later evidence batches to an incremental answer.
 
 ``draft`` (policy ``until_retrieval``) stops within one token of it; ``retrieve`` sets it ONLY
 when it found usable evidence, so a failed, slow or empty retrieval lets the draft finish
@@ -41,7 +43,8 @@ class EvidenceStream:
 
     ``retrieve`` returns with the first batch and keeps searching in a task that puts each
     later batch's evidence (all relevant chunks so far, in canonical order) on ``queue`` and
-    ``None`` when it is done; the answer node takes them from there. ``records`` describes every batch as it arrived.
+    ``None`` when it is done; the answer node takes them from there. ``records`` describes
+    every batch as it arrived.
     """
 
     queue: asyncio.Queue[list[dict[str, Any]] | None] = field(default_factory=asyncio.Queue)

@@ -26,8 +26,8 @@ from pydantic import Field
 
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
-from specrag.decoding.sampling import Sampler
 from specrag.decoding.incremental import decode_incremental
+from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, decode
 from specrag.decoding.state import LMState
 from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm, same_tokenizer
@@ -203,7 +203,7 @@ class ChatLocalLM(LocalChatBase):
                 return merged
 
             lm = LMState(loaded.model, loaded.device)
-            common = {
+            common: dict[str, Any] = {
                 "max_new_tokens": max_new,
                 "sampler": sampler,
                 "eos_ids": loaded.eos_token_ids,

@@ -267,7 +267,7 @@ class _Run:
     def start(self, put: Callable[[tuple[str, Any]], None]) -> None:
         """Queue the decode on the model thread; events arrive through ``put``."""
 
-        def begin() -> Iterator[list[Token]] | None:
+        def begin() -> Iterator[Step] | None:
             if self.cancel.is_set():
                 return None
             if self.deadline is not None and time.monotonic() >= self.deadline:
