@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from specrag.decoding.candidates import NgramProposer
-from specrag.decoding.incremental import PromptFeed, decode_incremental, shared_prefix
+from specrag.decoding.incremental import PromptFeed, decode_incremental
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Revise
-from specrag.decoding.state import LMState
+from specrag.decoding.state import LMState, shared_prefix
 from tests.tiny import tiny_llama
 from tests.unit.test_decoding import (
     exact_conditionals,

@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from specrag.decoding.candidates import Proposer
 from specrag.decoding.speculative import DecodeStats, Revise, Step, Token, decode
-from specrag.decoding.state import LMState
+from specrag.decoding.state import LMState, shared_prefix
 
 T = TypeVar("T")
 
@@ -83,14 +83,6 @@ class PromptFeed(Generic[T]):
         """Block until a prompt is put, the feed closes, or ``timeout`` seconds pass."""
         with self._cv:
             self._cv.wait_for(lambda: self._pending or self._closed, timeout=timeout)
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def absorb(total: DecodeStats, part: DecodeStats, first: bool) -> None:

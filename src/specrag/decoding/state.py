@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -13,6 +13,14 @@ from transformers import DynamicCache
 # Prefill long prompts in slices so that peak activation memory stays bounded, and so that a
 # budget can stop a long prefill between slices.
 PREFILL_CHUNK = 2048
+
+
+def shared_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """Length of the longest common prefix of two sequences (token ids, or text)."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class Stopped(Exception):
@@ -100,11 +108,7 @@ class LMState:
 
     def sync(self, committed: list[int]) -> None:
         """Crop to the longest common prefix of the cache and ``committed``."""
-        n = 0
-        limit = min(len(self.tokens), len(committed))
-        while n < limit and self.tokens[n] == committed[n]:
-            n += 1
-        self.crop(n)
+        self.crop(shared_prefix(self.tokens, committed))
 
     def clone(self) -> LMState:
         """An independent copy (own KV cache) - used to reuse a cached document prefix."""

@@ -32,6 +32,7 @@ from pydantic import ConfigDict
 
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Revise, Step, Token
+from specrag.decoding.state import shared_prefix
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
 from specrag.models.tools import ToolCapture, defuse_dicts, template_messages
@@ -217,6 +218,12 @@ class LocalChatBase(BaseChatModel):
         yield run.final_chunk()
 
 
+def first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first of ``stops`` found in ``text`` starts (None: none is there)."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
 def revised_text(chunks: Sequence[ChatGenerationChunk]) -> str:
     """The text a stream of chunks shows once each ``revisions`` retraction is applied."""
     text = ""
@@ -295,10 +302,10 @@ class _Run:
             out, self.held = self.held + delta, ""
             return out
         buf = self.held + delta
-        found = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if found:
+        cut = first_stop(buf, self.stops)
+        if cut is not None:
             self.stop_hit, self.held = True, ""
-            return buf[: min(found)]
+            return buf[:cut]
         keep = 0
         for stop in self.stops:
             for k in range(min(len(stop) - 1, len(buf)), keep, -1):
@@ -321,14 +328,9 @@ class _Run:
         self.text.ids = [i for i in self.ids if i not in self.text.skip]
         text = self.job.tokenizer.decode(self.text.ids, skip_special_tokens=True)
         self.text.emitted = text.rstrip("\ufffd")
-        visible, self.stop_hit = text, False
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if found:
-            visible, self.stop_hit = text[: min(found)], True
-        keep = 0
-        limit = min(len(self.shown), len(visible))
-        while keep < limit and self.shown[keep] == visible[keep]:
-            keep += 1
+        cut = first_stop(text, self.stops)
+        self.stop_hit = cut is not None
+        keep = shared_prefix(self.shown, text[:cut])
         dropped_text, self.shown = self.shown[keep:], self.shown[:keep]
         self.held = "" if self.stop_hit else self.text.emitted[keep:]
         revision = {
