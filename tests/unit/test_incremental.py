@@ -90,12 +90,14 @@ def test_greedy_incremental_equals_serial_over_final_evidence(ngrams):
 
 
 def test_three_batches_and_an_unchanged_answer():
-    """Two rebuilds; a rebuild whose answer does not change retracts nothing."""
+    """Two rebuilds, each keeping a prefix and retracting the rest; a rebuild whose answer
+    does not change retracts nothing."""
     p3 = HEAD + NEW_EVIDENCE + [20, 21] + QUESTION
-    model = tiny_llama(seed=1)
-    shown, stats, _ = drive(model, [P1, P2, p3], 10, 2)
+    model = tiny_llama(seed=3)
+    shown, stats, revises = drive(model, [P1, P2, p3], 10, 2)
     assert shown == greedy(model, p3, 10)
     assert len(stats.rebuilds) == 2
+    assert len(revises) == 2 and all(r.keep > 0 and r.dropped > 0 for r in revises)
     same, _, revises = drive(model, [P1, P1], 10, 3)
     assert same == greedy(model, P1, 10) and not revises
 
