@@ -107,3 +107,17 @@ def test_incremental_answer_retracts_and_equals_serial_rag(route):
     first, second = incremental["batches"]
     assert first["chunks"] == [MISLEADING.id] and first["arrival_s"] < second["arrival_s"]
     assert second.get("dropped") is None  # re-ranked to third, still in the top k
+
+
+def test_a_batch_within_the_grace_joins_the_first_prompt():
+    """A later batch that arrives before the first prefill costs no rebuild (local stores)."""
+    released = threading.Event()
+    released.set()  # batch 2 comes at once
+    serial, _ = run("wait", ROUTES["generate"], released)
+    settings = {**ROUTES["generate"], "incremental_grace_s": 5.0}
+    incremental, revises = run("incremental", settings, released)
+    assert not revises and not incremental["revisions"]
+    assert incremental["stats"]["generate"].get("rebuilds", []) == []
+    assert incremental["answer"] == serial["answer"]
+    assert incremental["chunks"] == serial["chunks"]
+    assert [b["source"] for b in incremental["batches"]] == ["dense", "hybrid"]

@@ -82,8 +82,9 @@ STYLE_SYSTEMS: dict[str, dict[str, Any]] = {
 LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
 # protocols (2: warm-up before timing; answer token counts recorded; 3: the delay is injected
-# before the later evidence batches only).
-PROTOCOL = 3
+# before the later evidence batches only; 4: an incremental answer takes a batch arriving within
+# incremental_grace_s into its first prompt).
+PROTOCOL = 4
 
 
 def case_key(item: dict[str, Any], system: str, latency: float) -> str:

@@ -116,6 +116,13 @@ class SpecRagContext:
         "the tokens so far (retracting what the new evidence changes); greedy answers are "
         "identical.",
     )
+    incremental_grace_s: float = _f(
+        0.1,
+        "incremental: before the first prefill the answer waits this long for the next batch; "
+        "one that arrives in time joins the first prompt (no rebuild). Local stores deliver "
+        "the rest within it; slower sources cost at most this much of the first token's time.",
+        ge=0,
+    )
     # --- draft ----------------------------------------------------------------------------
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
         "until_retrieval",

@@ -123,6 +123,32 @@ async def weave(
         feed.close()
 
 
+async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s: float) -> bool:
+    """Take the batches that arrive within ``grace_s`` into ``chunks``; True if none are left.
+
+    Run before the first prefill: a batch that comes this soon joins the first prompt
+    instead of costing a rebuild (with a local store the rest of the search takes
+    milliseconds).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while True:
+        try:
+            more = stream.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                more = await asyncio.wait_for(stream.queue.get(), left)
+            except TimeoutError:
+                return False
+        if more is None:
+            stream.queue.put_nowait(None)  # the end stays visible to a later weave()
+            return True
+        chunks[:] = more
+
+
 def evidence(stream: EvidenceStream, chunks: list[dict[str, Any]]) -> dict[str, Any]:
     """State keys for the final evidence of an incremental run."""
     return {
@@ -153,10 +179,15 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             call = build(state, ctx)
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
             if stream is not None and is_local(call.model):  # incremental: answer now
-                feed: PromptFeed[list[BaseMessage]] = PromptFeed()
-                options = dataclasses.replace(call.options, prompt_feed=feed)
-                call = dataclasses.replace(call, options=options)
-                weaving = asyncio.create_task(weave(stream, chunks, state, ctx, build, feed))
+                before = list(chunks)  # the first batch
+                ended = await catch_up(stream, chunks, ctx.incremental_grace_s)
+                if chunks != before:
+                    call = build({**state, "chunks": list(chunks)}, ctx)
+                if not ended:
+                    feed: PromptFeed[list[BaseMessage]] = PromptFeed()
+                    options = dataclasses.replace(call.options, prompt_feed=feed)
+                    call = dataclasses.replace(call, options=options)
+                    weaving = asyncio.create_task(weave(stream, chunks, state, ctx, build, feed))
             elif stream is not None:  # a remote model cannot re-verify: wait for the rest
                 await weave(stream, chunks, state, ctx, build, None)
                 call = build({**state, "chunks": chunks}, ctx)
