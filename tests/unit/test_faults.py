@@ -1,9 +1,12 @@
 """Injected faults end in the documented route within the configured budgets."""
 
+import asyncio
+import dataclasses
 import time
 
 from specrag import build_graph, prompts
-from tests.fakes import FakeLogprobChat, ctx, services
+from specrag.indexing.store import Batch
+from tests.fakes import FakeLogprobChat, chunk, ctx, services
 
 
 async def timed(svc, **kw):
@@ -49,3 +52,25 @@ async def test_failing_everything_still_answers():
     assert result["route"] == "fallback"
     assert result["answer"] == prompts.NO_EVIDENCE_ANSWER
     assert len(result["errors"]) == 2
+
+
+async def test_failing_answer_over_streamed_evidence_ends_in_fallback_with_all_of_it():
+    # incremental evidence and a remote answer model that fails after the last batch: the
+    # failure path weaves the stream again and must find its end, not wait forever
+    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(0.05)
+        yield Batch("hybrid", [rest], [rest, first])
+
+    svc = dataclasses.replace(
+        services(answer=FakeLogprobChat(fail=True, calls=[])), batch_retriever=batches
+    )
+    async with asyncio.timeout(20):
+        result, _ = await timed(
+            svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
+        )
+    assert result["route"] == "fallback" and "model exploded" in result["reason"]
+    assert [c["id"] for c in result["chunks"]] == ["id1", "id0"]
+    assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]

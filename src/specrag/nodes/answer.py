@@ -119,16 +119,17 @@ async def weave(
         chunks[:] = more
         if feed is not None:
             feed.put(build({**state, "chunks": list(chunks)}, ctx).messages)
+    stream.queue.put_nowait(None)  # the end stays visible: a failure path weaves again
     if feed is not None:
         feed.close()
 
 
 async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s: float) -> bool:
-    """Take the batches that arrive within ``grace_s`` into ``chunks``; True if none are left.
+    """Take the batches already queued or arriving within ``grace_s`` into ``chunks``.
 
-    Run before the first prefill: a batch that comes this soon joins the first prompt
-    instead of costing a rebuild (with a local store the rest of the search takes
-    milliseconds).
+    True when the stream ended (no batch is left). Run before the first prefill: a batch
+    that comes this soon joins the first prompt instead of costing a rebuild (with a local
+    store the rest of the search takes milliseconds).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
@@ -140,11 +141,12 @@ async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s
             if left <= 0:
                 return False
             try:
-                more = await asyncio.wait_for(stream.queue.get(), left)
+                async with asyncio.timeout(left):  # unlike wait_for, never swallows a cancel
+                    more = await stream.queue.get()
             except TimeoutError:
                 return False
         if more is None:
-            stream.queue.put_nowait(None)  # the end stays visible to a later weave()
+            stream.queue.put_nowait(None)  # the end stays visible to weave()
             return True
         chunks[:] = more
 
@@ -179,8 +181,9 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             call = build(state, ctx)
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
             if stream is not None and is_local(call.model):  # incremental: answer now
-                before = list(chunks)  # the first batch
-                ended = await catch_up(stream, chunks, ctx.incremental_grace_s)
+                before, waited = list(chunks), now()  # the first batch
+                ended = await catch_up(stream, chunks, min(ctx.incremental_grace_s, budget))
+                budget -= now() - waited  # the grace is part of the answer budget
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
                 if not ended:
