@@ -209,29 +209,33 @@ def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeyp
     assert proposer.events and "joined at token 3" in proposer.events[0]
 
 
+def greedy_run(target, prompt, proposer=None, max_new_tokens=40):
+    """Greedy decode of ``prompt`` on ``target`` (with ``proposer``): (tokens, stats)."""
+    stats = DecodeStats()
+    gen = decode(
+        LMState(target),
+        prompt,
+        max_new_tokens=max_new_tokens,
+        sampler=Sampler(0.0),
+        proposer=proposer,
+        stats=stats,
+    )
+    return run(gen), stats
+
+
 def test_a_drafter_that_is_rarely_right_stops_proposing(pair):
     """An unrelated random drafter: after 4 proposals with acceptance < 0.25 it stops; the
     output is still the target's own."""
     target, _ = pair
     stranger = tiny_llama(64, 99, 2, 40.0)
     prompt = list(range(3, 30))
-    plain = run(decode(LMState(target), prompt, max_new_tokens=40, sampler=Sampler(0.0)))
+    plain, _ = greedy_run(target, prompt)
     proposer = MergedProposer(
         NgramProposer({}),
         DrafterProposer(LMState(stranger), prompt, Sampler(0.0)),
         DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.25, probe_steps=4),
     )
-    stats = DecodeStats()
-    out = run(
-        decode(
-            LMState(target),
-            prompt,
-            max_new_tokens=40,
-            sampler=Sampler(0.0),
-            proposer=proposer,
-            stats=stats,
-        )
-    )
+    out, stats = greedy_run(target, prompt, proposer)
     print(proposer.events, stats.proposed, stats.accepted)
     assert out == plain
     assert any(e.startswith("stopped") for e in proposer.events)
@@ -259,7 +263,7 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
             if k.startswith("model.layers.") and int(k.split(".")[2]) < 2:
                 drafter.state_dict()[k].copy_(v)
     prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(3)).tolist()
-    plain = run(decode(LMState(target), prompt, max_new_tokens=40, sampler=Sampler(0.0)))
+    plain, _ = greedy_run(target, prompt)
 
     def decode_with(vocab):
         seen = []
@@ -274,17 +278,8 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
                 return out
 
         policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0)
-        proposer = MergedProposer(NgramProposer({}), Logged(), policy)
-        stats = DecodeStats()
-        gen = decode(
-            LMState(target),
-            prompt,
-            max_new_tokens=40,
-            sampler=Sampler(0.0),
-            proposer=proposer,
-            stats=stats,
-        )
-        return run(gen), seen, stats
+        out, stats = greedy_run(target, prompt, MergedProposer(NgramProposer({}), Logged(), policy))
+        return out, seen, stats
 
     out, seen, stats = decode_with(64)
     proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
