@@ -51,6 +51,15 @@ class EvidenceStream:
     records: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    ended: bool = False
+
+    async def next(self) -> list[dict[str, Any]] | None:
+        """The next batch's evidence; None once the stream ended (then at every call)."""
+        if self.ended:
+            return None
+        more = await self.queue.get()
+        self.ended = more is None
+        return more
 
 
 _STREAMS: OrderedDict[str, EvidenceStream] = OrderedDict()

@@ -115,11 +115,10 @@ async def weave(
     feed: PromptFeed[list[BaseMessage]] | None,
 ) -> None:
     """Update ``chunks`` to each later batch's evidence; with a feed, offer the new prompt."""
-    while (more := await stream.queue.get()) is not None:
+    while (more := await stream.next()) is not None:
         chunks[:] = more
         if feed is not None:
             feed.put(build({**state, "chunks": list(chunks)}, ctx).messages)
-    stream.queue.put_nowait(None)  # the end stays visible: a failure path weaves again
     if feed is not None:
         feed.close()
 
@@ -131,24 +130,13 @@ async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s
     that comes this soon joins the first prompt instead of costing a rebuild (with a local
     store the rest of the search takes milliseconds).
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    while True:
-        try:
-            more = stream.queue.get_nowait()
-        except asyncio.QueueEmpty:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            try:
-                async with asyncio.timeout(left):  # unlike wait_for, never swallows a cancel
-                    more = await stream.queue.get()
-            except TimeoutError:
-                return False
-        if more is None:
-            stream.queue.put_nowait(None)  # the end stays visible to weave()
+    try:  # batches already queued are taken without waiting, even with no grace at all
+        async with asyncio.timeout(grace_s):  # unlike wait_for, never swallows a cancel
+            while (more := await stream.next()) is not None:
+                chunks[:] = more
             return True
-        chunks[:] = more
+    except TimeoutError:
+        return False
 
 
 def evidence(stream: EvidenceStream, chunks: list[dict[str, Any]]) -> dict[str, Any]:
