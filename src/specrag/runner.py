@@ -76,6 +76,11 @@ async def _run(
         return await app.ainvoke(inputs, config=config or None, context=ctx)
     final: dict[str, Any] = {}
     current, shown = None, ""
+
+    def redraw() -> None:  # the answer so far, on a fresh line below a note
+        err.print(f"\n[dim]answer ({current}):[/dim] ", end="")
+        err.print(shown, end="", highlight=False, markup=False)
+
     async for mode, payload in app.astream(
         inputs, config=config or None, context=ctx, stream_mode=["messages", "custom", "values"]
     ):
@@ -99,16 +104,11 @@ async def _run(
                 end="",
             )
             if shown and current != "draft":  # the answer goes on below the note
-                err.print(f"\n[dim]answer ({current}):[/dim] ", end="")
-                err.print(shown, end="", highlight=False, markup=False)
+                redraw()
         elif event == "revise":  # the new evidence retracts the end of the answer: redraw
             shown = shown[: payload["keep"]]
-            err.print(
-                f"\n[dim]revised: retracted {payload['dropped_text']!r}[/dim]"
-                f"\n[dim]answer ({current}):[/dim] ",
-                end="",
-            )
-            err.print(shown, end="", highlight=False, markup=False)
+            err.print(f"\n[dim]revised: retracted {payload['dropped_text']!r}[/dim]", end="")
+            redraw()
         elif mode == "values":
             final = payload
     err.print()
