@@ -173,6 +173,7 @@ def test_eos_in_candidates_stops(model):
     prompt = list(range(10))
     ref = greedy(model, prompt, 20)
     eos = ref[7]
+    stats = DecodeStats()
     steps = list(
         decode(
             LMState(model),
@@ -181,11 +182,14 @@ def test_eos_in_candidates_stops(model):
             sampler=Sampler(0.0),
             eos_ids=(eos,),
             proposer=NgramProposer({"draft": ref}),
+            stats=stats,
         )
     )
     out = [t.id for step in steps for t in step]
     assert out == ref[: ref.index(eos) + 1]
     assert steps[-1][-1].source == "draft"  # the EOS came as an accepted candidate
+    # the draft's tokens after the end token were never judged: neither proposed nor rejected
+    assert stats.proposed == stats.accepted, (stats.proposed, stats.accepted)
 
 
 def speculative_sampling_stats(n: int = 2000) -> dict[str, float]:

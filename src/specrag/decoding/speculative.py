@@ -274,6 +274,8 @@ def decode(
         step, n_accepted, hit_eos = _verify(
             logits_all, cands, source, q, sampler, generator, eos_ids
         )
+        if hit_eos:  # candidates after an accepted end token were never judged
+            stats.proposed[source] -= len(cands) - n_accepted
         if cands:
             k = min(k + 2, max_candidates) if n_accepted == len(cands) else max(1, k - 1)
         if n_accepted:
