@@ -18,9 +18,7 @@ a time budget never pays for a load.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ import torch
 from langchain_core.embeddings import Embeddings
 
 from specrag.errors import ModelLoadError
+from specrag.models.gguf import convert_gguf, converted_dir
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.paths import cache_dir, package_dir
 
@@ -110,34 +109,6 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def _gguf_cache_dir(gguf: Path, dtype: torch.dtype) -> Path:
-    stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return (
-        cache_dir()
-        / "models"
-        / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
-    )
-
-
-def _convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
-    """De-quantize a GGUF once and save a plain safetensors checkpoint next to its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.info("converting %s (first load only) ...", gguf.name)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
-    # transformers refuses to serialise a model that still carries its GGUF quantizer marker,
-    # although the weights are already de-quantized: drop the marker, then save normally.
-    setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed non-optional
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(str(tmp))
-    tok.save_pretrained(str(tmp))
-    os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
-
-
 def on_model_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run ``fn`` on the model thread (see :mod:`specrag.models.worker`) and wait."""
     from specrag.models.worker import MODEL_THREAD
@@ -175,12 +146,12 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             gguf = embedded_gguf_path() if name == EMBEDDED_LM else Path(name).expanduser()
         if not gguf.is_file():
             raise ModelLoadError(f"model file not found: {name}")
-        source = _gguf_cache_dir(gguf, dtype)
+        source = converted_dir(gguf, dtype, cache_dir() / "models")
         if not (source / "config.json").is_file():
             from_cache = False
             source.parent.mkdir(parents=True, exist_ok=True)
             try:
-                _convert_gguf(gguf, source, dtype)
+                convert_gguf(gguf, source, dtype)
             except Exception as exc:  # noqa: BLE001 - reported as one line
                 raise ModelLoadError(f"could not convert {gguf.name}: {exc}") from exc
     else:

@@ -1,0 +1,41 @@
+"""GGUF files -> plain safetensors checkpoints (de-quantized once, then loaded like any model).
+
+Import-light on purpose (torch and transformers only), so the GPU identity check
+(:mod:`specrag.evaluation.identity`) can use it on a machine without the rest of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
+    """Where under ``root`` the converted copy of ``gguf`` in ``dtype`` lives (keyed by file)."""
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
+
+
+def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
+    """De-quantize a GGUF once and save a plain safetensors checkpoint next to its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s (first load only) ...", gguf.name)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
+    # transformers refuses to serialise a model that still carries its GGUF quantizer marker,
+    # although the weights are already de-quantized: drop the marker, then save normally.
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed non-optional
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
