@@ -1,0 +1,88 @@
+"""Greedy identity of speculative decoding on a GPU (or any device), per dtype.
+
+    # on a machine with the package installed: prompts, then the check, in one go
+    python benchmarks/gpu_identity.py run --models pair --device cuda --dtypes bfloat16,float32
+
+    # or in two steps, the second on a bare GPU machine (torch, transformers, gguf only;
+    # PYTHONPATH=src; --target/--drafter name the model files there)
+    python benchmarks/gpu_identity.py prepare --models embedded --out prompts.json
+    python benchmarks/gpu_identity.py run --prompts prompts.json --target M.gguf --device cuda
+
+Writes results.json and table.md to --out (default results/identity); --json prints the
+results as one JSON document on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_identity", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="write the token-id prompts (needs the full package)")
+    prep.add_argument("--models", choices=["embedded", "pair"], default="embedded")
+    prep.add_argument("--out", default="results/identity/prompts.json")
+    prep.add_argument("--terse", type=int, default=16, help="SQuAD questions, terse answers")
+    prep.add_argument("--long", type=int, default=8, help="'explain in detail' questions")
+    prep.add_argument("--rapid", type=int, default=2, help="HotpotQA haystacks for RAPID")
+    prep.add_argument("--rapid-tokens", type=int, default=4096)
+    go = sub.add_parser("run", help="decode every prompt with every method, per dtype")
+    go.add_argument("--prompts", help="a file from `prepare` (default: prepare now)")
+    go.add_argument("--models", choices=["embedded", "pair"], default="embedded")
+    go.add_argument("--target", help="target model file or folder (default: from the prompts)")
+    go.add_argument("--drafter", help="drafter model file or folder (default: from the prompts)")
+    go.add_argument("--device", default="cuda")
+    go.add_argument("--dtypes", default="bfloat16,float32")
+    go.add_argument("--out", default="results/identity")
+    go.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    args = parser.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(f"[identity {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    if args.command == "prepare":
+        from specrag.evaluation.identity import prepare
+
+        spec = prepare(args.models, args.terse, args.long, args.rapid, args.rapid_tokens)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(spec))
+        n, h = len(spec["cases"]), len(spec["haystacks"])
+        log(f"wrote {n} prompts and {h} haystacks to {args.out}")
+        return 0
+
+    from specrag.evaluation.identity import DTYPES, markdown, run
+
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        print(
+            f"gpu_identity: error: unknown dtype {unknown} (use {', '.join(DTYPES)})",
+            file=sys.stderr,
+        )
+        return 2
+    if args.prompts:
+        spec = json.loads(Path(args.prompts).read_text())
+    else:
+        from specrag.evaluation.identity import prepare
+
+        spec = prepare(args.models)
+    result = run(spec, args.device, dtypes, args.target, args.drafter, progress=log)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "table.md").write_text(markdown(result))
+    log(f"wrote {out / 'results.json'} and {out / 'table.md'}")
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "tokens"}))
+    else:
+        print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

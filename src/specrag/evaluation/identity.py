@@ -1,0 +1,418 @@
+"""Greedy identity of the speculative decoders on any device and dtype (the GPU check).
+
+The claim: with greedy decoding, decoding with candidates (evidence n-grams, the merged
+proposer with a drafter model) and RAPID at eta=0 emit exactly the tokens of the target
+decoding alone, one token per pass. In exact arithmetic this holds by construction: a
+candidate is kept only where it is the target's argmax. In floating point, the target's logits
+at a position also depend on how the pass that computed them was shaped - a verify pass over
+``1 + k`` tokens and a single-token step run different kernels with different reduction
+orders - so where the top two logits (nearly) tie, the argmax can flip between the two. This
+module counts how often that happens, per dtype, and where it does, how close the tie was.
+
+Two steps, so that the second runs on a bare GPU machine:
+
+* :func:`prepare` needs the whole package (datasets, prompts, tokenizer, document search): it
+  writes the token-id prompts - serial-RAG prompts (terse SQuAD answers and "explain in
+  detail" answers) and RAPID haystacks with the drafter's retrieved chunks;
+* :func:`run` needs only torch, transformers and :mod:`specrag.decoding` (plus ``gguf`` to
+  read a GGUF file): it loads the target and the drafter in each dtype and decodes every
+  prompt with every method.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specrag.decoding.candidates import NgramProposer
+from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
+from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import DecodeStats, Step, Token, decode, prefill
+from specrag.decoding.state import LMState
+from specrag.evaluation import metrics
+from specrag.models.gguf import convert_gguf, converted_dir
+
+METHODS = ("plain", "ngram", "merged")  # on serial-RAG prompts; "rapid_eta0" on haystacks
+GREEDY = Sampler(0.0)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the drafter proposes wherever no strong n-gram does, from the first token on: this is a check
+# of the verifier, not of the cost model (which would keep a same-size drafter out)
+ALWAYS_DRAFT = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0)
+
+
+def prepare(
+    models: str = "embedded",
+    terse: int = 16,
+    long: int = 8,
+    rapid: int = 2,
+    rapid_tokens: int = 4096,
+    seed: int = 7,
+) -> dict[str, Any]:
+    """Token-id prompts for :func:`run`, built with the package's own prompt code."""
+    from specrag import prompts
+    from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
+    from specrag.evaluation.bench_pair import LONG_PROMPT, MAX_TOKENS
+    from specrag.evaluation.bench_rapid import MAX_NEW, build_document
+    from specrag.graph.context import MODEL_PRESETS
+    from specrag.models.loading import embedded_gguf_path, load_lm
+    from specrag.models.local import encode_chat
+    from specrag.models.pair import PAIR, joined_gguf
+    from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
+
+    drafter_name, target_name = MODEL_PRESETS[models]
+    target = load_lm(target_name, "cpu", "float32")
+    paragraphs = {p.id: p for p in squad_paragraphs()}
+    rng = random.Random(seed)
+    pool = list(paragraphs.values())
+
+    def rag_case(q: Any, kind: str) -> dict[str, Any]:
+        gold = [paragraphs[g] for g in q.gold_ids[:1]]
+        others = [p for p in rng.sample(pool, 4) if p.title != gold[0].title][:2]
+        chunks = [{"text": p.text, "source": p.title} for p in [*gold, *others]]
+        rng.shuffle(chunks)
+        question = LONG_PROMPT.format(question=q.question) if kind == "long" else q.question
+        system = prompts.ANSWER_DETAILED_SYSTEM if kind == "long" else prompts.ANSWER_SYSTEM
+        ids = encode_chat(target, prompts.evidence_messages(question, chunks, system))
+        return {"id": q.id, "kind": kind, "prompt": ids, "max_new": MAX_TOKENS[kind]}
+
+    answerable = [q for q in squad_questions() if q.answers]
+    cases = [rag_case(q, "squad") for q in sample(answerable, terse, seed)]
+    cases += [rag_case(q, "long") for q in sample(answerable, long, seed + 1)]
+
+    retriever = ChatRapid()._default_retriever()
+    count = lambda t: len(target.tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    haystacks = []
+    hotpot = hotpot_questions()
+    for ex in sample(hotpot, rapid, seed):
+        document = build_document(ex, hotpot, rapid_tokens, target, rng)
+        head, doc, tail = layout(target, RAPID_INSTRUCTIONS, document, ex.question)
+        chunks = retriever(document, ex.question, count, 128, 768)
+        d_head, d_doc, d_tail = layout(target, RAPID_INSTRUCTIONS, chunks, ex.question)
+        haystacks.append(
+            {
+                "id": ex.id,
+                "prefix": head + doc,
+                "tail": tail,
+                "drafter_prompt": d_head + d_doc + d_tail,
+                "max_new": MAX_NEW,
+            }
+        )
+
+    def source(name: str) -> str:
+        return str(joined_gguf(PAIR[name]) if name in PAIR else embedded_gguf_path())
+
+    return {
+        "models": models,
+        "target": source(target_name),
+        "drafter": source(drafter_name),
+        "eos_ids": list(target.eos_token_ids),
+        "cases": cases,
+        "haystacks": haystacks,
+    }
+
+
+def _cache_root() -> Path:
+    try:
+        from specrag.paths import cache_dir
+    except ImportError:  # a bare machine without the package's dependencies
+        return Path(os.environ.get("SPECRAG_CACHE_DIR") or "/tmp/specrag-cache") / "models"
+    return cache_dir() / "models"
+
+
+def load_model(source: str, dtype: torch.dtype, device: torch.device) -> Any:
+    """A causal LM from a model folder, a hub id, or a ``.gguf`` file.
+
+    A GGUF file is de-quantized once to a float32 safetensors copy (as the package does), and
+    every dtype is loaded from that copy: plain layers, so bf16 runs bf16 kernels (transformers
+    can otherwise keep GGUF weights packed and compute in float32).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(source)
+    if path.suffix == ".gguf":
+        folder = converted_dir(path, torch.float32, _cache_root())
+        if not (folder / "config.json").is_file():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            convert_gguf(path, folder, torch.float32)
+        source = str(folder)
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    return model.to(device).eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _collect(steps: Iterator[Step] | Iterator[list[Token]]) -> list[Token]:
+    out: list[Token] = []
+    for step in steps:
+        assert isinstance(step, list), "no prior answer: decode never revises"
+        out.extend(step)
+    return out
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    return n if n is not None or len(a) == len(b) else min(len(a), len(b))
+
+
+def _plain_margin(model: Any, prompt: list[int], plain: list[int], at: int) -> float:
+    """Top-1 minus top-2 logit of the plain decode at position ``at`` (replayed exactly)."""
+    lm = LMState(model)
+    logits = prefill(lm, prompt)
+    for token in plain[:at]:
+        logits = lm.extend([token])[-1]
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def _decode_case(
+    method: str,
+    target: Any,
+    drafter: Any,
+    case: dict[str, Any],
+    eos: tuple[int, ...],
+) -> tuple[list[Token], dict[str, Any]]:
+    prompt, max_new = case["prompt"], case["max_new"]
+    stats = DecodeStats()
+    proposer: Any = None
+    drafter_lm = None
+    if method != "plain":
+        ngrams = NgramProposer({"prompt": prompt})
+        proposer = ngrams
+        if method == "merged":
+            vocab = int(target.get_output_embeddings().weight.shape[0])
+            drafter_lm = DrafterProposer(LMState(drafter), prompt, GREEDY, vocab=vocab)
+            proposer = MergedProposer(ngrams, drafter_lm, ALWAYS_DRAFT)
+    tokens = _collect(
+        decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=max_new,
+            sampler=GREEDY,
+            eos_ids=eos,
+            proposer=proposer,
+            stats=stats,
+        )
+    )
+    _sync(next(target.parameters()).device)
+    info = {
+        "decode_s": stats.decode_s,
+        "proposed": dict(stats.proposed),
+        "accepted": dict(stats.accepted),
+        "target_passes": stats.forward_passes + 1,
+        "new_tokens": len(tokens),
+    }
+    if drafter_lm is not None:
+        info["drafter_passes"] = drafter_lm.stats.passes
+    return tokens, info
+
+
+def _rapid_case(
+    target: Any, drafter: Any, hay: dict[str, Any], eos: tuple[int, ...], rapid: bool
+) -> tuple[list[Token], dict[str, Any]]:
+    """The target alone (prefilled as RAPID prefills it: document prefix, then the rest)."""
+    prompt = hay["prefix"] + hay["tail"]
+    lm = LMState(target)
+    lm.extend(hay["prefix"], all_logits=False)
+    start = time.perf_counter()
+    if rapid:
+        rs = RapidStats()
+        steps: Any = rapid_decode(
+            lm,
+            LMState(drafter),
+            prompt,
+            hay["drafter_prompt"],
+            max_new_tokens=hay["max_new"],
+            sampler=GREEDY,
+            cfg=RapidConfig(eta=0.0),
+            eos_ids=eos,
+            stats=rs,
+        )
+    else:
+        ds = DecodeStats()
+        steps = decode(
+            lm, prompt, max_new_tokens=hay["max_new"], sampler=GREEDY, eos_ids=eos, stats=ds
+        )
+    tokens = _collect(steps)
+    _sync(next(target.parameters()).device)
+    info: dict[str, Any] = {"s": time.perf_counter() - start, "new_tokens": len(tokens)}
+    if rapid:
+        info.update(proposed={"drafter": rs.draft_tokens}, accepted={"drafter": rs.accepted_tokens})
+    return tokens, info
+
+
+def run(
+    spec: dict[str, Any],
+    device: str,
+    dtypes: list[str],
+    target_source: str | None = None,
+    drafter_source: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Decode every prepared prompt with every method in each dtype; compare to plain."""
+    dev = torch.device(device)
+    eos = tuple(spec["eos_ids"])
+    target_src = target_source or spec["target"]
+    drafter_src = drafter_source or spec["drafter"]
+    out: dict[str, Any] = {
+        "device": (
+            torch.cuda.get_device_name(dev)
+            if dev.type == "cuda"
+            else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+        ),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "target": Path(target_src).name,
+        "drafter": Path(drafter_src).name,
+        "cases": len(spec["cases"]),
+        "haystacks": len(spec["haystacks"]),
+        "dtypes": {},
+        "tokens": {},
+    }
+    for name in dtypes:
+        dtype = DTYPES[name]
+        t0 = time.perf_counter()
+        target = load_model(target_src, dtype, dev)
+        drafter = target if drafter_src == target_src else load_model(drafter_src, dtype, dev)
+        progress(f"{name}: models loaded in {time.perf_counter() - t0:.1f}s")
+        with torch.inference_mode():
+            for method in METHODS:  # warm every method (kernels, allocator) before timing
+                _decode_case(method, target, drafter, spec["cases"][0], eos)
+            out["dtypes"][name], out["tokens"][name] = _run_dtype(
+                spec, target, drafter, eos, progress, name
+            )
+        del target, drafter
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    if len(dtypes) > 1:  # the reference itself across dtypes (not claimed identical)
+        a, b = (out["tokens"][d]["plain"] for d in dtypes[:2])
+        same = [a[k] == b[k] for k in a]
+        out[f"plain_{dtypes[0]}_vs_{dtypes[1]}_same"] = f"{sum(same)}/{len(same)}"
+    return out
+
+
+def _run_dtype(
+    spec: dict[str, Any],
+    target: Any,
+    drafter: Any,
+    eos: tuple[int, ...],
+    progress: Callable[[str], None],
+    name: str,
+) -> tuple[dict[str, Any], dict[str, dict[str, list[int]]]]:
+    tokens: dict[str, dict[str, list[int]]] = {m: {} for m in (*METHODS, "rapid_eta0")}
+    infos: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in tokens}
+    logprobs: dict[str, dict[str, list[float]]] = {m: {} for m in tokens}
+    for i, case in enumerate(spec["cases"]):
+        for method in METHODS:
+            toks, info = _decode_case(method, target, drafter, case, eos)
+            tokens[method][case["id"]] = [t.id for t in toks]
+            logprobs[method][case["id"]] = [t.logprob for t in toks]
+            infos[method][case["id"]] = info
+        progress(f"{name}: prompt {i + 1}/{len(spec['cases'])}")
+    for hay in spec["haystacks"]:
+        for method, rapid in (("plain", False), ("rapid_eta0", True)):
+            toks, info = _rapid_case(target, drafter, hay, eos, rapid)
+            key = f"haystack:{hay['id']}" if method == "plain" else hay["id"]
+            tokens[method][key] = [t.id for t in toks]
+            logprobs[method][key] = [t.logprob for t in toks]
+            infos[method][key] = info
+        progress(f"{name}: haystack {hay['id']}")
+    prompts = {c["id"]: c["prompt"] for c in spec["cases"]}
+    prompts |= {h["id"]: h["prefix"] + h["tail"] for h in spec["haystacks"]}
+    summary: dict[str, Any] = {}
+    divergences = []
+    for method in (*METHODS[1:], "rapid_eta0"):
+        ref_key = (lambda k: f"haystack:{k}") if method == "rapid_eta0" else (lambda k: k)
+        same = 0
+        proposed: dict[str, int] = {}
+        accepted: dict[str, int] = {}
+        for key, ids in tokens[method].items():
+            ref = tokens["plain"][ref_key(key)]
+            at = _first_difference(ref, ids)
+            same += at is None
+            for src, n in infos[method][key]["proposed"].items():
+                proposed[src] = proposed.get(src, 0) + n
+            for src, n in infos[method][key]["accepted"].items():
+                accepted[src] = accepted.get(src, 0) + n
+            if at is not None and at < min(len(ref), len(ids)):
+                divergences.append(
+                    {
+                        "method": method,
+                        "case": key,
+                        "position": at,
+                        "plain": [ref[at], round(logprobs["plain"][ref_key(key)][at], 4)],
+                        "method_token": [ids[at], round(logprobs[method][key][at], 4)],
+                        "plain_top2_logit_gap": round(
+                            _plain_margin(target, prompts[key], ref, at), 5
+                        ),
+                    }
+                )
+        row: dict[str, Any] = {
+            "identical": f"{same}/{len(tokens[method])}",
+            "identical_fraction": same / len(tokens[method]) if tokens[method] else None,
+            "proposed": proposed,
+            "accepted": accepted,
+            "rejected": sum(proposed.values()) - sum(accepted.values()),
+        }
+        if method != "rapid_eta0":
+            num = {k: v["decode_s"] for k, v in infos[method].items()}
+            den = {k: v["decode_s"] for k, v in infos["plain"].items() if k in num}
+            ratio, ci = metrics.ratio_ci(num, den, sum, seed=0)
+            passes = sum(v["target_passes"] for v in infos[method].values())
+            new = sum(v["new_tokens"] for v in infos[method].values())
+            row |= {
+                "decode_vs_plain": ratio,
+                "decode_vs_plain_ci95": ci,
+                "target_passes_per_token": passes / new if new else None,
+            }
+        else:
+            num = {k: v["s"] for k, v in infos[method].items()}
+            den = {k: infos["plain"][f"haystack:{k}"]["s"] for k in num}
+            row["decode_vs_plain"] = sum(num.values()) / sum(den.values()) if num else None
+        summary[method] = row
+    summary["divergences"] = divergences
+    return summary, tokens
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """A table per dtype: identical answers, proposals, rejections, decode ratio."""
+    lines = [
+        f"device: {result['device']} | torch {result['torch']} | transformers "
+        f"{result['transformers']} | target {result['target']} | drafter {result['drafter']} | "
+        f"{result['cases']} RAG prompts, {result['haystacks']} RAPID haystacks",
+        "",
+        "| dtype | method | identical to plain | proposed | accepted | rejected "
+        "| decode vs plain |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, rows in result["dtypes"].items():
+        for method, row in rows.items():
+            if method == "divergences":
+                continue
+            ratio = row.get("decode_vs_plain")
+            ci = row.get("decode_vs_plain_ci95")
+            shown = "-" if ratio is None else f"{ratio:.2f}x"
+            if ci:
+                shown += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+            lines.append(
+                f"| {name} | {method} | {row['identical']} | {sum(row['proposed'].values())} | "
+                f"{sum(row['accepted'].values())} | {row['rejected']} | {shown} |"
+            )
+    for name, rows in result["dtypes"].items():
+        for d in rows["divergences"]:
+            lines.append(
+                f"\n{name} {d['method']} on {d['case']}: first difference at token "
+                f"{d['position']}: plain {d['plain']} vs {d['method_token']} (token, logprob); "
+                f"plain top-2 logit gap {d['plain_top2_logit_gap']}"
+            )
+    return "\n".join(lines) + "\n"
