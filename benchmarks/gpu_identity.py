@@ -3,8 +3,8 @@
     # on a machine with the package installed: prompts, then the check, in one go
     python benchmarks/gpu_identity.py run --models pair --device cuda --dtypes bfloat16,float32
 
-    # or in two steps, the second on a bare GPU machine (torch, transformers, gguf only;
-    # PYTHONPATH=src; --target/--drafter name the model files there)
+    # or in two steps, the second on a bare GPU machine with torch, transformers and gguf
+    # only (this checkout's src/ is used; --target/--drafter name the model files there)
     python benchmarks/gpu_identity.py prepare --models embedded --out prompts.json
     python benchmarks/gpu_identity.py run --prompts prompts.json --target M.gguf --device cuda
 
@@ -18,7 +18,23 @@ import argparse
 import json
 import sys
 import time
+import types
 from pathlib import Path
+
+
+def engines_only() -> None:
+    """Make ``specrag.decoding`` importable where the graph's dependencies are missing.
+
+    ``specrag/__init__`` imports the graph (langgraph, langchain, chromadb); the check needs
+    only the engines. On a bare machine, ``specrag`` becomes a plain namespace over this
+    checkout's ``src/specrag`` (its ``__init__`` is not run).
+    """
+    try:
+        import specrag  # noqa: F401
+    except ImportError:
+        pkg = types.ModuleType("specrag")
+        pkg.__path__ = [str(Path(__file__).resolve().parents[1] / "src" / "specrag")]
+        sys.modules["specrag"] = pkg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,19 +61,32 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[identity {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    if args.command == "prepare":
+    def prepared(*a: object) -> dict[str, object] | None:
+        """The prompts, or None after a one-line error (e.g. the pair is not installed)."""
+        from specrag.errors import SpecRagError
         from specrag.evaluation.identity import prepare
 
-        spec = prepare(args.models, args.terse, args.long, args.rapid, args.rapid_tokens)
+        try:
+            return prepare(*a)  # type: ignore[arg-type]
+        except SpecRagError as exc:
+            print(f"gpu_identity: error: {exc}", file=sys.stderr)
+            return None
+
+    if args.command == "prepare":
+        spec = prepared(args.models, args.terse, args.long, args.rapid, args.rapid_tokens)
+        if spec is None:
+            return 2
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(spec))
         n, h = len(spec["cases"]), len(spec["haystacks"])
         log(f"wrote {n} prompts and {h} haystacks to {args.out}")
         return 0
 
+    engines_only()
     from specrag.evaluation.identity import DTYPES, markdown, run
 
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+    dtypes = [aliases.get(d.strip(), d.strip()) for d in args.dtypes.split(",") if d.strip()]
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or not dtypes:
         print(
@@ -65,12 +94,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    missing = [p for p in (args.prompts, args.target, args.drafter) if p and not Path(p).exists()]
+    if missing:
+        print(f"gpu_identity: error: not found: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"gpu_identity: error: --device {args.device}: no CUDA here", file=sys.stderr)
+        return 2
     if args.prompts:
         spec = json.loads(Path(args.prompts).read_text())
-    else:
-        from specrag.evaluation.identity import prepare
-
-        spec = prepare(args.models)
+    elif (spec := prepared(args.models)) is None:
+        return 2
     result = run(spec, args.device, dtypes, args.target, args.drafter, progress=log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
