@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     engines_only()
-    from specrag.evaluation.identity import DTYPES, markdown, run
+    from specrag.evaluation.identity import DTYPES, markdown, run, sources
 
     aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
     dtypes = [aliases.get(d.strip(), d.strip()) for d in args.dtypes.split(",") if d.strip()]
@@ -107,7 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(Path(args.prompts).read_text())
     elif (spec := prepared(args.models)) is None:
         return 2
-    result = run(spec, args.device, dtypes, args.target, args.drafter, progress=log)
+    models = sources(spec, args.target, args.drafter)
+    if missing := [m for m in dict.fromkeys(models) if not Path(m).exists()]:
+        print(
+            f"gpu_identity: error: model not found here: {', '.join(missing)} "
+            "(name the files with --target/--drafter)",
+            file=sys.stderr,
+        )
+        return 2
+    result = run(spec, args.device, dtypes, *models, progress=log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1))

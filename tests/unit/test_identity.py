@@ -1,70 +1,133 @@
 """The GPU identity check's harness (:mod:`specrag.evaluation.identity`) on tiny models, CPU.
 
-In float32 every method must give the plain decode's tokens while really speculating
-(proposals made, some rejected, the drafters' partly accepted); and when a method's tokens DO
-differ, the harness must say so, with the first differing position and the plain decode's
-top-2 logit gap there.
+In float32 every method must give the plain decode's tokens - themselves checked against an
+independent argmax loop - while really speculating (proposals made, some rejected, the
+drafters' partly accepted); and when a method's tokens DO differ, the harness must say so,
+with the first differing position and the reference's logits there, recomputed here.
 """
 
+import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from specrag.evaluation import identity
 from tests.unit.test_drafter import tiny_pair
 
 
-def _spec(tmp_path, n_cases=3):
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    root = tmp_path_factory.mktemp("identity")
     target, drafter = tiny_pair()
-    target.save_pretrained(tmp_path / "target")
-    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(root / "target")
+    drafter.save_pretrained(root / "drafter")
     g = torch.Generator().manual_seed(3)
     ids = lambda n: torch.randint(0, 64, (n,), generator=g).tolist()  # noqa: E731
-    cases = [
-        {"id": f"q{i}", "kind": "squad", "prompt": ids(40), "max_new": 40} for i in range(n_cases)
-    ]
+    cases = [{"id": f"q{i}", "kind": "squad", "prompt": ids(40), "max_new": 40} for i in range(2)]
     haystack = {"id": "h", "prefix": ids(300), "tail": ids(8), "drafter_prompt": ids(50)}
     return {
-        "target": str(tmp_path / "target"),
-        "drafter": str(tmp_path / "drafter"),
+        "target": str(root / "target"),
+        "drafter": str(root / "drafter"),
         "eos_ids": [],
         "cases": cases,
         "haystacks": [{**haystack, "max_new": 30}],
     }
 
 
-def test_float32_identity_holds_and_the_check_speculates(tmp_path):
-    result = identity.run(_spec(tmp_path), "cpu", ["float32"])
+def full_logits(model, ids):
+    """Next-token logits after ``ids``, one forward pass over all of them (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def argmax_loop(model, prompt, n):
+    out = []
+    for _ in range(n):
+        out.append(int(full_logits(model, prompt + out).argmax()))
+    return out
+
+
+def test_float32_identity_holds_and_the_check_speculates(spec):
+    result = identity.run(spec, "cpu", ["float32"])
     rows = result["dtypes"]["float32"]
-    for method, n in (("ngram", 3), ("merged", 3), ("rapid_eta0", 1)):
+    for method, n in (("ngram", 2), ("merged", 2), ("rapid_eta0", 1)):
         row = rows[method]
         proposed, accepted = sum(row["proposed"].values()), sum(row["accepted"].values())
         assert row["identical"] == f"{n}/{n}", (method, row)
         assert row["rejected"] == proposed - accepted > 0, (method, row)
         # random prompts hold no n-gram the tiny model continues; the models' proposals land
         assert method == "ngram" or accepted > 0, (method, row)
+        assert row["time_per_token_vs_plain"] > 0, row
     assert rows["merged"]["proposed"].get("drafter", 0) > 0, rows["merged"]
     assert rows["divergences"] == []
-    assert "| float32 | merged | 3/3 |" in identity.markdown(result)
+    # the reference is the target's own greedy decode
+    target = AutoModelForCausalLM.from_pretrained(spec["target"]).eval()
+    plain = result["tokens"]["float32"]["plain"]
+    case, hay = spec["cases"][0], spec["haystacks"][0]
+    assert plain["squad:q0"] == argmax_loop(target, case["prompt"], case["max_new"])
+    assert plain["haystack:h"] == argmax_loop(target, hay["prefix"] + hay["tail"], hay["max_new"])
+    assert "| float32 | merged | 2/2 |" in identity.markdown(result)
 
 
-def test_a_method_that_changes_a_token_is_reported(tmp_path, monkeypatch):
-    real = identity.decode
+def corrupting(real, at, when):
+    """``real`` decoder whose output token ``at`` is changed when ``when(kwargs)`` holds."""
 
-    def corrupt_fifth_token(*args, **kwargs):
+    def wrapped(*args, **kwargs):
         n = 0
         for step in real(*args, **kwargs):
             out = []
             for token in step:
-                if n == 5 and kwargs.get("proposer") is not None:
+                if n == at and when(kwargs):
                     token = identity.Token((token.id + 1) % 64, token.logprob, token.source)
                 out.append(token)
                 n += 1
             yield out
 
-    monkeypatch.setattr(identity, "decode", corrupt_fifth_token)
-    result = identity.run(_spec(tmp_path, n_cases=2), "cpu", ["float32"])
+    return wrapped
+
+
+def test_a_method_that_changes_a_token_is_reported(spec, monkeypatch):
+    with_proposer = lambda kw: kw.get("proposer") is not None  # noqa: E731
+    monkeypatch.setattr(identity, "decode", corrupting(identity.decode, 5, with_proposer))
+    monkeypatch.setattr(identity, "rapid_decode", corrupting(identity.rapid_decode, 7, bool))
+    result = identity.run(spec, "cpu", ["float32"])
     rows = result["dtypes"]["float32"]
     assert rows["ngram"]["identical"] == "0/2" and rows["merged"]["identical"] == "0/2"
-    assert rows["rapid_eta0"]["identical"] == "1/1"  # RAPID does not go through decode()
-    found = {(d["method"], d["position"]) for d in rows["divergences"]}
-    assert found == {("ngram", 5), ("merged", 5)}
-    assert all(d["plain_top2_logit_gap"] >= 0 for d in rows["divergences"])
+    assert rows["rapid_eta0"]["identical"] == "0/1"
+    found = {(d["method"], d["case"], d["position"]) for d in rows["divergences"]}
+    cases = {"squad:q0", "squad:q1"}
+    assert found == {(m, c, 5) for m in ("ngram", "merged") for c in cases} | {
+        ("rapid_eta0", "haystack:h", 7)
+    }
+    target = AutoModelForCausalLM.from_pretrained(spec["target"]).eval()
+    prompts = {f"squad:{c['id']}": c["prompt"] for c in spec["cases"]}
+    prompts["haystack:h"] = spec["haystacks"][0]["prefix"] + spec["haystacks"][0]["tail"]
+    for d in rows["divergences"]:
+        ref = result["tokens"]["float32"]["plain"][d["case"]]
+        logits = full_logits(target, prompts[d["case"]] + ref[: d["position"]])
+        top = torch.topk(logits, 2).values
+        assert d["replay_reproduced_plain"], d
+        assert d["plain"][0] == ref[d["position"]] == int(logits.argmax()), d
+        assert d["method_token"][0] == (ref[d["position"]] + 1) % 64, d
+        assert d["plain_top2_logit_gap"] == pytest.approx(float(top[0] - top[1]), abs=1e-3)
+        gap = float(logits[d["plain"][0]] - logits[d["method_token"][0]])
+        assert d["plain_vs_method_token_logit_gap"] == pytest.approx(gap, abs=1e-3)
+
+
+def test_an_output_cut_short_is_reported_as_a_prefix(spec, monkeypatch):
+    real = identity.decode
+
+    def cut(*args, **kwargs):
+        n = 0
+        for step in real(*args, **kwargs):
+            if kwargs.get("proposer") is not None and n + len(step) > 10:
+                yield step[: 10 - n]
+                return
+            n += len(step)
+            yield step
+
+    monkeypatch.setattr(identity, "decode", cut)
+    result = identity.run({**spec, "haystacks": []}, "cpu", ["float32"])
+    rows = result["dtypes"]["float32"]
+    assert rows["ngram"]["identical"] == "0/2"
+    assert {(d["position"], tuple(d["lengths"])) for d in rows["divergences"]} == {(10, (40, 10))}
+    assert "prefix of the other" in identity.markdown(result)

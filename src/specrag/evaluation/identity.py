@@ -26,6 +26,7 @@ import platform
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +131,10 @@ def _cache_root() -> Path:
 def load_model(source: str, dtype: torch.dtype, device: torch.device) -> Any:
     """A causal LM from a model folder, a hub id, or a ``.gguf`` file.
 
-    A GGUF file is de-quantized once to a float32 safetensors copy (as the package does), and
-    every dtype is loaded from that copy: plain layers, so bf16 runs bf16 kernels (transformers
-    can otherwise keep GGUF weights packed and compute in float32).
+    A GGUF file is de-quantized once to a float32 safetensors copy, and every dtype is loaded
+    from that copy (cast on load): plain layers, so bf16 runs bf16 kernels (transformers can
+    otherwise keep GGUF weights packed and compute in float32). The package itself converts
+    once per dtype; the weights are the same de-quantized values, rounded to the dtype.
     """
     from transformers import AutoModelForCausalLM
 
@@ -152,12 +154,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _collect(steps: Iterator[Step] | Iterator[list[Token]]) -> list[Token]:
+def _collect(steps: Iterator[Step] | Iterator[list[Token]], device: torch.device) -> Decoded:
+    """The tokens, and the time from the first emitted step to the end (device synced).
+
+    Timing starts once the first step is out (its token ids were read back from the device, so
+    the prefill has finished): every method is timed over the same span, its decoding.
+    """
     out: list[Token] = []
+    first_t, first_n = 0.0, 0
     for step in steps:
         assert isinstance(step, list), "no prior answer: decode never revises"
         out.extend(step)
-    return out
+        if not first_n:
+            first_t, first_n = time.perf_counter(), len(out)
+    _sync(device)
+    return Decoded(out, time.perf_counter() - first_t if first_n else 0.0, len(out) - first_n)
+
+
+@dataclass
+class Decoded:
+    """One decode: tokens, decode seconds after the first step, tokens decoded in them."""
+
+    tokens: list[Token]
+    decode_s: float
+    decode_tokens: int
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
@@ -165,14 +185,27 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return n if n is not None or len(a) == len(b) else min(len(a), len(b))
 
 
-def _plain_margin(model: Any, prompt: list[int], plain: list[int], at: int) -> float:
-    """Top-1 minus top-2 logit of the plain decode at position ``at`` (replayed exactly)."""
+def _replay(
+    model: Any, prefix: list[int], prompt: list[int], plain: list[int], at: int, other: int
+) -> dict[str, Any]:
+    """The plain decode's logits at ``at``, replayed with the same passes as the reference.
+
+    Returns the top-1 minus top-2 logit gap, the gap between the reference's token and the
+    method's (``other``), the top logit, and whether the replay reproduced the reference token.
+    """
     lm = LMState(model)
+    if prefix:  # a haystack: the document prefix first, as the reference was prefilled
+        lm.extend(prefix, all_logits=False)
     logits = prefill(lm, prompt)
     for token in plain[:at]:
         logits = lm.extend([token])[-1]
     top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
+    return {
+        "plain_top2_logit_gap": round(float(top[0] - top[1]), 5),
+        "plain_vs_method_token_logit_gap": round(float(logits[plain[at]] - logits[other]), 5),
+        "top_logit": round(float(top[0]), 4),
+        "replay_reproduced_plain": int(logits.argmax()) == plain[at],
+    }
 
 
 def _decode_case(
@@ -193,41 +226,45 @@ def _decode_case(
             vocab = int(target.get_output_embeddings().weight.shape[0])
             drafter_lm = DrafterProposer(LMState(drafter), prompt, GREEDY, vocab=vocab)
             proposer = MergedProposer(ngrams, drafter_lm, ALWAYS_DRAFT)
-    tokens = _collect(
-        decode(
-            LMState(target),
-            prompt,
-            max_new_tokens=max_new,
-            sampler=GREEDY,
-            eos_ids=eos,
-            proposer=proposer,
-            stats=stats,
-        )
+    steps = decode(
+        LMState(target),
+        prompt,
+        max_new_tokens=max_new,
+        sampler=GREEDY,
+        eos_ids=eos,
+        proposer=proposer,
+        stats=stats,
     )
-    _sync(next(target.parameters()).device)
+    run = _collect(steps, next(target.parameters()).device)
     info = {
-        "decode_s": stats.decode_s,
+        "timed": (run.decode_s, run.decode_tokens),
         "proposed": dict(stats.proposed),
         "accepted": dict(stats.accepted),
         "target_passes": stats.forward_passes + 1,
-        "new_tokens": len(tokens),
+        "new_tokens": len(run.tokens),
     }
     if drafter_lm is not None:
         info["drafter_passes"] = drafter_lm.stats.passes
-    return tokens, info
+    return run.tokens, info
 
 
 def _rapid_case(
     target: Any, drafter: Any, hay: dict[str, Any], eos: tuple[int, ...], rapid: bool
 ) -> tuple[list[Token], dict[str, Any]]:
-    """The target alone (prefilled as RAPID prefills it: document prefix, then the rest)."""
+    """RAPID at eta=0, or the target alone prefilled as RAPID prefills it (prefix, then tail).
+
+    Timed from the document prefix on: the tail's prefill, RAPID's drafter prefill, decoding.
+    """
     prompt = hay["prefix"] + hay["tail"]
     lm = LMState(target)
     lm.extend(hay["prefix"], all_logits=False)
+    device = next(target.parameters()).device
+    _sync(device)
     start = time.perf_counter()
+    rs = RapidStats()
+    steps: Any
     if rapid:
-        rs = RapidStats()
-        steps: Any = rapid_decode(
+        steps = rapid_decode(
             lm,
             LMState(drafter),
             prompt,
@@ -239,16 +276,28 @@ def _rapid_case(
             stats=rs,
         )
     else:
-        ds = DecodeStats()
-        steps = decode(
-            lm, prompt, max_new_tokens=hay["max_new"], sampler=GREEDY, eos_ids=eos, stats=ds
-        )
-    tokens = _collect(steps)
-    _sync(next(target.parameters()).device)
-    info: dict[str, Any] = {"s": time.perf_counter() - start, "new_tokens": len(tokens)}
-    if rapid:
-        info.update(proposed={"drafter": rs.draft_tokens}, accepted={"drafter": rs.accepted_tokens})
+        steps = decode(lm, prompt, max_new_tokens=hay["max_new"], sampler=GREEDY, eos_ids=eos)
+    tokens = _collect(steps, device).tokens
+    info: dict[str, Any] = {
+        "timed": (time.perf_counter() - start, len(tokens)),
+        "new_tokens": len(tokens),
+        "proposed": {"drafter": rs.draft_tokens} if rapid else {},
+        "accepted": {"drafter": rs.accepted_tokens} if rapid else {},
+    }
     return tokens, info
+
+
+def sources(
+    spec: dict[str, Any], target: str | None = None, drafter: str | None = None
+) -> tuple[str, str]:
+    """The target's and the drafter's model files: as given, else the prepared ones.
+
+    Where one model plays both roles in the prompts file, a target given here plays both.
+    """
+    target = target or str(spec["target"])
+    if not drafter:
+        drafter = target if spec["drafter"] == spec["target"] else str(spec["drafter"])
+    return target, drafter
 
 
 def run(
@@ -262,8 +311,7 @@ def run(
     """Decode every prepared prompt with every method in each dtype; compare to plain."""
     dev = torch.device(device)
     eos = tuple(spec["eos_ids"])
-    target_src = target_source or spec["target"]
-    drafter_src = drafter_source or spec["drafter"]
+    target_src, drafter_src = sources(spec, target_source, drafter_source)
     out: dict[str, Any] = {
         "device": (
             torch.cuda.get_device_name(dev)
@@ -286,8 +334,11 @@ def run(
         drafter = target if drafter_src == target_src else load_model(drafter_src, dtype, dev)
         progress(f"{name}: models loaded in {time.perf_counter() - t0:.1f}s")
         with torch.inference_mode():
-            for method in METHODS:  # warm every method (kernels, allocator) before timing
+            # warm every method (kernels, allocator) before timing
+            for method in METHODS if spec["cases"] else ():
                 _decode_case(method, target, drafter, spec["cases"][0], eos)
+            for rapid in (False, True) if spec["haystacks"] else ():
+                _rapid_case(target, drafter, spec["haystacks"][0], eos, rapid)
             out["dtypes"][name], out["tokens"][name] = _run_dtype(
                 spec, target, drafter, eos, progress, name
             )
@@ -309,98 +360,92 @@ def _run_dtype(
     progress: Callable[[str], None],
     name: str,
 ) -> tuple[dict[str, Any], dict[str, dict[str, list[int]]]]:
+    """Every case and haystack in one dtype; keys ``<kind>:<id>`` and ``haystack:<id>``."""
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in (*METHODS, "rapid_eta0")}
     infos: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in tokens}
     logprobs: dict[str, dict[str, list[float]]] = {m: {} for m in tokens}
+    inputs: dict[str, tuple[list[int], list[int]]] = {}  # key -> (document prefix, prompt)
     for i, case in enumerate(spec["cases"]):
+        key = f"{case['kind']}:{case['id']}"
+        inputs[key] = ([], case["prompt"])
         for method in METHODS:
             toks, info = _decode_case(method, target, drafter, case, eos)
-            tokens[method][case["id"]] = [t.id for t in toks]
-            logprobs[method][case["id"]] = [t.logprob for t in toks]
-            infos[method][case["id"]] = info
+            tokens[method][key] = [t.id for t in toks]
+            logprobs[method][key] = [t.logprob for t in toks]
+            infos[method][key] = info
         progress(f"{name}: prompt {i + 1}/{len(spec['cases'])}")
     for hay in spec["haystacks"]:
+        key = f"haystack:{hay['id']}"
+        inputs[key] = (hay["prefix"], hay["prefix"] + hay["tail"])
         for method, rapid in (("plain", False), ("rapid_eta0", True)):
             toks, info = _rapid_case(target, drafter, hay, eos, rapid)
-            key = f"haystack:{hay['id']}" if method == "plain" else hay["id"]
             tokens[method][key] = [t.id for t in toks]
             logprobs[method][key] = [t.logprob for t in toks]
             infos[method][key] = info
         progress(f"{name}: haystack {hay['id']}")
-    prompts = {c["id"]: c["prompt"] for c in spec["cases"]}
-    prompts |= {h["id"]: h["prefix"] + h["tail"] for h in spec["haystacks"]}
     summary: dict[str, Any] = {}
     divergences = []
     for method in (*METHODS[1:], "rapid_eta0"):
-        ref_key = (lambda k: f"haystack:{k}") if method == "rapid_eta0" else (lambda k: k)
         same = 0
         proposed: dict[str, int] = {}
         accepted: dict[str, int] = {}
         for key, ids in tokens[method].items():
-            ref = tokens["plain"][ref_key(key)]
+            ref = tokens["plain"][key]
             at = _first_difference(ref, ids)
             same += at is None
             for src, n in infos[method][key]["proposed"].items():
                 proposed[src] = proposed.get(src, 0) + n
             for src, n in infos[method][key]["accepted"].items():
                 accepted[src] = accepted.get(src, 0) + n
-            if at is not None and at < min(len(ref), len(ids)):
-                divergences.append(
-                    {
-                        "method": method,
-                        "case": key,
-                        "position": at,
-                        "plain": [ref[at], round(logprobs["plain"][ref_key(key)][at], 4)],
-                        "method_token": [ids[at], round(logprobs[method][key][at], 4)],
-                        "plain_top2_logit_gap": round(
-                            _plain_margin(target, prompts[key], ref, at), 5
-                        ),
-                    }
-                )
+            if at is None:
+                continue
+            entry: dict[str, Any] = {"method": method, "case": key, "position": at}
+            if at < min(len(ref), len(ids)):
+                entry["plain"] = [ref[at], round(logprobs["plain"][key][at], 4)]
+                entry["method_token"] = [ids[at], round(logprobs[method][key][at], 4)]
+                entry |= _replay(target, *inputs[key], ref, at, ids[at])
+            else:  # one output is a prefix of the other
+                entry["lengths"] = [len(ref), len(ids)]
+            divergences.append(entry)
+        timed = {k: v["timed"] for k, v in infos[method].items()}
+        base = {k: infos["plain"][k]["timed"] for k in timed}
+        ratio, ci = metrics.ratio_ci(timed, base, metrics.per_token, seed=0)
+        n = len(tokens[method])
         row: dict[str, Any] = {
-            "identical": f"{same}/{len(tokens[method])}",
-            "identical_fraction": same / len(tokens[method]) if tokens[method] else None,
+            "identical": f"{same}/{n}",
+            "identical_fraction": same / n if n else None,
             "proposed": proposed,
             "accepted": accepted,
             "rejected": sum(proposed.values()) - sum(accepted.values()),
+            # seconds per token vs plain; RAPID: end to end from the document prefix on
+            "time_per_token_vs_plain": ratio,
+            "time_per_token_vs_plain_ci95": ci,
         }
         if method != "rapid_eta0":
-            num = {k: v["decode_s"] for k, v in infos[method].items()}
-            den = {k: v["decode_s"] for k, v in infos["plain"].items() if k in num}
-            ratio, ci = metrics.ratio_ci(num, den, sum, seed=0)
             passes = sum(v["target_passes"] for v in infos[method].values())
             new = sum(v["new_tokens"] for v in infos[method].values())
-            row |= {
-                "decode_vs_plain": ratio,
-                "decode_vs_plain_ci95": ci,
-                "target_passes_per_token": passes / new if new else None,
-            }
-        else:
-            num = {k: v["s"] for k, v in infos[method].items()}
-            den = {k: infos["plain"][f"haystack:{k}"]["s"] for k in num}
-            row["decode_vs_plain"] = sum(num.values()) / sum(den.values()) if num else None
+            row["target_passes_per_token"] = passes / new if new else None
         summary[method] = row
     summary["divergences"] = divergences
     return summary, tokens
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """A table per dtype: identical answers, proposals, rejections, decode ratio."""
+    """A table per dtype (identical answers, proposals, time per token), then the differences."""
     lines = [
         f"device: {result['device']} | torch {result['torch']} | transformers "
         f"{result['transformers']} | target {result['target']} | drafter {result['drafter']} | "
         f"{result['cases']} RAG prompts, {result['haystacks']} RAPID haystacks",
         "",
-        "| dtype | method | identical to plain | proposed | accepted | rejected "
-        "| decode vs plain |",
+        "| dtype | method | identical to plain | proposed | accepted | not accepted "
+        "| time per token vs plain |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, rows in result["dtypes"].items():
         for method, row in rows.items():
             if method == "divergences":
                 continue
-            ratio = row.get("decode_vs_plain")
-            ci = row.get("decode_vs_plain_ci95")
+            ratio, ci = row.get("time_per_token_vs_plain"), row.get("time_per_token_vs_plain_ci95")
             shown = "-" if ratio is None else f"{ratio:.2f}x"
             if ci:
                 shown += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
@@ -408,11 +453,19 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {name} | {method} | {row['identical']} | {sum(row['proposed'].values())} | "
                 f"{sum(row['accepted'].values())} | {row['rejected']} | {shown} |"
             )
+    lines.append("\nRAPID's time per token is end to end from the document prefix on.")
     for name, rows in result["dtypes"].items():
         for d in rows["divergences"]:
+            where = (
+                f"\n{name} {d['method']} on {d['case']}: first difference at token {d['position']}"
+            )
+            if "lengths" in d:
+                lines.append(f"{where}: one output is a prefix of the other {d['lengths']}")
+                continue
             lines.append(
-                f"\n{name} {d['method']} on {d['case']}: first difference at token "
-                f"{d['position']}: plain {d['plain']} vs {d['method_token']} (token, logprob); "
-                f"plain top-2 logit gap {d['plain_top2_logit_gap']}"
+                f"{where}: plain {d['plain']} vs {d['method_token']} (token, logprob); plain "
+                f"top-2 logit gap {d['plain_top2_logit_gap']}, plain vs method token "
+                f"{d['plain_vs_method_token_logit_gap']}, top logit {d['top_logit']}"
+                + ("" if d["replay_reproduced_plain"] else " (replay did NOT reproduce plain)")
             )
     return "\n".join(lines) + "\n"
