@@ -68,17 +68,7 @@ def test_merged_proposer_keeps_greedy_output(pair, prompt_len, with_draft):
     if with_draft:  # a draft that is partly right: the target's own answer, corrupted
         sources["draft"] = [t if i % 5 else (t + 1) % 64 for i, t in enumerate(plain)]
     proposer = merged(drafter, prompt, sources, Sampler(0.0))
-    stats = DecodeStats()
-    out = run(
-        decode(
-            LMState(target),
-            prompt,
-            max_new_tokens=n,
-            sampler=Sampler(0.0),
-            proposer=proposer,
-            stats=stats,
-        )
-    )
+    out, stats = greedy_run(target, prompt, proposer, max_new_tokens=n)
     proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
     print(
         f"drafter {counts_msg(proposed, accepted)}; all sources proposed={stats.proposed} "
