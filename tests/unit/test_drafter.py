@@ -103,9 +103,33 @@ def test_drafter_waits_for_after_tokens(pair):
 
 def test_cost_policy_rejects_a_drafter_as_costly_as_the_target():
     policy = DrafterPolicy(max_cost_ratio=0.5)
-    assert policy.decide(0.1, 0.1)[0] is False
-    assert "1.00x" in policy.decide(0.1, 0.1)[1]
-    assert policy.decide(0.03, 0.1)[0] is True
+    assert policy.decide(1.0)[0] is False
+    assert "1.00x" in policy.decide(1.0)[1]
+    assert policy.decide(0.3)[0] is True
+
+
+def test_cost_ratio_is_measured_once_per_pair_on_both_models(pair):
+    from specrag.models.loading import LoadedLM, cost_ratio
+
+    target, drafter = pair
+    calls = Counter()
+    hooks = [
+        m.register_forward_hook(lambda mod, *_, n=n: calls.update([n]))
+        for n, m in (("target", target), ("drafter", drafter))
+    ]
+
+    def loaded(name, model):
+        return LoadedLM(name, model, None, torch.device("cpu"), torch.float32, (), 0.0, True)
+
+    try:
+        d, t = loaded("tiny-drafter-ratio", drafter), loaded("tiny-target-ratio", target)
+        ratio = cost_ratio(d, t, steps=3, cache=16)
+        assert 0 < ratio < float("inf")
+        assert calls == {"target": 5, "drafter": 5}  # a prefill, a warm-up step, 3 timed steps
+        assert cost_ratio(d, t) == ratio and calls["target"] == 5  # cached: no new passes
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:

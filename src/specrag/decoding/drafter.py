@@ -145,11 +145,8 @@ class DrafterPolicy:
     start_k: int = 4
     max_k: int = 8
 
-    def decide(self, drafter_step_s: float, target_step_s: float) -> tuple[bool, str]:
-        """Whether a drafter with these measured step times may propose, and why."""
-        if target_step_s <= 0:
-            return False, "no measured target step time"
-        ratio = drafter_step_s / target_step_s
+    def decide(self, ratio: float) -> tuple[bool, str]:
+        """Whether a drafter whose step costs ``ratio`` x the target's may propose, and why."""
         if ratio > self.max_cost_ratio:
             return False, (
                 f"drafter step costs {ratio:.2f}x the target's (> {self.max_cost_ratio}): "

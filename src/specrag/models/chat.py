@@ -30,7 +30,13 @@ from specrag.decoding.incremental import decode_incremental
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, decode
 from specrag.decoding.state import LMState
-from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm, same_tokenizer
+from specrag.models.loading import (
+    EMBEDDED_LM,
+    LoadedLM,
+    cost_ratio,
+    load_lm,
+    same_tokenizer,
+)
 from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
@@ -129,15 +135,14 @@ class ChatLocalLM(LocalChatBase):
                 "why": "speculation=none (plain decoding)",
             }
         drafter = load_lm(self.drafter_model, self.device, self.dtype)
-        info: dict[str, Any] = {
-            "drafter": drafter.name,
-            "cost_ratio": round(drafter.step_s / loaded.step_s, 3) if loaded.step_s else None,
-        }
+        info: dict[str, Any] = {"drafter": drafter.name}
         if drafter.key == loaded.key:
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
         if not same_tokenizer(drafter, loaded):
             return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
-        use, why = self._policy().decide(drafter.step_s, loaded.step_s)
+        ratio = cost_ratio(drafter, loaded)
+        use, why = self._policy().decide(ratio)
+        info["cost_ratio"] = round(ratio, 3)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
@@ -197,7 +202,7 @@ class ChatLocalLM(LocalChatBase):
                         usable=len(loaded.tokenizer),
                     ),
                     self._policy(),
-                    cost_ratio=drafter.step_s / loaded.step_s,
+                    cost_ratio=cost_ratio(drafter, loaded),
                     prefill_s=lambda: stats.prefill_s,
                 )
                 return merged

@@ -203,6 +203,55 @@ def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
     return _SAME_TOKENIZER[pair]
 
 
+_COST_RATIO: dict[tuple[str, str], float] = {}
+
+
+def cost_ratio(drafter: LoadedLM, target: LoadedLM, steps: int = 4, cache: int = 64) -> float:
+    """Measured cost of one drafter decode step as a fraction of one target step.
+
+    Measured once per pair and process, on the model thread: both models hold a ``cache``-token
+    prompt and take ``steps`` single-token steps each (after one warm-up step), INTERLEAVED
+    (drafter, target, drafter, ...), so a load spike from elsewhere hits both; the ratio is
+    min/min (interference only ever adds time). Each model's load-time ``step_s`` is measured
+    alone, minutes apart: on the Qwen pair it flipped the drafter decision between two
+    processes (0.22x vs 0.52x). On 2 CPU cores this measurement gave 0.38x (load-time 0.34x)
+    and took ~5 s.
+    """
+    pair = (drafter.key, target.key)
+    if pair not in _COST_RATIO:
+        _COST_RATIO[pair] = on_model_thread(_measure_ratio, drafter, target, steps, cache)
+        log.info(
+            "drafter %s step = %.3fx target %s step", drafter.name, _COST_RATIO[pair], target.name
+        )
+    return _COST_RATIO[pair]
+
+
+def _measure_ratio(drafter: LoadedLM, target: LoadedLM, steps: int, cache: int) -> float:
+    from specrag.decoding.state import LMState
+
+    def timed(lm: LMState, device: torch.device, token: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        lm.extend([token])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    vocab = min(int(m.model.config.vocab_size) for m in (drafter, target))
+    with torch.inference_mode():
+        lms = [LMState(m.model, m.device) for m in (drafter, target)]
+        for lm in lms:
+            lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
+        times: list[list[float]] = [[], []]
+        for i in range(steps + 1):  # the first step of each is a warm-up
+            for j, (lm, m) in enumerate(zip(lms, (drafter, target), strict=True)):
+                t = timed(lm, m.device, (300 + i) % vocab)
+                if i:
+                    times[j].append(t)
+    return min(times[0]) / max(min(times[1]), 1e-9)
+
+
 def _measure_step(model: Any, device: torch.device) -> float:
     """Warm the model up and measure one single-token decode step (median of 3).
 
