@@ -51,7 +51,7 @@ def merged(drafter, prompt, sources, sampler, after=0, generator=None):
     return MergedProposer(
         NgramProposer(sources),
         proposer,
-        DrafterPolicy(after_tokens=after, join_factor=0.0, min_acceptance=0.0),
+        DrafterPolicy(after_tokens=after, join_factor=0.0, min_acceptance=0.0, pay_check=False),
     )
 
 
@@ -106,6 +106,78 @@ def test_cost_policy_rejects_a_drafter_as_costly_as_the_target():
     assert policy.decide(1.0)[0] is False
     assert "1.00x" in policy.decide(1.0)[1]
     assert policy.decide(0.3)[0] is True
+
+
+def test_pay_check_compares_time_per_token_with_a_plain_step():
+    policy = DrafterPolicy()
+    assert policy.pays(seconds=2.0, tokens=5, plain_step_s=0.5)  # 0.4 s/token < 0.5
+    assert not policy.pays(seconds=3.0, tokens=5, plain_step_s=0.5)  # 0.6 s/token
+    assert policy.pays(seconds=9.0, tokens=1, plain_step_s=0.0)  # no baseline yet: no verdict
+
+
+class TimedMerged(MergedProposer):
+    """The merged proposer with made-up pass times: plain steps 1 s, candidate passes
+    ``cand_s`` (the pay check's inputs, without a real clock)."""
+
+    cand_s = 1.0
+
+    def observe(self, candidates, emitted, pass_s):
+        self._drafter_s = 0.0
+        super().observe(candidates, emitted, self.cand_s if candidates else 1.0)
+
+
+@pytest.mark.parametrize("cand_s", [10.0, 0.5])
+def test_a_source_whose_rounds_cost_more_than_plain_steps_stops(pair, cand_s):
+    """Candidate passes at 10 s each (plain steps 1 s) can never pay - no round emits 10
+    tokens - so after 4 rounds the drafter stops and the answer goes on with plain steps;
+    at 0.5 s they always pay and the drafter keeps proposing. Output: the target's own."""
+    target, drafter = pair
+    prompt = list(range(3, 30))
+    plain, _ = greedy_run(target, prompt)
+    proposer = TimedMerged(
+        NgramProposer({}),
+        DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
+        DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, probe_steps=4),
+        plain_step_s=1.0,
+    )
+    proposer.cand_s = cand_s
+    out, stats = greedy_run(target, prompt, proposer)
+    print(proposer.events, proposer.ledgers, stats.proposed, stats.accepted)
+    assert out == plain
+    assert stats.proposed["drafter"] > stats.accepted.get("drafter", 0) > 0
+    if cand_s > 1:
+        assert proposer.choices["drafter"] == 4
+        assert proposer.events[1:] == [
+            "stopped: drafter rounds cost "
+            f"{proposer.ledgers['drafter'].per_token():.3f}s per token over 4 rounds > "
+            "1.000s per plain step (step measured at load)"
+        ]
+        assert proposer.ledgers["plain"].rounds > 0  # the rest of the answer: plain steps
+    else:
+        assert proposer.choices["drafter"] > 4 and len(proposer.events) == 1  # joined only
+        assert "plain" not in proposer.ledgers
+
+
+def test_weak_ngram_matches_that_do_not_pay_are_switched_off(pair):
+    """No drafter; a 'draft' that shares 2-grams with the answer but rarely continues it:
+    weak-match rounds at 10 s each stop after 4 rounds; strong matches are never switched off."""
+    target, _ = pair
+    prompt = list(range(3, 30))
+    plain, _ = greedy_run(target, prompt)
+    noisy = [t for i, t in enumerate(plain) for t in ([t, (t * 7 + i) % 64] if i % 2 else [t])]
+    proposer = TimedMerged(
+        NgramProposer({"draft": noisy}, max_ngram=3, min_ngram=2),
+        None,
+        DrafterPolicy(probe_steps=4, strong_ngram=3),
+        plain_step_s=1.0,
+    )
+    proposer.cand_s = 10.0
+    out, stats = greedy_run(target, prompt, proposer)
+    print(proposer.events, proposer.ledgers, stats.proposed, stats.accepted)
+    assert out == plain
+    assert stats.proposed["draft"] > stats.accepted.get("draft", 0)
+    assert proposer.ledgers["weak"].rounds == 4
+    assert any(e.startswith("weak n-gram matches off") for e in proposer.events)
 
 
 def test_cost_ratio_is_measured_once_per_pair_on_both_models(pair):
@@ -291,7 +363,7 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
                 seen.extend(out.tokens)
                 return out
 
-        policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0)
+        policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
         out, stats = greedy_run(target, prompt, MergedProposer(NgramProposer({}), Logged(), policy))
         return out, seen, stats
 

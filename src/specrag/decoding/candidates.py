@@ -39,6 +39,11 @@ class Proposer(Protocol):
     ) -> tuple[list[int], str] | Proposal: ...
 
 
+# A proposer may also define ``observe(candidates, emitted, pass_s)``: the decode loop then
+# reports each pass (candidates verified, tokens emitted, the pass's seconds) so the proposer
+# can weigh what its proposals cost (:class:`specrag.decoding.drafter.MergedProposer`).
+
+
 class NgramProposer:
     """Suffix matching of the last 1..``max_ngram`` generated tokens against named sources.
 

@@ -132,6 +132,13 @@ class DrafterPolicy:
       prefill costs milliseconds and the drafter joins at once;
     * ``min_acceptance``: after ``probe_steps`` drafter proposals, a drafter whose tokens are
       accepted less often than this stops proposing for the rest of the answer;
+    * ``pay_check``: after ``probe_steps`` rounds of a source (the drafter, or n-gram matches
+      shorter than ``strong_ngram``), the source stops if its rounds cost more time per emitted
+      token (its verify passes, plus the drafter's own steps) than a plain step of the target,
+      all measured in this decode. Acceptance alone does not decide it: on 2 CPU cores one
+      verify pass of the 1.5B over 5 tokens cost 1.8x a single-token step and over 9 tokens
+      2.2x (measured 2026-11-30), so a drafter at 0.38x the target's step needs ~80%
+      acceptance at k=4 to pay there; on a GPU wide passes cost about one step;
     * ``k``: the drafter's own proposal length, from ``start_k``: +1 after a fully accepted
       proposal, -1 after a rejection (its steps cost time; n-gram candidates are free).
     """
@@ -142,6 +149,7 @@ class DrafterPolicy:
     strong_ngram: int = 3
     min_acceptance: float = 0.25
     probe_steps: int = 4
+    pay_check: bool = True
     start_k: int = 4
     max_k: int = 8
 
@@ -157,6 +165,23 @@ class DrafterPolicy:
             f"joins once decoding has taken {self.join_factor}x its estimated prefill"
         )
 
+    def pays(self, seconds: float, tokens: int, plain_step_s: float) -> bool:
+        """Whether rounds that took ``seconds`` to emit ``tokens`` beat plain steps."""
+        return plain_step_s <= 0 or seconds <= plain_step_s * tokens
+
+
+@dataclass
+class Ledger:
+    """Time and output of the decode steps one kind of proposal led to."""
+
+    rounds: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def per_token(self) -> float:
+        """Seconds per emitted token (0 before any)."""
+        return self.seconds / self.tokens if self.tokens else 0.0
+
 
 @dataclass
 class MergedProposer:
@@ -164,7 +189,11 @@ class MergedProposer:
 
     ``prefill_s`` (the target's prefill time in this run, known after the first token) and
     ``cost_ratio`` (drafter step / target step, measured at load) estimate the drafter's
-    prefill; ``events`` records when and why the drafter joined or stopped.
+    prefill; ``events`` records when and why the drafter joined or stopped. The decode loop
+    reports every pass to :meth:`observe`; ``ledgers`` hold, per kind of step (``drafter``,
+    ``strong``/``weak`` n-gram, ``plain``), its rounds, emitted tokens and seconds - what the
+    pay check compares (``plain_step_s``: the target's step measured at load, the baseline
+    until this decode has timed a plain step of its own).
     """
 
     ngrams: NgramProposer
@@ -172,8 +201,13 @@ class MergedProposer:
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
     cost_ratio: float = 0.0
     prefill_s: Callable[[], float] = lambda: 0.0
+    plain_step_s: float = 0.0
     choices: dict[str, int] = field(default_factory=dict)  # steps per chosen source
     events: list[str] = field(default_factory=list)
+    ledgers: dict[str, Ledger] = field(default_factory=dict)
+    _kind: str = "plain"  # the kind of the latest proposal
+    _drafter_s: float = 0.0  # the drafter's own time in the latest proposal
+    _weak_off: bool = False
     _started: float | None = None
     _joined: bool = False
     _stopped: bool = False
@@ -231,11 +265,51 @@ class MergedProposer:
         self._settle(generated)
         tokens, source = self.ngrams.propose(generated, k)
         strong = bool(tokens) and self.ngrams.last_match >= self.policy.strong_ngram
+        self._drafter_s = 0.0
         if not strong and self._may_draft(generated):
-            proposal = self.drafter.propose(generated, min(k, self._k))  # type: ignore[union-attr]
+            drafter = self.drafter
+            assert drafter is not None
+            before = drafter.stats.draft_s - drafter.stats.prefill_s
+            proposal = drafter.propose(generated, min(k, self._k))
+            self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
             self._last = (len(generated), list(proposal.tokens))
-        else:
+        elif strong or not self._weak_off:
             proposal = Proposal(tokens, source)
+        else:
+            proposal = Proposal([], "")
         if proposal.tokens:
             self.choices[proposal.source] = self.choices.get(proposal.source, 0) + 1
+        self._kind = (
+            ("drafter" if proposal.source == "drafter" else "strong" if strong else "weak")
+            if proposal.tokens
+            else "plain"
+        )
         return proposal
+
+    def observe(self, candidates: int, emitted: int, pass_s: float) -> None:
+        """The decode loop's report of the pass that verified the latest proposal."""
+        kind = self._kind if candidates else "plain"
+        ledger = self.ledgers.setdefault(kind, Ledger())
+        ledger.rounds += 1
+        ledger.tokens += emitted
+        ledger.seconds += pass_s + (self._drafter_s if kind == "drafter" else 0.0)
+        if not self.policy.pay_check or ledger.rounds < self.policy.probe_steps:
+            return
+        plain = self.ledgers.get("plain")
+        base, basis = (
+            (plain.per_token(), f"{plain.rounds} plain steps")
+            if plain and plain.rounds
+            else (self.plain_step_s, "step measured at load")
+        )
+        if self.policy.pays(ledger.seconds, ledger.tokens, base):
+            return
+        cost = (
+            f"{ledger.per_token():.3f}s per token over {ledger.rounds} rounds > "
+            f"{base:.3f}s per plain step ({basis})"
+        )
+        if kind == "drafter" and not self._stopped:
+            self._stopped = True
+            self.events.append(f"stopped: drafter rounds cost {cost}")
+        elif kind == "weak" and not self._weak_off:
+            self._weak_off = True
+            self.events.append(f"weak n-gram matches off: their rounds cost {cost}")

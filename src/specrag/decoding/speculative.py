@@ -265,15 +265,18 @@ def decode(
         cands, source, q = prop.tokens, prop.source, prop.q
         t_pass = time.perf_counter()
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
+        pass_s = time.perf_counter() - t_pass
         stats.forward_passes += 1
         if not cands:
             stats.plain_steps += 1
-            stats.plain_step_s += time.perf_counter() - t_pass
+            stats.plain_step_s += pass_s
         else:
             stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
         step, n_accepted, hit_eos = _verify(
             logits_all, cands, source, q, sampler, generator, eos_ids
         )
+        if observe := getattr(proposer, "observe", None):  # a proposer that weighs its costs
+            observe(len(cands), len(step), pass_s)
         if hit_eos:  # candidates after an accepted end token were never judged
             stats.proposed[source] -= len(cands) - n_accepted
         if cands:

@@ -46,7 +46,7 @@ GREEDY = Sampler(0.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # the drafter proposes wherever no strong n-gram does, from the first token on: this is a check
 # of the verifier, not of the cost model (which would keep a same-size drafter out)
-ALWAYS_DRAFT = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0)
+ALWAYS_DRAFT = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
 
 
 def prepare(

@@ -204,6 +204,7 @@ class ChatLocalLM(LocalChatBase):
                     self._policy(),
                     cost_ratio=cost_ratio(drafter, loaded),
                     prefill_s=lambda: stats.prefill_s,
+                    plain_step_s=loaded.step_s,
                 )
                 return merged
 
@@ -249,6 +250,13 @@ class ChatLocalLM(LocalChatBase):
                     **(merged.drafter.stats.as_dict() if merged and merged.drafter else {}),
                     "steps_by_source": dict(merged.choices) if merged else None,
                     "drafter_events": list(merged.events) if merged else [],
+                    # per kind of step: rounds, emitted tokens, seconds (the pay check's view)
+                    "cost_ledger": {
+                        kind: {"rounds": x.rounds, "tokens": x.tokens, "s": round(x.seconds, 4)}
+                        for kind, x in merged.ledgers.items()
+                    }
+                    if merged
+                    else None,
                 },
                 "decode_speedup_vs_plain": speedup_vs_plain(stats, loaded.step_s),
             },
