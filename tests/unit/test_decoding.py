@@ -304,6 +304,36 @@ def test_cache_after_rejections_equals_fresh_forward(model):
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("eta", [0.0, 5.0])
+def test_rapid_lossless_skips_the_drafter_pass_after_its_last_token(model, eta):
+    """Without knowledge transfer the drafter's q after its last draft token is never read,
+    so a round costs one drafter pass per draft token (the skipped token is read with the
+    next round's catch-up); with transfer (eta > 0) it shapes the bonus token: one more pass
+    per round. The drafter is the target itself here: every draft token is accepted."""
+    doc = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(2)).tolist()
+    target_prompt, drafter_prompt = doc + [5, 6], doc[-20:] + [5, 6]
+    stats = RapidStats()
+    drafter = LMState(model)
+    out = run(
+        rapid_decode(
+            LMState(model),
+            drafter,
+            target_prompt,
+            drafter_prompt,
+            max_new_tokens=30,
+            sampler=Sampler(0.0),
+            cfg=RapidConfig(gamma=4, eta=eta, adaptive_gamma=False),
+            stats=stats,
+        )
+    )
+    if eta == 0:
+        assert out == greedy(model, target_prompt, 30)
+    assert stats.draft_tokens > 0 and stats.steps > 1
+    extra = 0 if eta == 0 else stats.steps
+    assert stats.drafter_passes == stats.draft_tokens + extra, stats.as_dict()
+    assert drafter.tokens == drafter_prompt + out[: len(drafter.tokens) - len(drafter_prompt)]
+
+
 @pytest.mark.parametrize("ctx_len", [20, 200, 1200])
 @pytest.mark.parametrize("gamma", [1, 4, 10])
 def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma):

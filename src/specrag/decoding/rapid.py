@@ -183,26 +183,38 @@ def rapid_decode(
         # --- draft: up to gamma tokens, keeping q at every position (+1 for the bonus) ----
         drafts: list[int] = []
         q_rows: list[torch.Tensor] = []
-        d_logits = drafter.extend([last])[-1]
-        st.drafter_passes += 1
-        while True:
-            q = draft_dist(d_logits)
-            q_rows.append(q)
-            if len(drafts) >= min(gamma, room):
-                break
-            if (
-                drafts
-                and cfg.min_draft_confidence > 0
-                and float(q.max()) < cfg.min_draft_confidence
-            ):
-                break
-            d = sampler.pick(q, generator)
-            drafts.append(d)
-            if d in eos_ids:
-                q_rows.append(q)  # no bonus after EOS; keeps rows aligned with target rows
-                break
-            d_logits = drafter.extend([d])[-1]
+        if cfg.lossless and room == 0:
+            # the last token: nothing to draft, and without transfer no drafter q is read
+            q_rows.append(z0.new_zeros(1))
+        else:
+            # the drafter catches up on what it has not read: the newest token, and the previous
+            # round's last draft token when it skipped it (below)
+            d_logits = drafter.extend(generated[len(drafter) - len(drafter_prompt) :])[-1]
             st.drafter_passes += 1
+            while True:
+                q = draft_dist(d_logits)
+                q_rows.append(q)
+                if len(drafts) >= min(gamma, room):
+                    break
+                if (
+                    drafts
+                    and cfg.min_draft_confidence > 0
+                    and float(q.max()) < cfg.min_draft_confidence
+                ):
+                    break
+                d = sampler.pick(q, generator)
+                drafts.append(d)
+                if d in eos_ids:
+                    q_rows.append(q)  # no bonus after EOS; keeps rows aligned with target rows
+                    break
+                if cfg.lossless and len(drafts) >= min(gamma, room):
+                    # the drafter's q after its last token only shapes the transfer
+                    # distribution of the bonus position; without transfer it is never read,
+                    # so that drafter pass is not paid (the placeholder row keeps rows aligned)
+                    q_rows.append(q)
+                    break
+                d_logits = drafter.extend([d])[-1]
+                st.drafter_passes += 1
         st.draft_tokens += len(drafts)
         # --- verify: one target pass over [last, d_1..d_g] ---------------------------------
         z = target.extend([last, *drafts])  # [g + 1, vocab]

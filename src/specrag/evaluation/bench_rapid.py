@@ -65,8 +65,9 @@ MAX_NEW = 48
 WARMUP_TOKENS = 512  # the warm-up case: a short document, a few new tokens
 WARMUP_NEW = 8
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
-# protocols (2: every method pays its own document prefill; passes counted per model).
-PROTOCOL = 2
+# protocols (2: every method pays its own document prefill; passes counted per model;
+# 3: lossless RAPID skips the drafter pass whose q it never reads).
+PROTOCOL = 3
 
 
 def case_key(qid: str, length: int, method: str) -> str:
