@@ -303,10 +303,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     module = importlib.import_module(f"specrag.evaluation.bench_{args.which}")
     models = args.models or "embedded"
+    extra: dict[str, Any] = {}
+    if args.sets is not None:
+        from specrag.evaluation.bench_pair import PROTOCOL
+
+        if (args.which, models) != ("rag", "pair"):
+            raise InputError("--sets applies to `bench rag --models pair` only")
+        sets = tuple(s.strip() for s in args.sets.split(",") if s.strip())
+        unknown = sorted(set(sets) - set(PROTOCOL))
+        if unknown or not sets:
+            raise InputError(
+                f"--sets: unknown set(s) {', '.join(unknown) or '(none given)'}; "
+                f"choose from {', '.join(PROTOCOL)}"
+            )
+        extra["sets"] = sets
     if models == "pair":
         check_pair_installed()
     result = module.run(
-        quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh, models=models
+        quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh, models=models, **extra
     )
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
@@ -385,6 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--fresh", action="store_true", help="ignore recorded runs (no resume)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument(
+        "--sets",
+        help="bench rag --models pair only: the question sets to run, comma-separated "
+        "(squad, hotpot, long; default: all)",
+    )
     models_flag(p)
     p.set_defaults(func=cmd_bench)
     return parser

@@ -49,6 +49,9 @@ def test_refine_on_the_pair_is_identical_to_serial_rag(pair_models, tmp_path):
         "confidence_threshold": 0.0,
         "drafter_after_tokens": 0,  # the drafter proposes from the first token on
         "drafter_join_factor": 0.0,
+        # identity is the point here, not the cost model: the drafter proposes throughout
+        "drafter_max_cost_ratio": 1.0,
+        "drafter_pay_check": False,
     }
     serial = {"draft_policy": "off", "speculation": "none"}
     graph = build_graph()

@@ -84,3 +84,16 @@ def test_bad_model_path(capsys, tmp_path):
     )
     assert "/no/such/model" in line
     assert "model path not found" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["bench", "rapid", "--models", "pair", "--sets", "long"], "bench rag --models pair"),
+        (["bench", "rag", "--sets", "long"], "bench rag --models pair"),
+        (["bench", "rag", "--models", "pair", "--sets", "long,trivia"], "unknown set(s) trivia"),
+        (["bench", "rag", "--models", "pair", "--sets", ","], "(none given)"),
+    ],
+)
+def test_bad_bench_sets(capsys, argv, expected):
+    assert expected in one_line_error(capsys, main(argv))

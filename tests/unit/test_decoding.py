@@ -309,7 +309,9 @@ def test_rapid_lossless_skips_the_drafter_pass_after_its_last_token(model, eta):
     """Without knowledge transfer the drafter's q after its last draft token is never read,
     so a round costs one drafter pass per draft token (the skipped token is read with the
     next round's catch-up); with transfer (eta > 0) it shapes the bonus token: one more pass
-    per round. The drafter is the target itself here: every draft token is accepted."""
+    per round (rounds end on gamma here: min_draft_confidence is 0). The drafter is the target
+    reading a 20-token piece of the document, so some drafts are rejected; its cache stays a
+    prefix of the output, and its logits equal a fresh forward pass over what it holds."""
     doc = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(2)).tolist()
     target_prompt, drafter_prompt = doc + [5, 6], doc[-20:] + [5, 6]
     stats = RapidStats()
@@ -332,6 +334,10 @@ def test_rapid_lossless_skips_the_drafter_pass_after_its_last_token(model, eta):
     extra = 0 if eta == 0 else stats.steps
     assert stats.drafter_passes == stats.draft_tokens + extra, stats.as_dict()
     assert drafter.tokens == drafter_prompt + out[: len(drafter.tokens) - len(drafter_prompt)]
+    assert stats.draft_tokens > stats.accepted_tokens > 0  # proposals made AND some rejected
+    cached = drafter.extend([out[-1]])[-1]
+    fresh = LMState(model).extend(drafter.tokens)[-1]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("ctx_len", [20, 200, 1200])

@@ -126,11 +126,13 @@ class TimedMerged(MergedProposer):
         super().observe(candidates, emitted, self.cand_s if candidates else 1.0)
 
 
-@pytest.mark.parametrize("cand_s", [10.0, 0.5])
-def test_a_source_whose_rounds_cost_more_than_plain_steps_stops(pair, cand_s):
+@pytest.mark.parametrize(("cand_s", "given"), [(10.0, 1.0), (0.5, 1.0), (10.0, 0.0)])
+def test_a_source_whose_rounds_cost_more_than_plain_steps_stops(pair, cand_s, given):
     """Candidate passes at 10 s each (plain steps 1 s) can never pay - no round emits 10
-    tokens - so after 4 rounds the drafter stops and the answer goes on with plain steps;
-    at 0.5 s they always pay and the drafter keeps proposing. Output: the target's own."""
+    tokens - so after its first round (not judged) and 4 judged ones the drafter stops and the
+    answer goes on with plain steps; at 0.5 s they always pay and the drafter keeps proposing.
+    With no plain step time given and none timed yet (the drafter proposes at every step)
+    there is no verdict. Output: the target's own."""
     target, drafter = pair
     prompt = list(range(3, 30))
     plain, _ = greedy_run(target, prompt)
@@ -138,29 +140,29 @@ def test_a_source_whose_rounds_cost_more_than_plain_steps_stops(pair, cand_s):
         NgramProposer({}),
         DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
         DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, probe_steps=4),
-        plain_step_s=1.0,
+        plain_step_s=given,
     )
     proposer.cand_s = cand_s
     out, stats = greedy_run(target, prompt, proposer)
     print(proposer.events, proposer.ledgers, stats.proposed, stats.accepted)
     assert out == plain
     assert stats.proposed["drafter"] > stats.accepted.get("drafter", 0) > 0
-    if cand_s > 1:
-        assert proposer.choices["drafter"] == 4
+    if cand_s > 1 and given:
+        assert proposer.choices["drafter"] == 5
         assert proposer.events[1:] == [
             "stopped: drafter rounds cost "
             f"{proposer.ledgers['drafter'].per_token():.3f}s per token over 4 rounds > "
-            "1.000s per plain step (step measured at load)"
+            "1.000s per plain step (given plain step time)"
         ]
         assert proposer.ledgers["plain"].rounds > 0  # the rest of the answer: plain steps
     else:
-        assert proposer.choices["drafter"] > 4 and len(proposer.events) == 1  # joined only
-        assert "plain" not in proposer.ledgers
+        assert proposer.choices["drafter"] > 5 and len(proposer.events) == 1  # joined only
 
 
 def test_weak_ngram_matches_that_do_not_pay_are_switched_off(pair):
     """No drafter; a 'draft' that shares 2-grams with the answer but rarely continues it:
-    weak-match rounds at 10 s each stop after 4 rounds; strong matches are never switched off."""
+    weak-match rounds at 10 s each stop after 1 + 4 rounds; strong matches are never switched
+    off. The plain steps in between (1 s each) are the baseline."""
     target, _ = pair
     prompt = list(range(3, 30))
     plain, _ = greedy_run(target, prompt)
@@ -176,8 +178,27 @@ def test_weak_ngram_matches_that_do_not_pay_are_switched_off(pair):
     print(proposer.events, proposer.ledgers, stats.proposed, stats.accepted)
     assert out == plain
     assert stats.proposed["draft"] > stats.accepted.get("draft", 0)
-    assert proposer.ledgers["weak"].rounds == 4
+    assert proposer.ledgers["weak"].rounds == 5  # the first round, then 4 judged
     assert any(e.startswith("weak n-gram matches off") for e in proposer.events)
+
+
+def test_verdicts_carry_over_to_the_next_prompt_of_an_incremental_answer(pair):
+    """A rebuilt prompt gets a new proposer; the drafter stopped under the previous one stays
+    stopped, and the ledgers go on."""
+    _, drafter = pair
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0)
+    first = MergedProposer(
+        NgramProposer({}), DrafterProposer(LMState(drafter), [1, 2], Sampler(0.0)), policy
+    )
+    assert first.propose([3], 2).source == "drafter"
+    first._stopped = True
+    first.observe(2, 1, 0.5)
+    second = MergedProposer(
+        NgramProposer({}), DrafterProposer(LMState(drafter), [1, 2], Sampler(0.0)), policy
+    )
+    second.carry_over(first)
+    assert second.propose([3, 4], 2).tokens == []
+    assert second.ledgers["drafter"].rounds == 1 and second.choices == {"drafter": 1}
 
 
 def test_cost_ratio_is_measured_once_per_pair_on_both_models(pair):

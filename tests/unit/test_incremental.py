@@ -89,6 +89,29 @@ def test_greedy_incremental_equals_serial_over_final_evidence(ngrams):
     assert kept_and_dropped >= 2, kept_and_dropped
 
 
+def test_the_running_segments_prefill_is_visible_before_it_is_summed():
+    """The drafter's join estimate reads the target's prefill while the first segment runs;
+    the summed stats get it only when the segment ends."""
+    feed, stats = PromptFeed(), DecodeStats()
+    feed.close()
+    gen = decode_incremental(
+        LMState(tiny_llama(seed=1)),
+        P1,
+        feed,
+        list,
+        make_proposer=lambda p: None,
+        should_stop=lambda _n: None,
+        stats=stats,
+        max_new_tokens=6,
+        sampler=Sampler(0.0),
+    )
+    next(gen)
+    assert stats.prefill_s == 0 and stats.segment is not None and stats.segment.prefill_s > 0
+    for _ in gen:
+        pass
+    assert stats.prefill_s == stats.segment.prefill_s > 0
+
+
 def test_three_batches_and_an_unchanged_answer():
     """Two rebuilds, each keeping a prefix and retracting the rest; a rebuild whose answer
     does not change retracts nothing."""

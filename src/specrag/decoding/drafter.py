@@ -12,9 +12,11 @@ step, one of three sources:
   adaptive length, and stops if its tokens are rarely accepted);
 * otherwise a weaker n-gram match (2 tokens), or nothing (plain decoding).
 
-Every choice is a function of the tokens decoded so far, so greedy output stays identical to
-the target alone and sampled output keeps the target's distribution (drafter proposals carry
-their ``q``; n-gram proposals are one-hot).
+Every choice depends on the tokens decoded so far and on measured times, never on the
+target's own random draws, so greedy output stays identical to the target alone and sampled
+output keeps the target's distribution (drafter proposals carry their ``q``; n-gram proposals
+are one-hot). Because the cost model reads the clock, a seeded sampled answer with a drafter
+configured is exact in distribution but not reproducible draw for draw.
 """
 
 from __future__ import annotations
@@ -135,10 +137,12 @@ class DrafterPolicy:
     * ``pay_check``: after ``probe_steps`` rounds of a source (the drafter, or n-gram matches
       shorter than ``strong_ngram``), the source stops if its rounds cost more time per emitted
       token (its verify passes, plus the drafter's own steps) than a plain step of the target,
-      all measured in this decode. Acceptance alone does not decide it: on 2 CPU cores one
-      verify pass of the 1.5B over 5 tokens cost 1.8x a single-token step and over 9 tokens
-      2.2x (measured 2026-11-30), so a drafter at 0.38x the target's step needs ~80%
-      acceptance at k=4 to pay there; on a GPU wide passes cost about one step;
+      all measured in this decode (the first round of each kind not judged; no verdict before
+      two plain steps are timed, unless the proposer is given a plain step time). Acceptance
+      alone does not decide it: on 2 CPU cores one verify pass of the 1.5B over 5 tokens cost
+      1.9x a single-token step and over 8 tokens 2.7x (benchmarks/verify_cost.py, 2026-11-30),
+      so a drafter at 0.39x the target's step needs ~80% acceptance at k=4 to pay there; on a
+      GPU wide passes cost about one step;
     * ``k``: the drafter's own proposal length, from ``start_k``: +1 after a fully accepted
       proposal, -1 after a rejection (its steps cost time; n-gram candidates are free).
     """
@@ -172,15 +176,35 @@ class DrafterPolicy:
 
 @dataclass
 class Ledger:
-    """Time and output of the decode steps one kind of proposal led to."""
+    """Time and output of the decode steps one kind of proposal led to.
+
+    The first round of each kind is kept apart (``first_*``) and not judged: on CPU the first
+    pass at a new width, or the drafter's first step after its prefill, pays one-off set-up.
+    """
 
     rounds: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    first_tokens: int = 0
+    first_s: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        """Book one round."""
+        if self.rounds == 0:
+            self.first_tokens, self.first_s = tokens, seconds
+        self.rounds += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def judged(self) -> tuple[int, int, float]:
+        """``(rounds, tokens, seconds)`` after the first round."""
+        return self.rounds - 1, self.tokens - self.first_tokens, self.seconds - self.first_s
 
     def per_token(self) -> float:
-        """Seconds per emitted token (0 before any)."""
-        return self.seconds / self.tokens if self.tokens else 0.0
+        """Seconds per emitted token after the first round (0 before any)."""
+        _, tokens, seconds = self.judged
+        return seconds / tokens if tokens > 0 else 0.0
 
 
 @dataclass
@@ -233,7 +257,11 @@ class MergedProposer:
         full = n == len(tokens)
         self._k = min(self.policy.max_k, self._k + 1) if full else max(1, self._k - 1)
         rate = self._drafter_accepted / max(1, self._drafter_proposed)
-        if self._drafter_steps >= self.policy.probe_steps and rate < self.policy.min_acceptance:
+        if (
+            not self._stopped
+            and self._drafter_steps >= self.policy.probe_steps
+            and rate < self.policy.min_acceptance
+        ):
             self._stopped = True
             self.events.append(
                 f"stopped at token {len(generated)}: acceptance {rate:.2f} < "
@@ -286,25 +314,37 @@ class MergedProposer:
         )
         return proposal
 
+    def carry_over(self, earlier: MergedProposer) -> None:
+        """Continue the answer of ``earlier`` (an incremental decode's previous prompt).
+
+        Its ledgers, choices, events and verdicts hold for the rest of the answer.
+        """
+        self.ledgers, self.choices, self.events = earlier.ledgers, earlier.choices, earlier.events
+        self._stopped, self._weak_off = earlier._stopped, earlier._weak_off
+        self._joined, self._k, self._started = earlier._joined, earlier._k, earlier._started
+        self._drafter_steps = earlier._drafter_steps
+        self._drafter_accepted = earlier._drafter_accepted
+        self._drafter_proposed = earlier._drafter_proposed
+
     def observe(self, candidates: int, emitted: int, pass_s: float) -> None:
         """The decode loop's report of the pass that verified the latest proposal."""
         kind = self._kind if candidates else "plain"
         ledger = self.ledgers.setdefault(kind, Ledger())
-        ledger.rounds += 1
-        ledger.tokens += emitted
-        ledger.seconds += pass_s + (self._drafter_s if kind == "drafter" else 0.0)
-        if not self.policy.pay_check or ledger.rounds < self.policy.probe_steps:
+        ledger.add(emitted, pass_s + (self._drafter_s if kind == "drafter" else 0.0))
+        rounds, tokens, seconds = ledger.judged
+        if kind == "plain" or not self.policy.pay_check or rounds < self.policy.probe_steps:
             return
         plain = self.ledgers.get("plain")
-        base, basis = (
-            (plain.per_token(), f"{plain.rounds} plain steps")
-            if plain and plain.rounds
-            else (self.plain_step_s, "step measured at load")
-        )
-        if self.policy.pays(ledger.seconds, ledger.tokens, base):
+        if plain is not None and plain.judged[0] >= 2:
+            base, basis = plain.per_token(), f"{plain.judged[0]} plain steps"
+        elif self.plain_step_s > 0:
+            base, basis = self.plain_step_s, "given plain step time"
+        else:
+            return  # no baseline measured yet: no verdict
+        if self.policy.pays(seconds, tokens, base):
             return
         cost = (
-            f"{ledger.per_token():.3f}s per token over {ledger.rounds} rounds > "
+            f"{ledger.per_token():.3f}s per token over {rounds} rounds > "
             f"{base:.3f}s per plain step ({basis})"
         )
         if kind == "drafter" and not self._stopped:

@@ -126,6 +126,7 @@ def decode_incremental(
     first = True
     while True:
         part = DecodeStats()
+        stats.segment = part  # summed into ``stats`` when the segment ends
 
         def stop(n: int) -> str | None:
             reason = should_stop(n)

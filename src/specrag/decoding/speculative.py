@@ -54,6 +54,7 @@ class DecodeStats:
     # by source, and one record per prompt rebuild
     sources: dict[str, int] | None = None
     rebuilds: list[dict[str, float | int]] = field(default_factory=list)
+    segment: DecodeStats | None = None  # the segment being decoded (its counters are live)
     started: float = field(default_factory=time.perf_counter)
 
     def tokens_from(self) -> dict[str, int]:
@@ -265,6 +266,10 @@ def decode(
         cands, source, q = prop.tokens, prop.source, prop.q
         t_pass = time.perf_counter()
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
+        step, n_accepted, hit_eos = _verify(
+            logits_all, cands, source, q, sampler, generator, eos_ids
+        )
+        # timed after verifying: reading the logits waits for the device (CUDA is async)
         pass_s = time.perf_counter() - t_pass
         stats.forward_passes += 1
         if not cands:
@@ -272,9 +277,6 @@ def decode(
             stats.plain_step_s += pass_s
         else:
             stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
-        step, n_accepted, hit_eos = _verify(
-            logits_all, cands, source, q, sampler, generator, eos_ids
-        )
         if observe := getattr(proposer, "observe", None):  # a proposer that weighs its costs
             observe(len(cands), len(step), pass_s)
         if hit_eos:  # candidates after an accepted end token were never judged

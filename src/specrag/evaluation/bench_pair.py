@@ -44,7 +44,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # 2: detailed prompts for the long set; ski-rental drafter join. 3 (long set only): a 300 s
 # answer budget - the 60 s default cut 5 of the full run's 40 long answers (2026-11-30),
 # which then differed from serial RAG's only by being shorter. Other sets keep their runs.
-PROTOCOL = {"squad": 2, "hotpot": 2, "long": 3}
+# 3 (squad, hotpot) and 4 (long): the interleaved cost ratio and the pay check (the drafter
+# and weak n-gram matches stop when their rounds cost more per token than a plain step).
+PROTOCOL = {"squad": 3, "hotpot": 3, "long": 4}
 LONG_ANSWER_TIMEOUT_S = 300.0
 LONG_PROMPT = "Explain in detail: {question}"
 MAX_TOKENS = {"squad": 64, "hotpot": 64, "long": 96}
@@ -182,14 +184,26 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def run(*, quick: bool, out_dir: Path, log: Console, fresh: bool = False) -> dict[str, Any]:
-    """Run (or resume) the pair benchmark; write JSON and markdown; return the summary."""
+def run(
+    *,
+    quick: bool,
+    out_dir: Path,
+    log: Console,
+    fresh: bool = False,
+    sets: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the pair benchmark; write JSON and markdown; return the summary.
+
+    ``sets``: only these question sets (``squad``, ``hotpot``, ``long``; default all).
+    """
     out_dir = out_dir / "bench_rag_pair"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot, n_long = (4, 0, 3) if quick else (30, 10, 10)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     items = build_datasets(n_squad, n_hotpot, log)
     items += long_items(n_long, items[0])
+    if sets is not None:
+        items = [i for i in items if i["dataset"] in sets]
     base = SpecRagContext(models="pair", refine_temperature=0.0)
     log.print("bench rag (pair): loading Qwen2.5-Coder 0.5B and 1.5B")
     load_lm(base.answer_spec, base.device, base.dtype)

@@ -627,16 +627,23 @@ async def warm_up(items: list[dict[str, Any]], graph: Any, base: SpecRagContext)
 
 
 def run(
-    *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, models: str = "embedded"
+    *,
+    quick: bool,
+    out_dir: Path,
+    log: Console,
+    fresh: bool = False,
+    models: str = "embedded",
+    sets: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark; write JSON, markdown and plots; return the summary.
 
-    ``models="pair"`` runs the drafter/target pair plan instead (:mod:`bench_pair`).
+    ``models="pair"`` runs the drafter/target pair plan instead (:mod:`bench_pair`), limited
+    to the question ``sets`` given.
     """
     if models == "pair":
         from specrag.evaluation import bench_pair
 
-        return bench_pair.run(quick=quick, out_dir=out_dir, log=log, fresh=fresh)
+        return bench_pair.run(quick=quick, out_dir=out_dir, log=log, fresh=fresh, sets=sets)
     out_dir = out_dir / "bench_rag"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot = (4, 2) if quick else (40, 20)

@@ -187,6 +187,12 @@ class SpecRagContext:
         "answer never pays the drafter's prefill (measured on the pair, see README).",
         ge=0,
     )
+    drafter_pay_check: bool = _f(
+        True,
+        "Time every verify pass; after 4 rounds the drafter (or n-gram matches shorter than 3 "
+        "tokens) stops if its rounds cost more seconds per emitted token than a plain step "
+        "of the same answer (on CPU a wide pass costs ~2x a step: see README).",
+    )
     history_tokens: int = _f(
         384,
         "Chat interface: earlier turns given to the draft and answer prompts, newest first, "

@@ -44,6 +44,7 @@ def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
             "drafter_max_cost_ratio": ctx.drafter_max_cost_ratio,
             "drafter_after_tokens": ctx.drafter_after_tokens,
             "drafter_join_factor": ctx.drafter_join_factor,
+            "drafter_pay_check": ctx.drafter_pay_check,
         }
     return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype, **params)
 

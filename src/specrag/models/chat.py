@@ -74,6 +74,7 @@ class ChatLocalLM(LocalChatBase):
     drafter_max_cost_ratio: float = 0.5
     drafter_after_tokens: int = 8
     drafter_join_factor: float = 2.0
+    drafter_pay_check: bool = True
 
     @property
     def _llm_type(self) -> str:
@@ -119,7 +120,10 @@ class ChatLocalLM(LocalChatBase):
 
     def _policy(self) -> DrafterPolicy:
         return DrafterPolicy(
-            self.drafter_max_cost_ratio, self.drafter_after_tokens, self.drafter_join_factor
+            self.drafter_max_cost_ratio,
+            self.drafter_after_tokens,
+            self.drafter_join_factor,
+            pay_check=self.drafter_pay_check,
         )
 
     def _drafter_plan(
@@ -186,6 +190,7 @@ class ChatLocalLM(LocalChatBase):
 
             def make_proposer(ids: list[int]) -> Any:
                 nonlocal merged
+                earlier = merged  # an incremental decode's previous prompt, if any
                 found = ngram_sources(ids)
                 if draft_lm is None or drafter is None:
                     return NgramProposer(found) if found else None
@@ -203,9 +208,11 @@ class ChatLocalLM(LocalChatBase):
                     ),
                     self._policy(),
                     cost_ratio=cost_ratio(drafter, loaded),
-                    prefill_s=lambda: stats.prefill_s,
-                    plain_step_s=loaded.step_s,
+                    # the running segment's prefill (an incremental decode sums it later)
+                    prefill_s=lambda: (stats.segment or stats).prefill_s,
                 )
+                if earlier is not None:
+                    merged.carry_over(earlier)
                 return merged
 
             lm = LMState(loaded.model, loaded.device)

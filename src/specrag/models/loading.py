@@ -214,16 +214,24 @@ def cost_ratio(drafter: LoadedLM, target: LoadedLM, steps: int = 4, cache: int =
     (drafter, target, drafter, ...), so a load spike from elsewhere hits both; the ratio is
     min/min (interference only ever adds time). Each model's load-time ``step_s`` is measured
     alone, minutes apart: on the Qwen pair it flipped the drafter decision between two
-    processes (0.22x vs 0.52x). On 2 CPU cores this measurement gave 0.38x (load-time 0.34x)
-    and took ~5 s.
+    processes (0.22x vs 0.52x). On 2 CPU cores this measurement gave 0.38-0.40x (load-time
+    0.34x) and took ~5 s; on a 400-token cache the two steps measured 0.35x, so the short
+    cache does not bias it much.
     """
     pair = (drafter.key, target.key)
-    if pair not in _COST_RATIO:
-        _COST_RATIO[pair] = on_model_thread(_measure_ratio, drafter, target, steps, cache)
-        log.info(
-            "drafter %s step = %.3fx target %s step", drafter.name, _COST_RATIO[pair], target.name
-        )
-    return _COST_RATIO[pair]
+
+    def once() -> float:  # on the model thread, which serialises the check and the measuring
+        if pair not in _COST_RATIO:
+            _COST_RATIO[pair] = _measure_ratio(drafter, target, steps, cache)
+            log.info(
+                "drafter %s step = %.3fx target %s step",
+                drafter.name,
+                _COST_RATIO[pair],
+                target.name,
+            )
+        return _COST_RATIO[pair]
+
+    return _COST_RATIO[pair] if pair in _COST_RATIO else on_model_thread(once)
 
 
 def _measure_ratio(drafter: LoadedLM, target: LoadedLM, steps: int, cache: int) -> float:
