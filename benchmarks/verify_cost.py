@@ -1,0 +1,126 @@
+"""What one verify pass costs by its width (tokens per pass), relative to a plain step.
+
+    python benchmarks/verify_cost.py --models pair --json
+    python benchmarks/verify_cost.py --models pair --device cuda --caches 400,4000
+
+Speculative decoding pays when a pass over k candidates costs little more than a single
+step. On a GPU that holds; on CPU cores it does not, and the cost model has to know it (the
+merged proposer's pay check, README "The cost model"). For each model of the preset and each
+cache length: the minimum of ``--reps`` timed passes per width after one warm-up pass
+(the cache is cropped back after each), and the drafter/target step ratio the cost model
+measures (``specrag.models.loading.cost_ratio``). Writes results.json to --out (default
+results/verify_cost); --json prints the same document on stdout; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def ints(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (an argparse type: a bad list is a usage error)."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return out
+
+
+def widths_cost(loaded: Any, cache: int, widths: list[int], reps: int) -> dict[str, float]:
+    """Seconds of one pass per width on a ``cache``-token KV cache (min over ``reps``)."""
+    import torch
+
+    from specrag.decoding.state import LMState
+
+    vocab = int(loaded.model.config.vocab_size)
+
+    def sync() -> None:
+        if loaded.device.type == "cuda":
+            torch.cuda.synchronize(loaded.device)
+
+    out: dict[str, float] = {}
+    with torch.inference_mode():
+        lm = LMState(loaded.model, loaded.device)
+        lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
+        for width in [widths[0], *widths]:  # the first width once more: a warm-up
+            times = []
+            for _ in range(reps):
+                n = len(lm)
+                sync()
+                t0 = time.perf_counter()
+                lm.extend([(300 + j) % vocab for j in range(width)])
+                sync()
+                times.append(time.perf_counter() - t0)
+                lm.crop(n)
+            out[str(width)] = round(min(times), 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", choices=["embedded", "pair"], default="pair")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--caches", type=ints, default=[400, 4000], help="cache lengths")
+    parser.add_argument("--widths", type=ints, default=[1, 2, 4, 5, 8, 12, 16])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("results/verify_cost"))
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
+
+    from specrag.errors import ModelLoadError
+    from specrag.graph.context import MODEL_PRESETS
+    from specrag.models.loading import cost_ratio, load_lm, on_model_thread
+
+    drafter_name, target_name = MODEL_PRESETS[args.models]
+    try:
+        target = load_lm(target_name, args.device, args.dtype)
+        drafter = load_lm(drafter_name, args.device, args.dtype)
+    except ModelLoadError as exc:
+        print(f"verify_cost: error: {exc}", file=sys.stderr)
+        return 2
+    models = {"target": target}
+    if drafter.key != target.key:
+        models["drafter"] = drafter
+    result: dict[str, Any] = {
+        "models": {role: m.name for role, m in models.items()},
+        "device": str(target.device),
+        "dtype": str(target.dtype),
+        "reps": args.reps,
+        "seconds_by_width": {},
+        "relative_to_width_1": {},
+    }
+    for role, loaded in models.items():
+        for cache in args.caches:
+            print(f"verify_cost: {role} {loaded.name}, cache {cache}", file=sys.stderr)
+            # on the model thread, where every model call runs (a second torch thread slows both)
+            secs = on_model_thread(widths_cost, loaded, cache, args.widths, args.reps)
+            key = f"{role}@{cache}"
+            result["seconds_by_width"][key] = secs
+            one = secs.get("1") or min(secs.values())
+            result["relative_to_width_1"][key] = {w: round(s / one, 3) for w, s in secs.items()}
+    if "drafter" in models:
+        result["drafter_step_ratio"] = round(cost_ratio(drafter, target), 4)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"verify_cost: results written to {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
