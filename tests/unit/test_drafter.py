@@ -89,9 +89,9 @@ def test_drafter_waits_for_after_tokens(pair):
     seen = []
     inner = proposer.drafter.propose
 
-    def spy(generated, k):
+    def spy(generated, k, *rest):
         seen.append(len(generated))
-        return inner(generated, k)
+        return inner(generated, k, *rest)
 
     proposer.drafter.propose = spy
     run(decode(LMState(target), prompt, max_new_tokens=30, sampler=Sampler(0.0), proposer=proposer))
@@ -350,6 +350,61 @@ def test_a_drafter_that_is_rarely_right_stops_proposing(pair):
     assert stats.proposed["drafter"] > stats.accepted.get("drafter", 0)
 
 
+def test_an_unsure_drafter_ends_its_proposal_at_its_first_unsure_token(pair):
+    """``min_confidence``: each drafter proposal runs to ``k`` tokens or ends at the first
+    token the drafter gives a probability below the cut-off (checked against a fresh forward
+    pass of the drafter); greedy output is still the target's, with proposals and rejections.
+    """
+    target, _ = pair
+    drafter = tiny_llama(64, 1, 2)
+    with torch.no_grad():  # the target's embeddings and first layers, a blunter head
+        for k, v in target.state_dict().items():
+            if k != "lm_head.weight" and k in drafter.state_dict():
+                if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2:
+                    drafter.state_dict()[k].copy_(v)
+        drafter.lm_head.weight.copy_(target.lm_head.weight / 2)  # confidences spread out
+    prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    plain, _ = greedy_run(target, prompt, max_new_tokens=60)
+    cut = 0.5
+    inner = DrafterProposer(LMState(drafter), prompt, Sampler(0.0))
+    seen = []
+
+    class Logged:
+        stats = inner.stats
+
+        def propose(self, generated, k, min_confidence=0.0):
+            assert min_confidence == cut
+            out = inner.propose(generated, k, min_confidence)
+            seen.append((list(generated), k, list(out.tokens)))
+            return out
+
+    policy = DrafterPolicy(
+        after_tokens=0,
+        join_factor=0.0,
+        min_acceptance=0.0,
+        pay_check=False,
+        start_k=6,
+        min_confidence=cut,
+    )
+    out, stats = greedy_run(target, prompt, MergedProposer(NgramProposer({}), Logged(), policy), 60)
+    proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
+    stops = inner.stats.unsure_stops
+    print(f"drafter {counts_msg(proposed, accepted)}; {len(seen)} proposals, {stops} ended unsure")
+    assert out == plain
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    ended_early = 0
+    for generated, k, tokens in seen:
+        ids = torch.tensor([prompt + generated + tokens])
+        with torch.no_grad():
+            probs = torch.softmax(drafter(ids).logits[0].float(), -1)
+        at = len(prompt) + len(generated) - 1  # the row that predicts tokens[0]
+        p = [float(probs[at + i, t]) for i, t in enumerate(tokens)]
+        assert all(x >= cut for x in p[:-1]), (p, tokens)  # no unsure token before the last
+        assert len(tokens) == k or p[-1] < cut, (p, k, tokens)
+        ended_early += len(tokens) < k
+    assert ended_early == stops > 0
+
+
 def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
     """Qwen2.5-0.5B has 151,936 output rows, Qwen2.5-7B 152,064: one tokenizer, padded heads.
 
@@ -379,8 +434,8 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
         class Logged:
             stats = inner.stats
 
-            def propose(self, generated, k):
-                out = inner.propose(generated, k)
+            def propose(self, generated, k, *rest):
+                out = inner.propose(generated, k, *rest)
                 seen.extend(out.tokens)
                 return out
 

@@ -193,6 +193,14 @@ class SpecRagContext:
         "tokens) stops if its rounds cost more seconds per emitted token than a plain step "
         "of the same answer (on CPU a wide pass costs ~2x a step: see README).",
     )
+    drafter_confidence: float = _f(
+        0.7,
+        "A drafter proposal ends after the first token the drafter itself gives a probability "
+        "below this (0 = always k tokens): unsure drafter tokens are often rejected and widen "
+        "the verify pass (measured on the pair: see README).",
+        ge=0,
+        le=1,
+    )
     history_tokens: int = _f(
         384,
         "Chat interface: earlier turns given to the draft and answer prompts, newest first, "

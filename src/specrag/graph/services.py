@@ -45,6 +45,7 @@ def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
             "drafter_after_tokens": ctx.drafter_after_tokens,
             "drafter_join_factor": ctx.drafter_join_factor,
             "drafter_pay_check": ctx.drafter_pay_check,
+            "drafter_confidence": ctx.drafter_confidence,
         }
     return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype, **params)
 

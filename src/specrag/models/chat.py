@@ -75,6 +75,7 @@ class ChatLocalLM(LocalChatBase):
     drafter_after_tokens: int = 8
     drafter_join_factor: float = 2.0
     drafter_pay_check: bool = True
+    drafter_confidence: float = 0.7
 
     @property
     def _llm_type(self) -> str:
@@ -124,6 +125,7 @@ class ChatLocalLM(LocalChatBase):
             self.drafter_after_tokens,
             self.drafter_join_factor,
             pay_check=self.drafter_pay_check,
+            min_confidence=self.drafter_confidence,
         )
 
     def _drafter_plan(
