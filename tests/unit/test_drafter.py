@@ -7,6 +7,7 @@ rejections, and says how many.
 """
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -46,13 +47,15 @@ def pair():
     return tiny_pair()
 
 
-def merged(drafter, prompt, sources, sampler, after=0, generator=None):
+def merged(drafter, prompt, sources, sampler, after=0, generator=None, policy=None, cls=None, **kw):
+    """``cls`` (default MergedProposer) over evidence n-grams of ``sources`` and ``drafter``;
+    by default a policy that lets the drafter propose from ``after`` tokens, unjudged."""
     proposer = DrafterProposer(LMState(drafter), prompt, sampler, generator)
-    return MergedProposer(
-        NgramProposer(sources),
-        proposer,
-        DrafterPolicy(after_tokens=after, join_factor=0.0, min_acceptance=0.0, pay_check=False),
-    )
+    if policy is None:
+        policy = DrafterPolicy(
+            after_tokens=after, join_factor=0.0, min_acceptance=0.0, pay_check=False
+        )
+    return (cls or MergedProposer)(NgramProposer(sources), proposer, policy, **kw)
 
 
 @pytest.mark.parametrize("prompt_len", [12, 40, 300])
@@ -136,11 +139,9 @@ def test_a_source_whose_rounds_cost_more_than_plain_steps_stops(pair, cand_s, gi
     target, drafter = pair
     prompt = list(range(3, 30))
     plain, _ = greedy_run(target, prompt)
-    proposer = TimedMerged(
-        NgramProposer({}),
-        DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
-        DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, probe_steps=4),
-        plain_step_s=given,
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, probe_steps=4)
+    proposer = merged(
+        drafter, prompt, {}, Sampler(0.0), policy=policy, cls=TimedMerged, plain_step_s=given
     )
     proposer.cand_s = cand_s
     out, stats = greedy_run(target, prompt, proposer)
@@ -187,15 +188,11 @@ def test_verdicts_carry_over_to_the_next_prompt_of_an_incremental_answer(pair):
     stopped, and the ledgers go on."""
     _, drafter = pair
     policy = DrafterPolicy(after_tokens=0, join_factor=0.0)
-    first = MergedProposer(
-        NgramProposer({}), DrafterProposer(LMState(drafter), [1, 2], Sampler(0.0)), policy
-    )
+    first = merged(drafter, [1, 2], {}, Sampler(0.0), policy=policy)
     assert first.propose([3], 2).source == "drafter"
     first._stopped = True
     first.observe(2, 1, 0.5)
-    second = MergedProposer(
-        NgramProposer({}), DrafterProposer(LMState(drafter), [1, 2], Sampler(0.0)), policy
-    )
+    second = merged(drafter, [1, 2], {}, Sampler(0.0), policy=policy)
     second.carry_over(first)
     assert second.propose([3, 4], 2).tokens == []
     assert second.ledgers["drafter"].rounds == 1 and second.choices == {"drafter": 1}
@@ -237,10 +234,11 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
     draft = [0, 0, 1, 0, 2, 1, 1, 2, 2, 0, 0]
     cond = exact_conditionals(target, prompt, new, sampler)
     drafter_cond = exact_conditionals(drafter, prompt, new, sampler)
-    stats, counts = DecodeStats(), Counter()
+    stats, counts, unsure = DecodeStats(), Counter(), 0
     g = torch.Generator().manual_seed(7)
     for _ in range(n):
         proposer = merged(drafter, prompt, {"draft": draft}, sampler, after=1, generator=g)
+        proposer.policy = replace(proposer.policy, min_confidence=0.7)
         out = run(
             decode(
                 LMState(target),
@@ -253,6 +251,7 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
             )
         )
         counts[tuple(out)] += 1
+        unsure += proposer.drafter.stats.unsure_stops
     exact = exact_sequences(cond, 3, new)
     return {
         "tv": tv_to_exact(counts, exact),
@@ -262,6 +261,7 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
         "proposed": stats.proposed.get("drafter", 0),
         "accepted": stats.accepted.get("drafter", 0),
         "draft_proposed": stats.proposed.get("draft", 0),
+        "unsure_stops": unsure,
     }
 
 
@@ -273,19 +273,22 @@ def test_merged_sampling_is_lossless():
     test_decoding.test_speculative_sampling_is_lossless); the drafter here is an independent,
     smaller random model far from the target (first-token TV 0.81), so rejections are common.
 
-    Measured: TV 0.106, TV_23 0.025, drafter 10588 proposed / 3747 accepted, 2195 draft
-    candidates. Mutations of src/specrag/decoding/speculative.py: acceptance ignoring q
+    Measured (confidence cut-off 0.7): TV 0.105, TV_23 0.011, drafter 7709 proposed / 3135
+    accepted, 1766 proposals ended at an unsure token, 2453 draft candidates. Mutations of
+    src/specrag/decoding/speculative.py (measured before the cut-off): acceptance ignoring q
     (u < p(c), as for one-hot candidates): TV 0.43 (with a drafter close to the target);
     residual p instead of (p - q)+: TV 0.199.
     """
     r = drafter_sampling_stats()
     info = (
         f"TV={r['tv']:.3f} TV_23={r['tv_23']:.3f} TV(drafter, target)={r['tv_drafter']:.3f} "
-        f"drafter {counts_msg(r['proposed'], r['accepted'])} draft proposed={r['draft_proposed']}"
+        f"drafter {counts_msg(r['proposed'], r['accepted'])} draft proposed={r['draft_proposed']} "
+        f"drafter proposals ended unsure={r['unsure_stops']}"
     )
     print(info)
     assert r["proposed"] > r["accepted"] > 0, info
     assert r["draft_proposed"] > 0, info
+    assert r["unsure_stops"] > 0, info  # the confidence cut-off shaped proposals
     assert r["tv"] < 0.14, info
     assert r["tv_23"] < 0.06, info
     assert r["tv_drafter"] > 0.3, info
@@ -337,11 +340,8 @@ def test_a_drafter_that_is_rarely_right_stops_proposing(pair):
     stranger = tiny_llama(64, 99, 2, 40.0)
     prompt = list(range(3, 30))
     plain, _ = greedy_run(target, prompt)
-    proposer = MergedProposer(
-        NgramProposer({}),
-        DrafterProposer(LMState(stranger), prompt, Sampler(0.0)),
-        DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.25, probe_steps=4),
-    )
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.25, probe_steps=4)
+    proposer = merged(stranger, prompt, {}, Sampler(0.0), policy=policy)
     out, stats = greedy_run(target, prompt, proposer)
     print(proposer.events, stats.proposed, stats.accepted)
     assert out == plain
@@ -403,6 +403,18 @@ def test_an_unsure_drafter_ends_its_proposal_at_its_first_unsure_token(pair):
         assert len(tokens) == k or p[-1] < cut, (p, k, tokens)
         ended_early += len(tokens) < k
     assert ended_early == stops > 0
+
+
+def test_a_drafter_proposal_ends_at_an_end_token(pair):
+    """Nothing follows an end token: drafting past it would cost drafter steps and candidates
+    that can never be emitted."""
+    _, drafter = pair
+    prompt = list(range(7, 40))
+    free = DrafterProposer(LMState(drafter), prompt, Sampler(0.0)).propose([], 6).tokens
+    assert len(free) == 6 and free[1] not in free[:1]
+    ended = DrafterProposer(LMState(drafter), prompt, Sampler(0.0), eos_ids=(free[1],))
+    assert ended.propose([], 6).tokens == free[:2]
+    assert ended.stats.proposed == 2
 
 
 def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):

@@ -70,8 +70,10 @@ class DrafterProposer:
         generator: torch.Generator | None = None,
         vocab: int | None = None,
         usable: int | None = None,
+        eos_ids: tuple[int, ...] = (),
     ) -> None:
         self.lm = drafter
+        self.eos_ids = eos_ids  # a proposal ends at an end token: nothing follows it
         self.prompt = prompt
         self.sampler = sampler
         self.generator = generator
@@ -119,7 +121,7 @@ class DrafterProposer:
             token = self.sampler.pick(q, self.generator)
             tokens.append(token)
             rows.append(q)
-            if len(tokens) >= k:
+            if len(tokens) >= k or token in self.eos_ids:
                 break
             if min_confidence > 0 and float(torch.softmax(logits.float(), -1)[token]) < (
                 min_confidence
@@ -160,11 +162,12 @@ class DrafterPolicy:
     * ``k``: the drafter's own proposal length, from ``start_k``: +1 after a fully accepted
       proposal, -1 after a rejection (its steps cost time; n-gram candidates are free);
     * ``min_confidence``: a proposal ends after the first token the drafter gives a probability
-      below this. Measured on the pair (2026-11-30, 796 tokens of ten "explain" answers of the
-      1.5B, teacher-forced): the 0.5B's argmax was the 1.5B's at 100% of the positions where
-      it gave >= 0.9 (66% of them), 84-88% at 0.6-0.9, 46-60% at 0.2-0.6. Replaying those
-      answers with the measured costs (drafter step 0.36x, verify pass 1 + 0.24 per extra
-      token), a 0.7 cut-off emits 1.31 tokens per plain-step cost against 1.08 without one.
+      below this. Measured on the pair (benchmarks/drafter_confidence.py, 2026-11-30: 801
+      positions of ten "explain" answers of the 1.5B, teacher-forced): the 0.5B's argmax was
+      the 1.5B's at 0.998 of the positions where it gave >= 0.9 (66% of them), 0.83-0.89 at
+      0.6-0.9, 0.46-0.61 at 0.2-0.6. Replaying those answers priced with the measured costs
+      (drafter step 0.38x, verify passes from benchmarks/verify_cost.py), this proposer's rule
+      emits 1.25 tokens per plain-step cost with a 0.7 cut-off against 1.05 without one.
     """
 
     max_cost_ratio: float = 0.5

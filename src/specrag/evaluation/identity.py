@@ -44,9 +44,12 @@ from specrag.models.gguf import convert_gguf, converted_dir
 METHODS = ("plain", "ngram", "merged")  # on serial-RAG prompts; "rapid_eta0" on haystacks
 GREEDY = Sampler(0.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# the drafter proposes wherever no strong n-gram does, from the first token on: this is a check
-# of the verifier, not of the cost model (which would keep a same-size drafter out)
-ALWAYS_DRAFT = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
+# the drafter proposes wherever no strong n-gram does, from the first token on, full-length
+# proposals (no confidence cut-off): this is a check of the verifier and its wide passes, not
+# of the cost model (which would keep a same-size drafter out)
+ALWAYS_DRAFT = DrafterPolicy(
+    after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False, min_confidence=0.0
+)
 
 
 def prepare(
@@ -224,7 +227,7 @@ def _decode_case(
         proposer = ngrams
         if method == "merged":
             vocab = int(target.get_output_embeddings().weight.shape[0])
-            drafter_lm = DrafterProposer(LMState(drafter), prompt, GREEDY, vocab=vocab)
+            drafter_lm = DrafterProposer(LMState(drafter), prompt, GREEDY, vocab=vocab, eos_ids=eos)
             proposer = MergedProposer(ngrams, drafter_lm, ALWAYS_DRAFT)
     steps = decode(
         LMState(target),

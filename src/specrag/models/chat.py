@@ -207,6 +207,7 @@ class ChatLocalLM(LocalChatBase):
                         generator,
                         vocab=loaded.model.config.vocab_size,
                         usable=len(loaded.tokenizer),
+                        eos_ids=loaded.eos_token_ids,
                     ),
                     self._policy(),
                     cost_ratio=cost_ratio(drafter, loaded),
