@@ -15,7 +15,10 @@ the merged proposer does) ending after the first token below a confidence cut-of
 prices each round with the measured costs: the drafter's step ratio (measured here) per
 drafted token, plus one target pass of width 1 + drafted tokens, read from a verify_cost
 results file (``--verify-cost``; relative to a single step, at the 400-token cache). The
-figure of merit is emitted tokens per unit of cost, where plain decoding is 1.0.
+figure of merit is emitted tokens per unit of cost, where plain decoding is 1.0. A replay is
+not a run: it leaves out the drafter's prefill, n-gram candidates and machine noise, and after
+a drafter token the target rejects it reads the drafter's confidence in the target's context
+(teacher-forced), not in the drafter's own.
 
 Writes results.json and table.md to --out (default results/drafter_confidence); --json prints
 the same document on stdout; progress and logs go to stderr.
@@ -36,8 +39,15 @@ VERIFY_COST = Path("docs/bench/2026-11-30-verify-cost/results.json")
 
 
 def width_cost(table: dict[str, float]) -> Any:
-    """Cost of a pass of width ``w`` relative to one step, interpolated from ``table``."""
-    points = sorted((int(w), float(c)) for w, c in table.items())
+    """Cost of a pass of width ``w`` relative to one step, interpolated from ``table``.
+
+    Made monotone first (each width costs at least what a narrower one measured: single runs
+    put 16 tokens below 12); past the widest measured width the cost stays at its value.
+    """
+    points, top = [], 0.0
+    for w, c in sorted((int(w), float(c)) for w, c in table.items()):
+        top = max(top, c)
+        points.append((w, top))
 
     def cost(w: int) -> float:
         if w <= points[0][0]:
@@ -61,7 +71,7 @@ def replay(
 ) -> dict[str, float]:
     """Emitted tokens per unit cost and acceptance of one drafting rule over one answer."""
     i, spent, emitted, drafted, accepted = 0, 0.0, 0, 0, 0
-    size = 4 if adaptive else k
+    size = min(4, k) if adaptive else k
     while i < len(match):
         j = n = 0
         alive = True
@@ -72,7 +82,7 @@ def replay(
             if j >= size or conf[i + j - 1] < cut:
                 break
         spent += ratio * j + cost(1 + j)
-        emitted += n + 1
+        emitted += min(n + 1, len(match) - i)  # no bonus token past the answer's end
         drafted += j
         accepted += n
         if adaptive:
@@ -144,8 +154,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             positions += rows
             bar.advance(task)
     ratio = cost_ratio(drafter, target)
-    verify = json.loads(args.verify_cost.read_text())["relative_to_width_1"]["target@400"]
-    cost = width_cost(verify)
+    cost = width_cost(args.verify_table)
     bins = []
     for lo, hi in BINS:
         hit = [m for c, m in positions if lo <= c < hi]
@@ -187,6 +196,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "verify_cost_file": str(args.verify_cost),
         "by_confidence": bins,
         "replay": rules,
+        # per answer: [drafter confidence, drafter argmax == target argmax] at each position
+        "positions_by_answer": [[[round(c, 4), int(m)] for c, m in rows] for rows in per_answer],
     }
 
 
@@ -235,8 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.questions < 1:
         parser.error("--questions must be >= 1")
-    if not args.verify_cost.is_file():
-        parser.error(f"--verify-cost: no such file: {args.verify_cost}")
+    try:
+        args.verify_table = json.loads(args.verify_cost.read_text())["relative_to_width_1"][
+            "target@400"
+        ]
+        width_cost(args.verify_table)(1)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(
+            f"drafter_confidence: error: --verify-cost {args.verify_cost}: not a verify_cost "
+            f"results file with relative_to_width_1.target@400 ({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
+        return 2
 
     from specrag.errors import ModelLoadError
 
