@@ -7,7 +7,6 @@ rejections, and says how many.
 """
 
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 import torch
@@ -58,6 +57,18 @@ def merged(drafter, prompt, sources, sampler, after=0, generator=None, policy=No
     return (cls or MergedProposer)(NgramProposer(sources), proposer, policy, **kw)
 
 
+class Recording:
+    """A drafter proposer that records each call: ``(generated, k, min_confidence, tokens)``."""
+
+    def __init__(self, inner):
+        self.inner, self.stats, self.calls = inner, inner.stats, []
+
+    def propose(self, generated, k, min_confidence=0.0):
+        out = self.inner.propose(generated, k, min_confidence)
+        self.calls.append((list(generated), k, min_confidence, list(out.tokens)))
+        return out
+
+
 @pytest.mark.parametrize("prompt_len", [12, 40, 300])
 @pytest.mark.parametrize("with_draft", [False, True])
 def test_merged_proposer_keeps_greedy_output(pair, prompt_len, with_draft):
@@ -89,15 +100,9 @@ def test_drafter_waits_for_after_tokens(pair):
     target, drafter = pair
     prompt = list(range(5, 25))
     proposer = merged(drafter, prompt, {"prompt": prompt}, Sampler(0.0), after=10)
-    seen = []
-    inner = proposer.drafter.propose
-
-    def spy(generated, k, *rest):
-        seen.append(len(generated))
-        return inner(generated, k, *rest)
-
-    proposer.drafter.propose = spy
+    proposer.drafter = Recording(proposer.drafter)
     run(decode(LMState(target), prompt, max_new_tokens=30, sampler=Sampler(0.0), proposer=proposer))
+    seen = [len(generated) for generated, *_ in proposer.drafter.calls]
     assert seen and min(seen) >= 10
     short = merged(drafter, prompt, {"prompt": prompt}, Sampler(0.0), after=10)
     run(decode(LMState(target), prompt, max_new_tokens=8, sampler=Sampler(0.0), proposer=short))
@@ -236,9 +241,11 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
     drafter_cond = exact_conditionals(drafter, prompt, new, sampler)
     stats, counts, unsure = DecodeStats(), Counter(), 0
     g = torch.Generator().manual_seed(7)
+    policy = DrafterPolicy(
+        after_tokens=1, join_factor=0.0, min_acceptance=0.0, pay_check=False, min_confidence=0.7
+    )
     for _ in range(n):
-        proposer = merged(drafter, prompt, {"draft": draft}, sampler, after=1, generator=g)
-        proposer.policy = replace(proposer.policy, min_confidence=0.7)
+        proposer = merged(drafter, prompt, {"draft": draft}, sampler, generator=g, policy=policy)
         out = run(
             decode(
                 LMState(target),
@@ -355,29 +362,13 @@ def test_an_unsure_drafter_ends_its_proposal_at_its_first_unsure_token(pair):
     token the drafter gives a probability below the cut-off (checked against a fresh forward
     pass of the drafter); greedy output is still the target's, with proposals and rejections.
     """
-    target, _ = pair
-    drafter = tiny_llama(64, 1, 2)
-    with torch.no_grad():  # the target's embeddings and first layers, a blunter head
-        for k, v in target.state_dict().items():
-            if k != "lm_head.weight" and k in drafter.state_dict():
-                if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2:
-                    drafter.state_dict()[k].copy_(v)
-        drafter.lm_head.weight.copy_(target.lm_head.weight / 2)  # confidences spread out
+    target, drafter = tiny_pair()  # a fresh pair: the drafter's head is changed below
+    with torch.no_grad():
+        drafter.lm_head.weight.div_(2)  # a blunter head: confidences spread out
     prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(5)).tolist()
     plain, _ = greedy_run(target, prompt, max_new_tokens=60)
     cut = 0.5
-    inner = DrafterProposer(LMState(drafter), prompt, Sampler(0.0))
-    seen = []
-
-    class Logged:
-        stats = inner.stats
-
-        def propose(self, generated, k, min_confidence=0.0):
-            assert min_confidence == cut
-            out = inner.propose(generated, k, min_confidence)
-            seen.append((list(generated), k, list(out.tokens)))
-            return out
-
+    recording = Recording(DrafterProposer(LMState(drafter), prompt, Sampler(0.0)))
     policy = DrafterPolicy(
         after_tokens=0,
         join_factor=0.0,
@@ -386,14 +377,16 @@ def test_an_unsure_drafter_ends_its_proposal_at_its_first_unsure_token(pair):
         start_k=6,
         min_confidence=cut,
     )
-    out, stats = greedy_run(target, prompt, MergedProposer(NgramProposer({}), Logged(), policy), 60)
+    proposer = MergedProposer(NgramProposer({}), recording, policy)
+    out, stats = greedy_run(target, prompt, proposer, max_new_tokens=60)
     proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
-    stops = inner.stats.unsure_stops
-    print(f"drafter {counts_msg(proposed, accepted)}; {len(seen)} proposals, {stops} ended unsure")
+    calls, stops = recording.calls, recording.stats.unsure_stops
+    print(f"drafter {counts_msg(proposed, accepted)}; {len(calls)} proposals, {stops} ended unsure")
     assert out == plain
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert {c for _, _, c, _ in calls} == {cut}  # the policy's cut-off reaches the drafter
     ended_early = 0
-    for generated, k, tokens in seen:
+    for generated, k, _, tokens in calls:
         ids = torch.tensor([prompt + generated + tokens])
         with torch.no_grad():
             probs = torch.softmax(drafter(ids).logits[0].float(), -1)
@@ -440,20 +433,13 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
     plain, _ = greedy_run(target, prompt)
 
     def decode_with(vocab):
-        seen = []
-        inner = DrafterProposer(LMState(drafter), prompt, Sampler(0.0), vocab=vocab, usable=vocab)
-
-        class Logged:
-            stats = inner.stats
-
-            def propose(self, generated, k, *rest):
-                out = inner.propose(generated, k, *rest)
-                seen.extend(out.tokens)
-                return out
-
+        recording = Recording(
+            DrafterProposer(LMState(drafter), prompt, Sampler(0.0), vocab=vocab, usable=vocab)
+        )
         policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
-        out, stats = greedy_run(target, prompt, MergedProposer(NgramProposer({}), Logged(), policy))
-        return out, seen, stats
+        proposer = MergedProposer(NgramProposer({}), recording, policy)
+        out, stats = greedy_run(target, prompt, proposer)
+        return out, [t for *_, tokens in recording.calls for t in tokens], stats
 
     out, seen, stats = decode_with(64)
     proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
