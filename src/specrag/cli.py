@@ -317,6 +317,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"choose from {', '.join(PROTOCOL)}"
             )
         extra["sets"] = sets
+    if args.dtype is not None:
+        if args.which not in ("rag", "rapid") or (args.which, models) == ("rag", "embedded"):
+            raise InputError("--dtype applies to `bench rag --models pair` and `bench rapid` only")
+        import torch
+
+        from specrag.models.loading import resolve_dtype
+
+        resolve_dtype(args.dtype, torch.device("cpu"))  # a bad name: a one-line error here
+        extra["dtype"] = args.dtype
     if models == "pair":
         check_pair_installed()
     result = module.run(
@@ -403,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sets",
         help="bench rag --models pair only: the question sets to run, comma-separated "
         "(squad, hotpot, long; default: all)",
+    )
+    p.add_argument(
+        "--dtype",
+        help="bench rag --models pair and bench rapid only: the models' dtype (auto, float32, "
+        "bfloat16, float16; default auto: fp32 on CPU, bf16 on GPU); runs of a dtype other "
+        "than auto are recorded apart",
     )
     models_flag(p)
     p.set_defaults(func=cmd_bench)

@@ -75,6 +75,35 @@ def test_verify_is_token_identical_to_serial_rag(normans_index, smol):
     assert saved > 0  # the candidates saved forward passes
 
 
+def test_candidates_per_pass_follow_the_measured_wide_pass_cost(normans_index, smol):
+    """The measured cost of a 17-token pass (about 2x a step for SmolLM2 in fp32 on CPU
+    cores) decides the candidates per pass; with the threshold moved, both regimes run on the
+    real model: greedy output == plain decoding either way, candidates proposed AND rejected."""
+    from specrag.graph.services import open_index
+    from specrag.prompts import evidence_messages
+
+    ctx = SpecRagContext(index_dir=str(normans_index))
+    question, draft = "Who was the Norse leader?", "The Norse leader was Harald, king of Norway."
+    chunks = [c.as_dict() for c in open_index(ctx).search(question, 3)]
+    messages = evidence_messages(question, chunks, ctx.answer_prompt)
+    plain = ChatLocalLM(speculation="none", max_new_tokens=60).invoke(messages)
+    assert "verify" in plain.response_metadata["decoding"]
+    for threshold, cheap in ((0.0, False), (1e9, True)):
+        model = ChatLocalLM(
+            speculation="draft+prompt", max_new_tokens=60, wide_pass_cheap=threshold
+        )
+        msg = model.invoke(messages, draft=draft)
+        meta = msg.response_metadata["decoding"]
+        verify = meta["verify"]
+        print(verify, meta["candidates_proposed"], meta["candidates_accepted"])
+        assert verify["cheap"] is cheap and verify["wide_pass_ratio"] > 0
+        assert verify["max_candidates"] == (16 if cheap else 8)
+        assert msg.content == plain.content
+        proposed = sum(meta["candidates_proposed"].values())
+        accepted = sum(meta["candidates_accepted"].values())
+        assert proposed > accepted > 0, (proposed, accepted)
+
+
 def test_local_chat_model_streams_logprobs_and_stops_at_max_time(smol):
     model = ChatLocalLM(temperature=0.8, max_new_tokens=400, speculation="none", seed=1)
     msg = model.invoke(

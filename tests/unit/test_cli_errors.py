@@ -93,6 +93,9 @@ def test_bad_model_path(capsys, tmp_path):
         (["bench", "rag", "--sets", "long"], "bench rag --models pair"),
         (["bench", "rag", "--models", "pair", "--sets", "long,trivia"], "unknown set(s) trivia"),
         (["bench", "rag", "--models", "pair", "--sets", ","], "(none given)"),
+        (["bench", "rag", "--dtype", "bf16"], "--dtype applies to"),
+        (["bench", "load", "--dtype", "bf16"], "--dtype applies to"),
+        (["bench", "rapid", "--dtype", "bogus"], "unknown dtype 'bogus'"),
     ],
 )
 def test_bad_bench_sets(capsys, argv, expected):

@@ -448,3 +448,83 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
     with pytest.raises(IndexError):  # the drafter's own 72 rows: a padding id hits the target
         decode_with(None)
+
+
+def test_wide_pass_ratio_is_measured_once_per_model(pair):
+    from specrag.models.loading import LoadedLM, wide_pass_ratio
+
+    target, _ = pair
+    widths = []
+    hook = target.register_forward_hook(
+        lambda mod, args, kwargs, out: widths.append(kwargs["input_ids"].shape[-1]),
+        with_kwargs=True,
+    )
+    loaded = LoadedLM(
+        "tiny-target-wide", target, None, torch.device("cpu"), torch.float32, (), 0.0, True
+    )
+    try:
+        ratio = wide_pass_ratio(loaded, width=9, reps=2, cache=16)
+        assert 0 < ratio < float("inf")
+        # a prefill, then (1 token, 9 tokens) three times: a warm-up pair and two timed ones
+        assert widths == [16, 1, 9, 1, 9, 1, 9]
+        assert wide_pass_ratio(loaded) == ratio and len(widths) == 7  # cached: no new passes
+    finally:
+        hook.remove()
+
+
+class NgramLog:
+    """An n-gram proposer that records ``(len(generated), k)`` of every call."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    @property
+    def last_match(self):
+        return self.inner.last_match
+
+    def propose(self, generated, k):
+        self.calls.append((len(generated), k))
+        return self.inner.propose(generated, k)
+
+
+def test_where_wide_passes_are_cheap_ngram_matches_of_any_length_come_before_the_drafter(pair):
+    """``ngrams_first``: a 2-gram match (weak) is proposed even while the drafter has joined;
+    the drafter proposes only where no n-gram matches; and the decode asks for
+    ``max_candidates`` every pass (``shrink_k=False``). Greedy output == the target alone;
+    the draft's n-grams are proposed, accepted AND rejected in both runs (the drafter too
+    without ``ngrams_first``; with it, it is asked only where nothing matches)."""
+    target, drafter = pair
+    prompt = list(range(3, 30))
+    n = 60
+    plain, _ = greedy_run(target, prompt, max_new_tokens=n)
+    # a wrong token after every 4th: a 2-gram match's continuation is right up to it
+    noisy = [t for i, t in enumerate(plain) for t in ([t, (t * 7 + 1) % 64] if i % 4 == 3 else [t])]
+    runs = {}
+    for first in (False, True):
+        proposer = merged(drafter, prompt, {"draft": noisy}, Sampler(0.0), ngrams_first=first)
+        proposer.ngrams = NgramLog(proposer.ngrams)
+        stats = DecodeStats()
+        gen = decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=n,
+            sampler=Sampler(0.0),
+            proposer=proposer,
+            max_candidates=12,
+            shrink_k=not first,
+            stats=stats,
+        )
+        out = run(gen)
+        runs[first] = proposer
+        print(first, proposer.choices, stats.proposed, stats.accepted)
+        assert out == plain
+        for source in ("draft", "drafter") if not first else ("draft",):
+            proposed, accepted = stats.proposed.get(source, 0), stats.accepted.get(source, 0)
+            assert proposed > accepted > 0, (first, source, counts_msg(proposed, accepted))
+    before, after = runs[False], runs[True]
+    # the same weak matches exist in both runs; only with ngrams_first do they beat the drafter
+    weak = {run: p.ledgers["weak"].rounds if "weak" in p.ledgers else 0 for run, p in runs.items()}
+    assert weak[True] > weak[False], weak
+    assert before.choices.get("drafter", 0) > after.choices.get("drafter", 0) > 0
+    assert all(k == min(12, n - at - 1) for at, k in after.ngrams.calls)
+    assert any(k < min(12, n - at - 1) for at, k in before.ngrams.calls)  # shrunk after misses

@@ -235,6 +235,10 @@ class Ledger:
 class MergedProposer:
     """Per step: a strong n-gram match, else the drafter (once joined), else a weak match.
 
+    With ``ngrams_first`` (set where a wide verify pass costs about one step, so a rejected
+    n-gram candidate costs nothing), an n-gram match of any length comes before the drafter,
+    whose own steps cost time.
+
     ``prefill_s`` (the target's prefill time in this run, known after the first token) and
     ``cost_ratio`` (drafter step / target step, measured at load) estimate the drafter's
     prefill; ``events`` records when and why the drafter joined or stopped. The decode loop
@@ -250,6 +254,7 @@ class MergedProposer:
     cost_ratio: float = 0.0
     prefill_s: Callable[[], float] = lambda: 0.0
     plain_step_s: float = 0.0
+    ngrams_first: bool = False
     choices: dict[str, int] = field(default_factory=dict)  # steps per chosen source
     events: list[str] = field(default_factory=list)
     ledgers: dict[str, Ledger] = field(default_factory=dict)
@@ -317,8 +322,9 @@ class MergedProposer:
         self._settle(generated)
         tokens, source = self.ngrams.propose(generated, k)
         strong = bool(tokens) and self.ngrams.last_match >= self.policy.strong_ngram
+        first = strong or (self.ngrams_first and bool(tokens) and not self._weak_off)
         self._drafter_s = 0.0
-        if not strong and self._may_draft(generated):
+        if not first and self._may_draft(generated):
             drafter = self.drafter
             assert drafter is not None
             before = drafter.stats.draft_s - drafter.stats.prefill_s

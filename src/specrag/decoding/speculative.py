@@ -202,12 +202,19 @@ def decode(
     eos_ids: tuple[int, ...] = (),
     proposer: Proposer | None = None,
     max_candidates: int = 8,
+    shrink_k: bool = True,
     should_stop: Callable[[int], str | None] | None = None,
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
     prior: list[Token] | None = None,
 ) -> Iterator[Step]:
     """Yield the tokens accepted at each step (a list per forward pass).
+
+    ``max_candidates``: candidates per pass at most; with ``shrink_k`` the next proposal may
+    have one fewer after a rejection and two more after a full acceptance (a pass over many
+    candidates costs more than a step on CPU cores in fp32); without, always up to
+    ``max_candidates`` (where a wide pass costs about one step, a rejected candidate costs
+    nothing).
 
     ``should_stop(n_generated)`` is checked between steps; a non-empty string it returns ends
     the decode with that ``finish_reason`` (time budget, "retrieval finished", cancellation).
@@ -281,7 +288,7 @@ def decode(
             observe(len(cands), len(step), pass_s)
         if hit_eos:  # candidates after an accepted end token were never judged
             stats.proposed[source] -= len(cands) - n_accepted
-        if cands:
+        if cands and shrink_k:
             k = min(k + 2, max_candidates) if n_accepted == len(cands) else max(1, k - 1)
         if n_accepted:
             stats.accepted[source] = stats.accepted.get(source, 0) + n_accepted

@@ -634,16 +634,19 @@ def run(
     fresh: bool = False,
     models: str = "embedded",
     sets: tuple[str, ...] | None = None,
+    dtype: str = "auto",
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark; write JSON, markdown and plots; return the summary.
 
     ``models="pair"`` runs the drafter/target pair plan instead (:mod:`bench_pair`), limited
-    to the question ``sets`` given.
+    to the question ``sets`` given, with the models in ``dtype``.
     """
     if models == "pair":
         from specrag.evaluation import bench_pair
 
-        return bench_pair.run(quick=quick, out_dir=out_dir, log=log, fresh=fresh, sets=sets)
+        return bench_pair.run(
+            quick=quick, out_dir=out_dir, log=log, fresh=fresh, sets=sets, dtype=dtype
+        )
     out_dir = out_dir / "bench_rag"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot = (4, 2) if quick else (40, 20)

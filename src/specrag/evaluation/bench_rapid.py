@@ -70,9 +70,10 @@ WARMUP_NEW = 8
 PROTOCOL = 3
 
 
-def case_key(qid: str, length: int, method: str) -> str:
-    """Run-log key of one method on one (question, context length)."""
-    return f"{qid}|{length}|{method}|p{PROTOCOL}"
+def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:
+    """Run-log key of one method on one (question, context length), with its dtype if set."""
+    tag = "" if dtype == "auto" else f"|{dtype}"
+    return f"{qid}|{length}|{method}|p{PROTOCOL}{tag}"
 
 
 def build_document(
@@ -367,8 +368,9 @@ def run(
     fresh: bool = False,
     eta: float = 5.0,
     models: str = "embedded",
+    dtype: str = "auto",
 ) -> dict[str, Any]:
-    """Run (or resume) the benchmark and write JSON + markdown.
+    """Run (or resume) the benchmark and write JSON + markdown (models in ``dtype``).
 
     ``models="pair"``: the 1.5B reads the document, the 0.5B drafts from the chunks (and is
     HF's assistant); contexts of 2K and 4K tokens only - on 2 CPU cores one 8K prefill of the
@@ -378,8 +380,8 @@ def run(
     out_dir = out_dir / ("bench_rapid_pair" if pair else "bench_rapid")
     out_dir.mkdir(parents=True, exist_ok=True)
     target_name, drafter_name = MODEL_PRESETS[models][::-1]
-    loaded = load_lm(target_name, "auto", "auto")
-    drafter = load_lm(drafter_name, "auto", "auto")
+    loaded = load_lm(target_name, "auto", dtype)
+    drafter = load_lm(drafter_name, "auto", dtype)
     lengths = LENGTHS[:2] if pair else LENGTHS
     torch.manual_seed(SEED)
     n_questions = 1 if quick else 5
@@ -388,7 +390,7 @@ def run(
     distractor_pool = sample(pool, 300, SEED + 1)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     work = [(ex, length) for length in lengths for ex in picked]
-    keys = {case_key(ex.id, length, m) for ex, length in work for m in METHODS}
+    keys = {case_key(ex.id, length, m, dtype) for ex, length in work for m in METHODS}
     if any(not runlog.done(k) for k in keys):
         log.print("bench rapid: warming up (one short untimed case through every method)")
         warm_up(picked[0], distractor_pool, loaded, eta, drafter)
@@ -399,7 +401,7 @@ def run(
             document = build_document(ex, distractor_pool, length, loaded, rng)
             n_tokens = len(loaded.tokenizer(document, add_special_tokens=False)["input_ids"])
             for method in ORDER:
-                key = case_key(ex.id, length, method)
+                key = case_key(ex.id, length, method, dtype)
                 bar.update(task, description=f"{length} tokens: {method}")
                 if not runlog.done(key):
                     rec = run_case(ex, document, loaded, eta, method, drafter=drafter)
@@ -422,6 +424,7 @@ def run(
     return {
         "benchmark": "rapid",
         "models": {"preset": models, "target": loaded.name, "drafter": drafter.name},
+        "dtype": str(loaded.dtype),
         "quick": quick,
         "eta": eta,
         "max_new_tokens": MAX_NEW,

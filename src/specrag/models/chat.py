@@ -36,6 +36,7 @@ from specrag.models.loading import (
     cost_ratio,
     load_lm,
     same_tokenizer,
+    wide_pass_ratio,
 )
 from specrag.models.local import (
     DecodeJob,
@@ -76,6 +77,8 @@ class ChatLocalLM(LocalChatBase):
     drafter_join_factor: float = 2.0
     drafter_pay_check: bool = True
     drafter_confidence: float = 0.7
+    wide_pass_cheap: float = 1.5
+    wide_candidates: int = 16
 
     @property
     def _llm_type(self) -> str:
@@ -151,6 +154,32 @@ class ChatLocalLM(LocalChatBase):
         info["cost_ratio"] = round(ratio, 3)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
+    def _verify_plan(self, loaded: LoadedLM, speculation: str) -> dict[str, Any]:
+        """How many candidates a pass verifies, from the measured cost of a wide pass.
+
+        Where a ``wide_candidates + 1``-token pass costs at most ``wide_pass_cheap`` x a
+        single step (a GPU; bf16 on CPUs with AMX), proposals run to ``wide_candidates``
+        tokens without shrinking after a rejection, and n-gram matches of any length come
+        before the drafter; elsewhere (fp32 on CPU cores) ``max_candidates``, adapted per pass.
+        """
+        if speculation == "none":
+            return {"max_candidates": 0, "why": "speculation=none (plain decoding)"}
+        ratio = wide_pass_ratio(loaded, self.wide_candidates + 1)
+        cheap = ratio <= self.wide_pass_cheap
+        width = f"a {self.wide_candidates + 1}-token pass costs {ratio:.2f}x a step"
+        return {
+            "wide_pass_ratio": round(ratio, 3),
+            "cheap": cheap,
+            "max_candidates": max(self.max_candidates, self.wide_candidates)
+            if cheap
+            else self.max_candidates,
+            "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
+            "candidates per pass, n-gram matches before the drafter"
+            if cheap
+            else f"{width} (> {self.wide_pass_cheap}): up to {self.max_candidates} candidates, "
+            "fewer after a rejection",
+        }
+
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         loaded = self.load()
         temperature = self.temperature if options.temperature is None else options.temperature
@@ -185,6 +214,7 @@ class ChatLocalLM(LocalChatBase):
         generator = make_generator(loaded.device, sampler, seed)
         stats = DecodeStats()
         drafter, plan = self._drafter_plan(loaded, speculation)
+        verify = self._verify_plan(loaded, speculation)
         merged: MergedProposer | None = None
 
         def produce(should_stop: StopCheck) -> Iterator[Step]:
@@ -213,6 +243,7 @@ class ChatLocalLM(LocalChatBase):
                     cost_ratio=cost_ratio(drafter, loaded),
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
+                    ngrams_first=bool(verify.get("cheap")),
                 )
                 if earlier is not None:
                     merged.carry_over(earlier)
@@ -223,7 +254,8 @@ class ChatLocalLM(LocalChatBase):
                 "max_new_tokens": max_new,
                 "sampler": sampler,
                 "eos_ids": loaded.eos_token_ids,
-                "max_candidates": self.max_candidates,
+                "max_candidates": verify["max_candidates"] or self.max_candidates,
+                "shrink_k": not verify.get("cheap"),
                 "generator": generator,
             }
             if feed is None:
@@ -255,6 +287,7 @@ class ChatLocalLM(LocalChatBase):
             metadata=lambda: {
                 **stats.as_dict(),
                 "speculation": speculation,
+                "verify": verify,
                 "proposer": {
                     **plan,
                     **(merged.drafter.stats.as_dict() if merged and merged.drafter else {}),
