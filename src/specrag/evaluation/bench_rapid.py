@@ -141,6 +141,7 @@ def run_case(
             target_model=loaded.name,
             drafter_model=drafter.name,
             device=str(loaded.device),
+            dtype=str(loaded.dtype).removeprefix("torch."),  # the baselines' dtype
             eta=0.0 if method == "rapid_eta0" else eta,
             max_new_tokens=max_new,
             prefix_cache=PrefixCache(),  # empty: this call pays the document prefill
