@@ -96,6 +96,7 @@ def test_bad_model_path(capsys, tmp_path):
         (["bench", "rag", "--dtype", "bf16"], "--dtype applies to"),
         (["bench", "load", "--dtype", "bf16"], "--dtype applies to"),
         (["bench", "rapid", "--dtype", "bogus"], "unknown dtype 'bogus'"),
+        (["bench", "rag", "--models", "pair", "--dtype", "bogus"], "unknown dtype 'bogus'"),
     ],
 )
 def test_bad_bench_sets(capsys, argv, expected):

@@ -467,7 +467,9 @@ def test_wide_pass_ratio_is_measured_once_per_model(pair):
         assert 0 < ratio < float("inf")
         # a prefill, then (1 token, 9 tokens) three times: a warm-up pair and two timed ones
         assert widths == [16, 1, 9, 1, 9, 1, 9]
-        assert wide_pass_ratio(loaded) == ratio and len(widths) == 7  # cached: no new passes
+        assert wide_pass_ratio(loaded, width=9) == ratio and len(widths) == 7  # cached
+        wide_pass_ratio(loaded, width=5, reps=1, cache=16)  # another width: measured apart
+        assert widths[7:] == [16, 1, 5, 1, 5]
     finally:
         hook.remove()
 
@@ -528,3 +530,43 @@ def test_where_wide_passes_are_cheap_ngram_matches_of_any_length_come_before_the
     assert before.choices.get("drafter", 0) > after.choices.get("drafter", 0) > 0
     assert all(k == min(12, n - at - 1) for at, k in after.ngrams.calls)
     assert any(k < min(12, n - at - 1) for at, k in before.ngrams.calls)  # shrunk after misses
+
+
+class KindTimed(TimedMerged):
+    """Made-up pass times by kind: weak n-gram rounds 10 s, drafter rounds 0.5 s, plain 1 s."""
+
+    def observe(self, candidates, emitted, pass_s):
+        self.cand_s = 10.0 if self._kind == "weak" else 0.5
+        super().observe(candidates, emitted, pass_s)
+
+
+def test_with_ngrams_first_the_drafter_takes_over_once_weak_matches_stop_paying(pair):
+    """``ngrams_first`` puts weak matches before the drafter, but the pay check still judges
+    them: at 10 s a round they are switched off after 1 + 4 rounds, and the drafter (0.5 s a
+    round, so it pays) proposes where they did. Greedy output == the target alone."""
+    target, drafter = pair
+    prompt = list(range(3, 30))
+    n = 60
+    plain, _ = greedy_run(target, prompt, max_new_tokens=n)
+    # a wrong token after every second one: only 2-gram (weak) matches, wrong continuations
+    noisy = [t for i, t in enumerate(plain) for t in ([t, (t * 7 + i) % 64] if i % 2 else [t])]
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, probe_steps=4)
+    proposer = merged(
+        drafter,
+        prompt,
+        {"draft": noisy},
+        Sampler(0.0),
+        policy=policy,
+        cls=KindTimed,
+        ngrams_first=True,
+        plain_step_s=1.0,
+    )
+    out, stats = greedy_run(target, prompt, proposer, max_new_tokens=n)
+    print(proposer.events, {k: v.rounds for k, v in proposer.ledgers.items()}, stats.proposed)
+    assert out == plain
+    assert proposer.ledgers["weak"].rounds == 5
+    assert any(e.startswith("weak n-gram matches off") for e in proposer.events)
+    assert not any(e.startswith("stopped") for e in proposer.events)  # the drafter pays
+    assert proposer.ledgers["drafter"].rounds > 5  # it took the weak matches' steps
+    proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)

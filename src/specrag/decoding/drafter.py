@@ -320,6 +320,8 @@ class MergedProposer:
     def propose(self, generated: list[int], k: int) -> Proposal:
         """See the class docstring."""
         self._settle(generated)
+        if self._started is None:  # the join wait counts decoding time, whatever proposes
+            self._started = time.perf_counter()
         tokens, source = self.ngrams.propose(generated, k)
         strong = bool(tokens) and self.ngrams.last_match >= self.policy.strong_ngram
         first = strong or (self.ngrams_first and bool(tokens) and not self._weak_off)

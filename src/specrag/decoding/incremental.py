@@ -97,6 +97,7 @@ def absorb(total: DecodeStats, part: DecodeStats, first: bool) -> None:
     total.decode_s += part.decode_s
     total.plain_steps += part.plain_steps
     total.plain_step_s += part.plain_step_s
+    total.widest = max(total.widest, part.widest)
     total.prompt_tokens = part.prompt_tokens
     total.finish_reason = part.finish_reason
 

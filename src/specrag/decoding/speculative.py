@@ -50,6 +50,7 @@ class DecodeStats:
     finish_reason: str = ""
     plain_steps: int = 0  # passes with no candidate: plain decode steps, timed
     plain_step_s: float = 0.0  # their total time
+    widest: int = 0  # the most candidates one pass verified
     # an incremental decode (:mod:`specrag.decoding.incremental`): the final answer's tokens
     # by source, and one record per prompt rebuild
     sources: dict[str, int] | None = None
@@ -81,6 +82,7 @@ class DecodeStats:
             "passes_per_token": round(self.passes_per_token, 4),
             "candidates_proposed": dict(self.proposed),
             "candidates_accepted": dict(self.accepted),
+            "widest_proposal": self.widest,
             "tokens_from": self.tokens_from(),
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
@@ -284,6 +286,7 @@ def decode(
             stats.plain_step_s += pass_s
         else:
             stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
+            stats.widest = max(stats.widest, len(cands))
         if observe := getattr(proposer, "observe", None):  # a proposer that weighs its costs
             observe(len(cands), len(step), pass_s)
         if hit_eos:  # candidates after an accepted end token were never judged

@@ -242,6 +242,7 @@ async def run_one(
             proposed=node_stats.get("candidates_proposed"),
             tokens_from=node_stats.get("tokens_from"),
             proposer=node_stats.get("proposer"),
+            verify=node_stats.get("verify"),
             decode_speedup_vs_plain=node_stats.get("decode_speedup_vs_plain"),
             revisions=len(result.get("revisions") or []),
             revised_chars=sum(len(r["dropped_text"]) for r in result.get("revisions") or []),

@@ -95,10 +95,17 @@ class ChatLocalLM(LocalChatBase):
         }
 
     def load(self) -> LoadedLM:
-        """Load the model (and drafter) now, once per process; call before any budget starts."""
+        """Load the model (and drafter) now, once per process; call before any budget starts.
+
+        Also measures (once per process) what a wide verify pass costs, which the decode
+        reads (:meth:`_verify_plan`), so the first answer does not pay for measuring it.
+        """
         if self.drafter_model:
             load_lm(self.drafter_model, self.device, self.dtype)
-        return load_lm(self.model_name, self.device, self.dtype)
+        loaded = load_lm(self.model_name, self.device, self.dtype)
+        if self.speculation != "none":
+            wide_pass_ratio(loaded, self.wide_candidates + 1)
+        return loaded
 
     def bind_tools(
         self,
