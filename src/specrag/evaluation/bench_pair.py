@@ -53,7 +53,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # 5 (squad, hotpot) and 6 (long): the measured cost of a wide verify pass sets the candidates
 # per pass (where it is about one step - bf16 with AMX, GPUs - up to 16, n-grams before the
 # drafter); fp32 on CPU cores measures 3x and decodes as in protocol 4/5.
-PROTOCOL = {"squad": 5, "hotpot": 5, "long": 6}
+# 6 (squad, hotpot) and 7 (long): the drafter's join wait counts from the answer's first
+# proposal, not from the first step no strong n-gram match took (39aff56).
+PROTOCOL = {"squad": 6, "hotpot": 6, "long": 7}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0
 LONG_PROMPT = "Explain in detail: {question}"
