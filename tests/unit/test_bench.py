@@ -185,7 +185,12 @@ def fake_rapid(monkeypatch):
         }
 
     loaded = types.SimpleNamespace(
-        tokenizer=_FakeTokenizer(), key="fake", model=object(), device="cpu", name="fake"
+        tokenizer=_FakeTokenizer(),
+        key="fake",
+        model=object(),
+        device="cpu",
+        dtype=torch.float32,
+        name="fake",
     )
     monkeypatch.setattr(bench_rapid, "load_lm", lambda *a, **k: loaded)
     monkeypatch.setattr(bench_rapid, "hotpot_questions", _hotpot_pool)
