@@ -320,14 +320,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.dtype is not None:
         if args.which not in ("rag", "rapid") or (args.which, models) == ("rag", "embedded"):
             raise InputError("--dtype applies to `bench rag --models pair` and `bench rapid` only")
-        from specrag.models.loading import resolve_device, resolve_dtype
+        from specrag.models.loading import dtype_name, resolve_device, resolve_dtype
 
         device = resolve_device("auto")
         chosen = resolve_dtype(args.dtype, device)  # a bad name: a one-line error here
         # one name per dtype, so runs of bf16 and bfloat16 (or of auto and its dtype) share
         # their run-log keys
         same = chosen == resolve_dtype("auto", device)
-        extra["dtype"] = "auto" if same else str(chosen).removeprefix("torch.")
+        extra["dtype"] = "auto" if same else dtype_name(chosen)
     if models == "pair":
         check_pair_installed()
     result = module.run(

@@ -172,7 +172,7 @@ def test_weak_ngram_matches_that_do_not_pay_are_switched_off(pair):
     target, _ = pair
     prompt = list(range(3, 30))
     plain, _ = greedy_run(target, prompt)
-    noisy = [t for i, t in enumerate(plain) for t in ([t, (t * 7 + i) % 64] if i % 2 else [t])]
+    noisy = wrong_after_every(plain, 2)
     proposer = TimedMerged(
         NgramProposer({"draft": noisy}, max_ngram=3, min_ngram=2),
         None,
@@ -326,7 +326,7 @@ def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeyp
     assert proposer.events and "joined at token 3" in proposer.events[0]
 
 
-def greedy_run(target, prompt, proposer=None, max_new_tokens=40):
+def greedy_run(target, prompt, proposer=None, max_new_tokens=40, **decode_kw):
     """Greedy decode of ``prompt`` on ``target`` (with ``proposer``): (tokens, stats)."""
     stats = DecodeStats()
     gen = decode(
@@ -336,8 +336,19 @@ def greedy_run(target, prompt, proposer=None, max_new_tokens=40):
         sampler=Sampler(0.0),
         proposer=proposer,
         stats=stats,
+        **decode_kw,
     )
     return run(gen), stats
+
+
+def wrong_after_every(tokens, every):
+    """``tokens`` with a wrong token after each ``every``-th: n-gram matches in it continue
+    correctly up to the next wrong one (every 2: only 2-grams match, never continued)."""
+    return [
+        t
+        for i, t in enumerate(tokens)
+        for t in ([t, (t * 7 + i) % 64] if i % every == every - 1 else [t])
+    ]
 
 
 def test_a_drafter_that_is_rarely_right_stops_proposing(pair):
@@ -499,24 +510,14 @@ def test_where_wide_passes_are_cheap_ngram_matches_of_any_length_come_before_the
     prompt = list(range(3, 30))
     n = 60
     plain, _ = greedy_run(target, prompt, max_new_tokens=n)
-    # a wrong token after every 4th: a 2-gram match's continuation is right up to it
-    noisy = [t for i, t in enumerate(plain) for t in ([t, (t * 7 + 1) % 64] if i % 4 == 3 else [t])]
+    noisy = wrong_after_every(plain, 4)
     runs = {}
     for first in (False, True):
         proposer = merged(drafter, prompt, {"draft": noisy}, Sampler(0.0), ngrams_first=first)
         proposer.ngrams = NgramLog(proposer.ngrams)
-        stats = DecodeStats()
-        gen = decode(
-            LMState(target),
-            prompt,
-            max_new_tokens=n,
-            sampler=Sampler(0.0),
-            proposer=proposer,
-            max_candidates=12,
-            shrink_k=not first,
-            stats=stats,
+        out, stats = greedy_run(
+            target, prompt, proposer, max_new_tokens=n, max_candidates=12, shrink_k=not first
         )
-        out = run(gen)
         runs[first] = proposer
         print(first, proposer.choices, stats.proposed, stats.accepted)
         assert out == plain
@@ -548,8 +549,7 @@ def test_with_ngrams_first_the_drafter_takes_over_once_weak_matches_stop_paying(
     prompt = list(range(3, 30))
     n = 60
     plain, _ = greedy_run(target, prompt, max_new_tokens=n)
-    # a wrong token after every second one: only 2-gram (weak) matches, wrong continuations
-    noisy = [t for i, t in enumerate(plain) for t in ([t, (t * 7 + i) % 64] if i % 2 else [t])]
+    noisy = wrong_after_every(plain, 2)
     policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, probe_steps=4)
     proposer = merged(
         drafter,

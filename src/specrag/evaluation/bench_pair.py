@@ -37,7 +37,7 @@ from specrag.evaluation.store import RunLog
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import open_index
-from specrag.models.loading import load_lm, resolve_device, resolve_dtype
+from specrag.models.loading import load_lm
 from specrag.progress import progress_bar
 
 SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
@@ -219,7 +219,7 @@ def run(
         items = [i for i in items if i["dataset"] in sets]
     base = SpecRagContext(models="pair", refine_temperature=0.0, dtype=dtype)
     log.print("bench rag (pair): loading Qwen2.5-Coder 0.5B and 1.5B")
-    load_lm(base.answer_spec, base.device, base.dtype)
+    target = load_lm(base.answer_spec, base.device, base.dtype)
     load_lm(base.draft_spec, base.device, base.dtype)
     graph = build_graph()
     work = [(item, system) for item in items for system in SYSTEMS]
@@ -270,7 +270,7 @@ def run(
         "answer_max_tokens": MAX_TOKENS,
         "top_k": TOP_K,
         "protocol": PROTOCOL,
-        "dtype": str(resolve_dtype(dtype, resolve_device(base.device))),
+        "dtype": str(target.dtype),
         "systems_note": "serial_plain = the 1.5B alone; spec_verify = draft + merged proposer",
         "datasets": summary,
         "files": files,

@@ -51,7 +51,7 @@ from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
 from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
-from specrag.models.loading import LoadedLM, load_lm
+from specrag.models.loading import LoadedLM, dtype_name, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
 from specrag.models.worker import MODEL_THREAD
 from specrag.progress import progress_bar
@@ -141,7 +141,7 @@ def run_case(
             target_model=loaded.name,
             drafter_model=drafter.name,
             device=str(loaded.device),
-            dtype=str(loaded.dtype).removeprefix("torch."),  # the baselines' dtype
+            dtype=dtype_name(loaded.dtype),  # the baselines' dtype
             eta=0.0 if method == "rapid_eta0" else eta,
             max_new_tokens=max_new,
             prefix_cache=PrefixCache(),  # empty: this call pays the document prefill

@@ -81,6 +81,11 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the name :func:`resolve_dtype` reads back."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto`` is fp32 on CPU and bf16 on GPUs.
 
@@ -241,17 +246,19 @@ def cost_ratio(drafter: LoadedLM, target: LoadedLM, steps: int = 4, cache: int =
     return _COST_RATIO[pair] if pair in _COST_RATIO else on_model_thread(once)
 
 
+def _timed_extend(lm: Any, device: torch.device, tokens: list[int]) -> float:
+    """Seconds of one ``lm.extend(tokens)`` pass (a GPU synchronised on both sides)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    lm.extend(tokens)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _measure_ratio(drafter: LoadedLM, target: LoadedLM, steps: int, cache: int) -> float:
     from specrag.decoding.state import LMState
-
-    def timed(lm: LMState, device: torch.device, token: int) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        lm.extend([token])
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
 
     vocab = min(int(m.model.config.vocab_size) for m in (drafter, target))
     with torch.inference_mode():
@@ -261,7 +268,7 @@ def _measure_ratio(drafter: LoadedLM, target: LoadedLM, steps: int, cache: int) 
         times: list[list[float]] = [[], []]
         for i in range(steps + 1):  # the first step of each is a warm-up
             for j, (lm, m) in enumerate(zip(lms, (drafter, target), strict=True)):
-                t = timed(lm, m.device, (300 + i) % vocab)
+                t = _timed_extend(lm, m.device, [(300 + i) % vocab])
                 if i:
                     times[j].append(t)
     return min(times[0]) / max(min(times[1]), 1e-9)
@@ -299,14 +306,8 @@ def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
 
     def timed(lm: LMState, tokens: list[int]) -> float:
         n = len(lm)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize(target.device)
-        t0 = time.perf_counter()
-        lm.extend(tokens)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize(target.device)
-        took = time.perf_counter() - t0
-        lm.crop(n)
+        took = _timed_extend(lm, target.device, tokens)
+        lm.crop(n)  # the next pass sees the same cache
         return took
 
     wide = [(300 + j) % vocab for j in range(width)]
