@@ -98,6 +98,9 @@ def test_candidates_per_pass_follow_the_measured_wide_pass_cost(normans_index, s
         print(verify, meta["candidates_proposed"], meta["candidates_accepted"])
         assert verify["cheap"] is cheap and verify["wide_pass_ratio"] > 0
         assert verify["max_candidates"] == (16 if cheap else 8)
+        if not cheap:  # narrow passes measured too; a cap, if any, from those measurements
+            assert sorted(verify["pass_ratio_by_candidates"]) == [1, 2, 3, 16]
+            assert verify["narrow_candidates"] in (0, 1, 2, 3)
         assert (meta["widest_proposal"] > 8) is cheap, meta["widest_proposal"]
         assert msg.content == plain.content
         proposed = sum(meta["candidates_proposed"].values())

@@ -486,10 +486,11 @@ def test_wide_pass_ratio_is_measured_once_per_model(pair):
 
 
 class NgramLog:
-    """An n-gram proposer that records ``(len(generated), k)`` of every call."""
+    """An n-gram proposer that records ``(len(generated), k)`` of every call, and in ``out``
+    ``(match length, tokens proposed)`` of every proposal."""
 
     def __init__(self, inner):
-        self.inner, self.calls = inner, []
+        self.inner, self.calls, self.out = inner, [], []
 
     @property
     def last_match(self):
@@ -497,7 +498,10 @@ class NgramLog:
 
     def propose(self, generated, k):
         self.calls.append((len(generated), k))
-        return self.inner.propose(generated, k)
+        tokens, source = self.inner.propose(generated, k)
+        if tokens:
+            self.out.append((self.inner.last_match, len(tokens)))
+        return tokens, source
 
 
 def test_where_wide_passes_are_cheap_ngram_matches_of_any_length_come_before_the_drafter(pair):
@@ -570,3 +574,45 @@ def test_with_ngrams_first_the_drafter_takes_over_once_weak_matches_stop_paying(
     assert proposer.ledgers["drafter"].rounds > 5  # it took the weak matches' steps
     proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
+
+
+def test_narrow_cap_picks_the_candidates_with_most_tokens_per_pass_cost():
+    """fp32 on CPU cores is a staircase: 2 candidates win at acceptance 0.7; where wide passes
+    cost about a step (bf16 with AMX, a GPU) no cap; a dear pass of 3 tokens leaves 1."""
+    from specrag.decoding.drafter import narrow_cap
+
+    pair_fp32 = {1: 1.021, 2: 1.174, 3: 1.917, 16: 2.836}  # measured 2026-12-01, cache 64
+    assert narrow_cap(pair_fp32, 0.7) == 2
+    assert narrow_cap({1: 1.0, 2: 1.07, 3: 1.06, 16: 1.08}, 0.7) == 0
+    assert narrow_cap({1: 1.0, 2: 1.9, 3: 2.0, 16: 2.1}, 0.7) == 1
+    assert narrow_cap({1: 1.0, 2: 1.9, 3: 2.0, 16: 2.1}, 0.95) == 0  # sure tokens: go wide
+
+
+def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):
+    """With ``narrow=2`` (and the n-gram proposer's ``short_max=2``) every drafter proposal
+    and every weak (2-gram) match has at most 2 tokens, while a strong match still proposes
+    more. Greedy output == the target alone; the drafter and the draft's n-grams are proposed,
+    accepted AND rejected."""
+    target, drafter = pair
+    prompt = list(range(3, 30))
+    n = 60
+    plain, _ = greedy_run(target, prompt, max_new_tokens=n)
+    noisy = wrong_after_every(plain, 5)
+    policy = DrafterPolicy(  # no confidence cut-off: the drafter would propose start_k = 4
+        after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False, min_confidence=0
+    )
+    proposer = merged(drafter, prompt, {"draft": noisy}, Sampler(0.0), policy=policy, narrow=2)
+    proposer.ngrams.short_max = 2
+    proposer.ngrams = NgramLog(proposer.ngrams)
+    proposer.drafter = Recording(proposer.drafter)
+    out, stats = greedy_run(target, prompt, proposer, max_new_tokens=n)
+    drafted = [len(tokens) for *_, tokens in proposer.drafter.calls]
+    print(proposer.choices, stats.proposed, stats.accepted, drafted, proposer.ngrams.out)
+    assert out == plain
+    assert drafted and max(drafted) <= 2
+    assert all(size <= 2 for match, size in proposer.ngrams.out if match < 3)
+    assert any(match < 3 for match, _ in proposer.ngrams.out)  # weak matches were capped
+    assert max(size for match, size in proposer.ngrams.out if match >= 3) > 2
+    for source in ("draft", "drafter"):
+        proposed, accepted = stats.proposed.get(source, 0), stats.accepted.get(source, 0)
+        assert proposed > accepted > 0, (source, counts_msg(proposed, accepted))

@@ -83,8 +83,10 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
 # protocols (2: warm-up before timing; answer token counts recorded; 3: the delay is injected
 # before the later evidence batches only; 4: an incremental answer takes a batch arriving within
-# incremental_grace_s into its first prompt).
-PROTOCOL = 4
+# incremental_grace_s into its first prompt; 5: where a pass over a few more tokens costs about
+# twice a step - fp32 on CPU cores - weak n-gram matches propose at most the narrow width that
+# measures about one step, 2 tokens for SmolLM2: ``narrow_cap``).
+PROTOCOL = 5
 
 
 def case_key(item: dict[str, Any], system: str, latency: float) -> str:

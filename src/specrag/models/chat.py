@@ -25,7 +25,13 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from specrag.decoding.candidates import NgramProposer
-from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
+from specrag.decoding.drafter import (
+    NARROW,
+    DrafterPolicy,
+    DrafterProposer,
+    MergedProposer,
+    narrow_cap,
+)
 from specrag.decoding.incremental import decode_incremental
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, decode
@@ -79,6 +85,7 @@ class ChatLocalLM(LocalChatBase):
     drafter_confidence: float = 0.7
     wide_pass_cheap: float = 1.5
     wide_candidates: int = 16
+    narrow_acceptance: float = 0.7
 
     @property
     def _llm_type(self) -> str:
@@ -104,7 +111,7 @@ class ChatLocalLM(LocalChatBase):
             load_lm(self.drafter_model, self.device, self.dtype)
         loaded = load_lm(self.model_name, self.device, self.dtype)
         if self.speculation != "none":
-            wide_pass_ratio(loaded, self.wide_candidates + 1)
+            self._verify_plan(loaded, self.speculation)
         return loaded
 
     def bind_tools(
@@ -162,29 +169,47 @@ class ChatLocalLM(LocalChatBase):
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
     def _verify_plan(self, loaded: LoadedLM, speculation: str) -> dict[str, Any]:
-        """How many candidates a pass verifies, from the measured cost of a wide pass.
+        """How many candidates a pass verifies, from the measured cost of verify passes.
 
         Where a ``wide_candidates + 1``-token pass costs at most ``wide_pass_cheap`` x a
         single step (a GPU; bf16 on CPUs with AMX), proposals run to ``wide_candidates``
         tokens without shrinking after a rejection, and n-gram matches of any length come
-        before the drafter; elsewhere (fp32 on CPU cores) ``max_candidates``, adapted per pass.
+        before the drafter; elsewhere (fp32 on CPU cores) ``max_candidates``, adapted per pass,
+        and the passes of 2-4 tokens are measured too: where a narrow pass is nearly free and
+        a wider one is not (:func:`narrow_cap`), the drafter's proposals and weak n-gram
+        matches stop at the narrow width; strong matches, mostly accepted, run on.
         """
         if speculation == "none":
             return {"max_candidates": 0, "why": "speculation=none (plain decoding)"}
         ratio = wide_pass_ratio(loaded, self.wide_candidates + 1)
         cheap = ratio <= self.wide_pass_cheap
         width = f"a {self.wide_candidates + 1}-token pass costs {ratio:.2f}x a step"
+        if cheap:
+            return {
+                "wide_pass_ratio": round(ratio, 3),
+                "cheap": True,
+                "max_candidates": max(self.max_candidates, self.wide_candidates),
+                "narrow_candidates": 0,
+                "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
+                "candidates per pass, n-gram matches before the drafter",
+            }
+        ratios = {c: wide_pass_ratio(loaded, c + 1) for c in NARROW}
+        ratios[self.wide_candidates] = ratio
+        narrow = narrow_cap(ratios, self.narrow_acceptance)
         return {
             "wide_pass_ratio": round(ratio, 3),
-            "cheap": cheap,
-            "max_candidates": max(self.max_candidates, self.wide_candidates)
-            if cheap
-            else self.max_candidates,
-            "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
-            "candidates per pass, n-gram matches before the drafter"
-            if cheap
-            else f"{width} (> {self.wide_pass_cheap}): up to {self.max_candidates} candidates, "
-            "fewer after a rejection",
+            "cheap": False,
+            "max_candidates": self.max_candidates,
+            "pass_ratio_by_candidates": {c: round(r, 3) for c, r in sorted(ratios.items())},
+            "narrow_candidates": narrow,
+            "why": f"{width} (> {self.wide_pass_cheap}): up to {self.max_candidates} "
+            "candidates, fewer after a rejection"
+            + (
+                f"; drafter and weak n-gram proposals stop at {narrow} (a "
+                f"{narrow + 1}-token pass costs {ratios[narrow]:.2f}x a step)"
+                if narrow
+                else ""
+            ),
         }
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
@@ -231,12 +256,13 @@ class ChatLocalLM(LocalChatBase):
                 nonlocal merged
                 earlier = merged  # an incremental decode's previous prompt, if any
                 found = ngram_sources(ids)
+                narrow = verify.get("narrow_candidates", 0)
                 if draft_lm is None or drafter is None:
-                    return NgramProposer(found) if found else None
+                    return NgramProposer(found, short_max=narrow) if found else None
                 # built on the model thread; after a rebuild the drafter's cache is cropped
                 # to the prefix it shares with the new prompt, as the target's is
                 merged = MergedProposer(
-                    NgramProposer(found),
+                    NgramProposer(found, short_max=narrow),
                     DrafterProposer(
                         draft_lm,
                         ids,
@@ -251,6 +277,7 @@ class ChatLocalLM(LocalChatBase):
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
                     ngrams_first=bool(verify.get("cheap")),
+                    narrow=narrow,
                 )
                 if earlier is not None:
                     merged.carry_over(earlier)
