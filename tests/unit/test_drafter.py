@@ -616,3 +616,38 @@ def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):
     for source in ("draft", "drafter"):
         proposed, accepted = stats.proposed.get(source, 0), stats.accepted.get(source, 0)
         assert proposed > accepted > 0, (source, counts_msg(proposed, accepted))
+
+
+def test_drafter_dtype_auto_is_bf16_only_beside_an_fp32_target_on_a_cpu_with_native_bf16(
+    monkeypatch,
+):
+    from specrag.models.loading import drafter_dtype
+
+    for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, flag, lambda: True)
+    assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "bfloat16"
+    assert drafter_dtype("auto", "float32", "cpu", same_model=False) == "bfloat16"
+    assert drafter_dtype("auto", "auto", "cpu", same_model=True) == "auto"  # one copy
+    assert drafter_dtype("auto", "bfloat16", "cpu", same_model=False) == "bfloat16"
+    assert drafter_dtype("float32", "auto", "cpu", same_model=False) == "float32"  # explicit
+    for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, flag, lambda: False)
+    assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "auto"  # emulated bf16
+
+
+def test_a_bf16_drafter_beside_an_fp32_target_keeps_greedy_output(pair):
+    """The drafter's dtype shapes only its proposals: greedy output == the fp32 target alone,
+    with drafter proposals made, accepted AND rejected."""
+    import copy
+
+    target, drafter = pair
+    half = copy.deepcopy(drafter).to(torch.bfloat16)
+    prompt = list(range(3, 40))
+    n = 60
+    plain, _ = greedy_run(target, prompt, max_new_tokens=n)
+    proposer = merged(half, prompt, {}, Sampler(0.0))
+    out, stats = greedy_run(target, prompt, proposer, max_new_tokens=n)
+    proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
+    print(counts_msg(proposed, accepted))
+    assert out == plain
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)

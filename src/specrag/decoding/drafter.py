@@ -106,7 +106,11 @@ class DrafterProposer:
         self.usable = usable
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        """The drafter's logits ``[vocab_d]`` on the target's rows ``[vocab]``."""
+        """The drafter's logits ``[vocab_d]`` on the target's rows ``[vocab]``, in fp32.
+
+        A drafter may run in another dtype than the target (``drafter_dtype``).
+        """
+        logits = logits.float()
         if self.vocab is None or (self.usable is None and logits.shape[-1] == self.vocab):
             return logits
         n = min(self.vocab, logits.shape[-1], self.usable or logits.shape[-1])

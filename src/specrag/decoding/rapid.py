@@ -143,6 +143,7 @@ def rapid_decode(
     greedy = sampler.greedy
 
     def draft_dist(logits: torch.Tensor) -> torch.Tensor:  # drafter q at one position, [vocab]
+        logits = logits.float()  # a drafter may run in another dtype than the target
         return torch.softmax(logits, dim=-1) if greedy else sampler.probs(logits)
 
     t_start = time.perf_counter()

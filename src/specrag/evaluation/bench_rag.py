@@ -153,7 +153,7 @@ def run_hf_lookup(
     ids = encode_chat(loaded, prompts.evidence_messages(question, chunks, ctx.answer_prompt))
     extra: dict[str, Any] = {"prompt_lookup_num_tokens": 10}
     if assisted:
-        drafter = load_lm(local_model_name(ctx.draft_spec) or "", ctx.device, ctx.dtype)
+        drafter = load_lm(local_model_name(ctx.draft_spec) or "", ctx.device, ctx.draft_dtype)
         extra = {"assistant_model": drafter.model}
     res = hf_generate(loaded, ids, max_new_tokens=ctx.answer_max_tokens, **extra)
     res["passes_per_token"] = res["forward_passes"] / max(res["new_tokens"], 1)

@@ -51,7 +51,7 @@ from specrag.evaluation.hf import hf_generate
 from specrag.evaluation.store import RunLog
 from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
-from specrag.models.loading import LoadedLM, dtype_name, load_lm
+from specrag.models.loading import LoadedLM, drafter_dtype, dtype_name, load_lm
 from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, ChatRapid, layout
 from specrag.models.worker import MODEL_THREAD
 from specrag.progress import progress_bar
@@ -66,8 +66,9 @@ WARMUP_TOKENS = 512  # the warm-up case: a short document, a few new tokens
 WARMUP_NEW = 8
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
 # protocols (2: every method pays its own document prefill; passes counted per model;
-# 3: lossless RAPID skips the drafter pass whose q it never reads).
-PROTOCOL = 3
+# 3: lossless RAPID skips the drafter pass whose q it never reads; 4: a drafter that is not the
+# target runs in bf16 beside an fp32 target on a CPU with native bf16 - ``drafter_dtype``).
+PROTOCOL = 4
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:
@@ -142,6 +143,7 @@ def run_case(
             drafter_model=drafter.name,
             device=str(loaded.device),
             dtype=dtype_name(loaded.dtype),  # the baselines' dtype
+            drafter_dtype=dtype_name(drafter.dtype),  # HF assisted's assistant's
             eta=0.0 if method == "rapid_eta0" else eta,
             max_new_tokens=max_new,
             prefix_cache=PrefixCache(),  # empty: this call pays the document prefill
@@ -382,7 +384,8 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     target_name, drafter_name = MODEL_PRESETS[models][::-1]
     loaded = load_lm(target_name, "auto", dtype)
-    drafter = load_lm(drafter_name, "auto", dtype)
+    same = drafter_name == target_name
+    drafter = load_lm(drafter_name, "auto", drafter_dtype("auto", dtype, "auto", same))
     lengths = LENGTHS[:2] if pair else LENGTHS
     torch.manual_seed(SEED)
     n_questions = 1 if quick else 5
@@ -426,6 +429,7 @@ def run(
         "benchmark": "rapid",
         "models": {"preset": models, "target": loaded.name, "drafter": drafter.name},
         "dtype": str(loaded.dtype),
+        "drafter_dtype": str(drafter.dtype),
         "quick": quick,
         "eta": eta,
         "max_new_tokens": MAX_NEW,

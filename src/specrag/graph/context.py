@@ -73,6 +73,12 @@ class SpecRagContext:
         "auto",
         "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.",
     )
+    drafter_dtype: str = _f(
+        "auto",
+        "dtype of a drafter that is not the answer model: auto (bf16 where the answer model "
+        "runs fp32 on a CPU with native bf16 - it only proposes, the answer model verifies - "
+        "else dtype), float32, bfloat16, float16.",
+    )
     embedding_model: str = _f(
         "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."
     )
@@ -318,6 +324,14 @@ class SpecRagContext:
     def answer_spec(self) -> str:
         """The answer model's spec: ``answer_model``, or the ``models`` preset's target."""
         return self.answer_model or MODEL_PRESETS[self.models][1]
+
+    @property
+    def draft_dtype(self) -> str:
+        """The dtype the drafter loads in (``drafter_dtype`` resolved; see the field)."""
+        from specrag.models.loading import drafter_dtype
+
+        same = self.draft_spec == self.answer_spec
+        return drafter_dtype(self.drafter_dtype, self.dtype, self.device, same)
 
     def stop_sequences(self) -> tuple[str, ...]:
         """Stop sequences for draft and answer calls."""

@@ -46,8 +46,10 @@ def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
             "drafter_join_factor": ctx.drafter_join_factor,
             "drafter_pay_check": ctx.drafter_pay_check,
             "drafter_confidence": ctx.drafter_confidence,
+            "drafter_dtype": ctx.draft_dtype,
         }
-    return chat_model_from_spec(spec, device=ctx.device, dtype=ctx.dtype, **params)
+    dtype = ctx.draft_dtype if spec == ctx.draft_spec != ctx.answer_spec else ctx.dtype
+    return chat_model_from_spec(spec, device=ctx.device, dtype=dtype, **params)
 
 
 _INDEXES: dict[tuple[str, str, str], VectorIndex] = {}  # (url or directory, collection, model)
@@ -125,6 +127,7 @@ def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
         drafter_model=local_model_name(ctx.draft_spec) or name,
         device=ctx.device,
         dtype=ctx.dtype,
+        drafter_dtype=ctx.draft_dtype,
         temperature=ctx.refine_temperature,
         max_new_tokens=ctx.answer_max_tokens,
         gamma=ctx.rapid_gamma,

@@ -40,6 +40,7 @@ from specrag.models.loading import (
     EMBEDDED_LM,
     LoadedLM,
     cost_ratio,
+    drafter_dtype,
     load_lm,
     same_tokenizer,
     wide_pass_ratio,
@@ -78,6 +79,11 @@ class ChatLocalLM(LocalChatBase):
     drafter_model: str | None = Field(
         default=None, description="a smaller model with the same tokenizer that proposes tokens"
     )
+    drafter_dtype: str = Field(
+        default="auto",
+        description="the drafter's dtype (auto: bf16 for an fp32 target on a CPU with native "
+        "bf16, else the model's dtype; see specrag.models.loading.drafter_dtype)",
+    )
     drafter_max_cost_ratio: float = 0.5
     drafter_after_tokens: int = 8
     drafter_join_factor: float = 2.0
@@ -108,7 +114,7 @@ class ChatLocalLM(LocalChatBase):
         reads (:meth:`_verify_plan`), so the first answer does not pay for measuring it.
         """
         if self.drafter_model:
-            load_lm(self.drafter_model, self.device, self.dtype)
+            load_lm(self.drafter_model, self.device, self._drafter_dtype())
         loaded = load_lm(self.model_name, self.device, self.dtype)
         if self.speculation != "none":
             self._verify_plan(loaded, self.speculation)
@@ -136,6 +142,10 @@ class ChatLocalLM(LocalChatBase):
         tool_choice_name(tool_choice, schemas)  # an unknown tool name fails here, not later
         return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
 
+    def _drafter_dtype(self) -> str:
+        same = self.drafter_model == self.model_name
+        return drafter_dtype(self.drafter_dtype, self.dtype, self.device, same)
+
     def _policy(self) -> DrafterPolicy:
         return DrafterPolicy(
             self.drafter_max_cost_ratio,
@@ -157,7 +167,7 @@ class ChatLocalLM(LocalChatBase):
                 "drafter_used": False,
                 "why": "speculation=none (plain decoding)",
             }
-        drafter = load_lm(self.drafter_model, self.device, self.dtype)
+        drafter = load_lm(self.drafter_model, self.device, self._drafter_dtype())
         info: dict[str, Any] = {"drafter": drafter.name}
         if drafter.key == loaded.key:
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}

