@@ -79,6 +79,12 @@ def make_context(args: argparse.Namespace) -> Any:
     ctx = SpecRagContext.from_overrides(overrides)
     if ctx.models == "pair":
         check_pair_installed()
+    from specrag.models.loading import check_local_model
+    from specrag.models.registry import local_model_name
+
+    for spec in (ctx.answer_spec, ctx.draft_spec):  # a bad path fails before any model loads
+        if name := local_model_name(spec):
+            check_local_model(name)
     return ctx
 
 

@@ -110,6 +110,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
+def check_local_model(name: str) -> Path | None:
+    """The folder of a local model name (None for a hub id); raises for a bad local path.
+
+    Called before a run starts (the CLI) as well as at load, so a mistyped path fails at
+    once, before other models are loaded or converted.
+    """
+    if name == EMBEDDED_LM or name.endswith(".gguf") or name in PAIR:
+        return None
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise ModelLoadError(f"model path not found or not a model folder: {name}")
+    return path if looks_local else None
+
+
 def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str:
     """The dtype a drafter loads in: ``choice``, or for ``auto`` from the answer model's.
 
@@ -186,11 +201,8 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             except Exception as exc:  # noqa: BLE001 - reported as one line
                 raise ModelLoadError(f"could not convert {gguf.name}: {exc}") from exc
     else:
-        path = Path(name).expanduser()
-        looks_local = name.startswith((".", "/", "~")) or path.exists()
-        if looks_local and not (path / "config.json").is_file():
-            raise ModelLoadError(f"model path not found or not a model folder: {name}")
-        source = path if looks_local else name
+        path = check_local_model(name)
+        source = path if path is not None else name
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(source))
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
