@@ -630,6 +630,7 @@ def test_drafter_dtype_auto_is_bf16_only_beside_an_fp32_target_on_a_cpu_with_nat
     assert drafter_dtype("auto", "auto", "cpu", same_model=True) == "auto"  # one copy
     assert drafter_dtype("auto", "bfloat16", "cpu", same_model=False) == "bfloat16"
     assert drafter_dtype("float32", "auto", "cpu", same_model=False) == "float32"  # explicit
+    assert drafter_dtype("float32", "bfloat16", "cpu", same_model=True) == "bfloat16"  # one copy
     for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, flag, lambda: False)
     assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "auto"  # emulated bf16

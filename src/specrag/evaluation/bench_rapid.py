@@ -143,7 +143,7 @@ def run_case(
             drafter_model=drafter.name,
             device=str(loaded.device),
             dtype=dtype_name(loaded.dtype),  # the baselines' dtype
-            drafter_dtype=dtype_name(drafter.dtype),  # HF assisted's assistant's
+            drafter_dtype=dtype_name(drafter.dtype),  # as HF assisted's assistant runs
             eta=0.0 if method == "rapid_eta0" else eta,
             max_new_tokens=max_new,
             prefix_cache=PrefixCache(),  # empty: this call pays the document prefill

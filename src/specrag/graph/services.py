@@ -48,7 +48,7 @@ def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
             "drafter_confidence": ctx.drafter_confidence,
             "drafter_dtype": ctx.draft_dtype,
         }
-    dtype = ctx.draft_dtype if spec == ctx.draft_spec != ctx.answer_spec else ctx.dtype
+    dtype = ctx.draft_dtype if spec == ctx.draft_spec else ctx.dtype  # same model: ctx.dtype
     return chat_model_from_spec(spec, device=ctx.device, dtype=dtype, **params)
 
 

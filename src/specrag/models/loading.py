@@ -126,7 +126,9 @@ def check_local_model(name: str) -> Path | None:
 
 
 def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str:
-    """The dtype a drafter loads in: ``choice``, or for ``auto`` from the answer model's.
+    """The dtype a drafter loads in (the answer model's when it is the same model: one copy).
+
+    Otherwise ``choice``, or for ``auto`` from the answer model's ``dtype``.
 
     ``auto``: bf16 where the answer model runs in fp32 on a CPU with native bf16 (AVX512-BF16
     or AMX) and the drafter is another model - the drafter's numerics only shape proposals,
@@ -136,12 +138,14 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
     the same class 0.084 s both). Otherwise (a GPU, a bf16 target, the same model in both
     roles, no native bf16) the answer model's dtype.
     """
+    if same_model:  # one copy: the answer model's
+        return dtype
     if choice not in ("", "auto"):
         return choice
     dev = resolve_device(device)
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     fp32 = resolve_dtype(dtype, dev) == torch.float32
-    return "bfloat16" if dev.type == "cpu" and fp32 and native and not same_model else dtype
+    return "bfloat16" if dev.type == "cpu" and fp32 and native else dtype
 
 
 def embedded_gguf_path() -> Path:
