@@ -203,8 +203,8 @@ def test_verdicts_carry_over_to_the_next_prompt_of_an_incremental_answer(pair):
     assert second.ledgers["drafter"].rounds == 1 and second.choices == {"drafter": 1}
 
 
-def test_cost_ratio_is_measured_once_per_pair_on_both_models(pair):
-    from specrag.models.loading import LoadedLM, cost_ratio
+def test_pair_costs_are_measured_once_per_pair_on_both_models(pair):
+    from specrag.models.loading import LoadedLM, pair_costs
 
     target, drafter = pair
     calls = Counter()
@@ -218,10 +218,11 @@ def test_cost_ratio_is_measured_once_per_pair_on_both_models(pair):
 
     try:
         d, t = loaded("tiny-drafter-ratio", drafter), loaded("tiny-target-ratio", target)
-        ratio = cost_ratio(d, t, steps=3, cache=16)
-        assert 0 < ratio < float("inf")
-        assert calls == {"target": 5, "drafter": 5}  # a prefill, a warm-up step, 3 timed steps
-        assert cost_ratio(d, t) == ratio and calls["target"] == 5  # cached: no new passes
+        costs = pair_costs(d, t, steps=3, cache=16, reps=2)
+        assert 0 < costs.step < float("inf") and 0 < costs.prefill < float("inf")
+        # a prefill, a warm-up step, 3 timed steps, 2 timed prefills
+        assert calls == {"target": 7, "drafter": 7}
+        assert pair_costs(d, t) == costs and calls["target"] == 7  # cached: no new passes
     finally:
         for h in hooks:
             h.remove()
@@ -302,8 +303,8 @@ def test_merged_sampling_is_lossless():
 
 
 def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeypatch):
-    """Ski rental: with a 1 s target prefill and cost ratio 0.5 (estimate 0.5 s) and factor 2,
-    the drafter joins once 1 s of decoding has passed - not before."""
+    """Ski rental: with a 1 s target prefill and prefill ratio 0.5 (estimate 0.5 s) and factor
+    2, the drafter joins once 1 s of decoding has passed - not before."""
     import specrag.decoding.drafter as drafter_module
 
     target, drafter = pair
@@ -314,7 +315,7 @@ def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeyp
         NgramProposer({}),
         DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
         DrafterPolicy(after_tokens=0, join_factor=2.0),
-        cost_ratio=0.5,
+        prefill_ratio=0.5,
         prefill_s=lambda: 1.0,
     )
     generated = [7]

@@ -167,8 +167,10 @@ class DrafterPolicy:
     * ``max_cost_ratio``: a drafter whose single-token step costs more than this fraction of
       the target's is never used (a same-size drafter saves no time: every rejected token
       costs a drafter step on top of the target's pass);
-    * joining (ski rental): the drafter's prefill of the prompt costs about ``cost ratio x``
-      the target's prefill of it, paid once, and only repaid over the tokens still to come.
+    * joining (ski rental): the drafter's prefill of the prompt costs about its measured
+      prefill ratio x the target's prefill of it (not its step ratio: a bf16 drafter beside
+      an fp32 target on cores with AMX steps at ~0.4x but prefills at ~0.1x), paid once, and
+      only repaid over the tokens still to come.
       The drafter joins once the answer has decoded for ``join_factor x`` that estimated
       prefill time (and has at least ``after_tokens`` tokens): a terse answer ("1969") ends
       before it, a long one pays the prefill when most of it is still ahead. On a GPU the
@@ -267,7 +269,8 @@ class MergedProposer:
     ``narrow`` tokens.
 
     ``prefill_s`` (the target's prefill time in this run, known after the first token) and
-    ``cost_ratio`` (drafter step / target step, measured at load) estimate the drafter's
+    ``prefill_ratio`` (the drafter's prefill over the target's on one block of tokens,
+    measured at load: :func:`specrag.models.loading.pair_costs`) estimate the drafter's
     prefill; ``events`` records when and why the drafter joined or stopped. The decode loop
     reports every pass to :meth:`observe`; ``ledgers`` hold, per kind of step (``drafter``,
     ``strong``/``weak`` n-gram, ``plain``), its rounds, emitted tokens and seconds - what the
@@ -278,7 +281,7 @@ class MergedProposer:
     ngrams: NgramProposer
     drafter: DrafterProposer | None = None
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
-    cost_ratio: float = 0.0
+    prefill_ratio: float = 0.0
     prefill_s: Callable[[], float] = lambda: 0.0
     plain_step_s: float = 0.0
     ngrams_first: bool = False
@@ -333,7 +336,7 @@ class MergedProposer:
         now = time.perf_counter()
         if self._started is None:
             self._started = now
-        estimate = self.prefill_s() * self.cost_ratio
+        estimate = self.prefill_s() * self.prefill_ratio
         waited = now - self._started
         if len(generated) >= self.policy.after_tokens and waited >= (
             self.policy.join_factor * estimate

@@ -39,9 +39,9 @@ from specrag.decoding.state import LMState
 from specrag.models.loading import (
     EMBEDDED_LM,
     LoadedLM,
-    cost_ratio,
     drafter_dtype,
     load_lm,
+    pair_costs,
     same_tokenizer,
     wide_pass_ratio,
 )
@@ -173,9 +173,10 @@ class ChatLocalLM(LocalChatBase):
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
         if not same_tokenizer(drafter, loaded):
             return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
-        ratio = cost_ratio(drafter, loaded)
-        use, why = self._policy().decide(ratio)
-        info["cost_ratio"] = round(ratio, 3)
+        costs = pair_costs(drafter, loaded)
+        use, why = self._policy().decide(costs.step)
+        info["cost_ratio"] = round(costs.step, 3)
+        info["prefill_ratio"] = round(costs.prefill, 3)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
     def _verify_plan(self, loaded: LoadedLM, speculation: str) -> dict[str, Any]:
@@ -283,7 +284,7 @@ class ChatLocalLM(LocalChatBase):
                         eos_ids=loaded.eos_token_ids,
                     ),
                     self._policy(),
-                    cost_ratio=cost_ratio(drafter, loaded),
+                    prefill_ratio=pair_costs(drafter, loaded).prefill,
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
                     ngrams_first=bool(verify.get("cheap")),

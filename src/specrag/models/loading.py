@@ -250,63 +250,86 @@ def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
     return _SAME_TOKENIZER[pair]
 
 
-_COST_RATIO: dict[tuple[str, str], float] = {}
+@dataclass(frozen=True)
+class PairCosts:
+    """A drafter's measured costs as fractions of its target's (see :func:`pair_costs`)."""
+
+    step: float  # one single-token decode step
+    prefill: float  # one prefill pass over the same block of prompt tokens
 
 
-def cost_ratio(drafter: LoadedLM, target: LoadedLM, steps: int = 4, cache: int = 64) -> float:
-    """Measured cost of one drafter decode step as a fraction of one target step.
+_PAIR_COSTS: dict[tuple[str, str], PairCosts] = {}
 
-    Measured once per pair and process, on the model thread: both models hold a ``cache``-token
-    prompt and take ``steps`` single-token steps each (after one warm-up step), INTERLEAVED
-    (drafter, target, drafter, ...), so a load spike from elsewhere hits both; the ratio is
-    min/min (interference only ever adds time). Each model's load-time ``step_s`` is measured
-    alone, minutes apart: on the Qwen pair it flipped the drafter decision between two
-    processes (0.22x vs 0.52x). On 2 CPU cores this measurement gave 0.38-0.40x (load-time
-    0.34x) and took ~5 s; on a 400-token cache the two steps measured 0.35x, so the short
-    cache does not bias it much.
+
+def pair_costs(
+    drafter: LoadedLM, target: LoadedLM, steps: int = 4, cache: int = 64, reps: int = 2
+) -> PairCosts:
+    """Measured cost of the drafter's decode step and prefill as fractions of the target's.
+
+    Measured once per pair and process, on the model thread: both models prefill a
+    ``cache``-token prompt, then take ``steps`` single-token steps each (after one warm-up
+    step), INTERLEAVED (drafter, target, drafter, ...), so a load spike from elsewhere hits
+    both; then each prefills the same block again ``reps`` times in turn (the cache cropped
+    back); each ratio is min/min (interference only ever adds time). Each model's load-time
+    ``step_s`` is measured alone, minutes apart: on the Qwen pair it flipped the drafter
+    decision between two processes (0.22x vs 0.52x). On 2 CPU cores the step ratio was
+    0.38-0.40x in fp32 (on a 400-token cache 0.35x, so the short cache does not bias it much).
+    The prefill ratio is not the step ratio: a step reads every weight for one token, a
+    prefill multiplies them over many, so a dtype with fast matrix units changes it most (a
+    bf16 0.5B beside the fp32 1.5B on cores with AMX: step ~0.4x, prefill far less).
     """
     pair = (drafter.key, target.key)
 
-    def once() -> float:  # on the model thread, which serialises the check and the measuring
-        if pair not in _COST_RATIO:
-            _COST_RATIO[pair] = _measure_ratio(drafter, target, steps, cache)
-            log.info(
-                "drafter %s step = %.3fx target %s step",
-                drafter.name,
-                _COST_RATIO[pair],
-                target.name,
-            )
-        return _COST_RATIO[pair]
+    def once() -> PairCosts:  # on the model thread, which serialises the check and measuring
+        if pair not in _PAIR_COSTS:
+            _PAIR_COSTS[pair] = _measure_costs(drafter, target, steps, cache, reps)
+            log.info("drafter %s = %s x target %s", drafter.name, _PAIR_COSTS[pair], target.name)
+        return _PAIR_COSTS[pair]
 
-    return _COST_RATIO[pair] if pair in _COST_RATIO else on_model_thread(once)
+    return _PAIR_COSTS[pair] if pair in _PAIR_COSTS else on_model_thread(once)
 
 
-def _timed_extend(lm: Any, device: torch.device, tokens: list[int]) -> float:
+def _timed_extend(
+    lm: Any, device: torch.device, tokens: list[int], all_logits: bool = True
+) -> float:
     """Seconds of one ``lm.extend(tokens)`` pass (a GPU synchronised on both sides)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    lm.extend(tokens)
+    lm.extend(tokens, all_logits=all_logits)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 
-def _measure_ratio(drafter: LoadedLM, target: LoadedLM, steps: int, cache: int) -> float:
+def _measure_costs(
+    drafter: LoadedLM, target: LoadedLM, steps: int, cache: int, reps: int
+) -> PairCosts:
     from specrag.decoding.state import LMState
 
     vocab = min(int(m.model.config.vocab_size) for m in (drafter, target))
+    block = [(40 + i) % vocab for i in range(cache)]
+    models = (drafter, target)
     with torch.inference_mode():
-        lms = [LMState(m.model, m.device) for m in (drafter, target)]
+        lms = [LMState(m.model, m.device) for m in models]
         for lm in lms:
-            lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
-        times: list[list[float]] = [[], []]
+            lm.extend(block, all_logits=False)
+        step: list[list[float]] = [[], []]
         for i in range(steps + 1):  # the first step of each is a warm-up
-            for j, (lm, m) in enumerate(zip(lms, (drafter, target), strict=True)):
+            for j, (lm, m) in enumerate(zip(lms, models, strict=True)):
                 t = _timed_extend(lm, m.device, [(300 + i) % vocab])
                 if i:
-                    times[j].append(t)
-    return min(times[0]) / max(min(times[1]), 1e-9)
+                    step[j].append(t)
+        fill: list[list[float]] = [[], []]
+        for _ in range(reps):  # each on a fresh cache, logits of the last position only
+            for j, m in enumerate(models):
+                lm = LMState(m.model, m.device)
+                fill[j].append(_timed_extend(lm, m.device, block, all_logits=False))
+
+    def ratio(times: list[list[float]]) -> float:
+        return min(times[0]) / max(min(times[1]), 1e-9)
+
+    return PairCosts(step=ratio(step), prefill=ratio(fill))
 
 
 _WIDE_RATIO: dict[tuple[str, int], float] = {}
