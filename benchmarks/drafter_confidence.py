@@ -105,7 +105,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import open_index
     from specrag.models.chat import encode_chat
-    from specrag.models.loading import cost_ratio, load_lm, on_model_thread
+    from specrag.models.loading import load_lm, on_model_thread, pair_costs
     from specrag.progress import progress_bar
 
     log = Console(stderr=True)
@@ -153,7 +153,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             per_answer.append(rows)
             positions += rows
             bar.advance(task)
-    ratio = cost_ratio(drafter, target)
+    ratio = pair_costs(drafter, target).step
     cost = width_cost(args.verify_table)
     bins = []
     for lo, hi in BINS:

@@ -8,7 +8,7 @@ step. On a GPU that holds; on CPU cores it does not, and the cost model has to k
 merged proposer's pay check, README "The cost model"). For each model of the preset and each
 cache length: the minimum of ``--reps`` timed passes per width after one warm-up pass
 (the cache is cropped back after each), and the drafter/target step ratio the cost model
-measures (``specrag.models.loading.cost_ratio``). Writes results.json to --out (default
+measures (``specrag.models.loading.pair_costs``). Writes results.json to --out (default
 results/verify_cost); --json prints the same document on stdout; logs go to stderr.
 """
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specrag.errors import ModelLoadError
     from specrag.graph.context import MODEL_PRESETS
-    from specrag.models.loading import cost_ratio, load_lm, on_model_thread
+    from specrag.models.loading import load_lm, on_model_thread, pair_costs
 
     drafter_name, target_name = MODEL_PRESETS[args.models]
     try:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             one = secs.get("1") or min(secs.values())
             result["relative_to_width_1"][key] = {w: round(s / one, 3) for w, s in secs.items()}
     if "drafter" in models:
-        result["drafter_step_ratio"] = round(cost_ratio(drafter, target), 4)
+        result["drafter_step_ratio"] = round(pair_costs(drafter, target).step, 4)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
     path.write_text(json.dumps(result, indent=2))

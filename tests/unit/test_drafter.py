@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specrag.decoding.candidates import NgramProposer
-from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
+from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer, PairCosts
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
@@ -304,7 +304,8 @@ def test_merged_sampling_is_lossless():
 
 def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeypatch):
     """Ski rental: with a 1 s target prefill and prefill ratio 0.5 (estimate 0.5 s) and factor
-    2, the drafter joins once 1 s of decoding has passed - not before."""
+    2, the drafter joins once 1 s of decoding has passed - not before (its step ratio, 0.9
+    here, does not enter the estimate)."""
     import specrag.decoding.drafter as drafter_module
 
     target, drafter = pair
@@ -315,7 +316,7 @@ def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeyp
         NgramProposer({}),
         DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
         DrafterPolicy(after_tokens=0, join_factor=2.0),
-        prefill_ratio=0.5,
+        costs=PairCosts(step=0.9, prefill=0.5),
         prefill_s=lambda: 1.0,
     )
     generated = [7]
@@ -602,17 +603,18 @@ def test_narrow_cap_counts_the_drafters_own_steps():
 
 def test_chat_rapid_caps_gamma_where_wide_verify_passes_are_dear(monkeypatch):
     """ChatRapid plans gamma from the measured pass costs: on the fp32 staircase with the
-    bf16 0.5B drafting (step 0.37x) 2 draft tokens per pass; where passes are cheap (bf16 with
-    AMX, a GPU) gamma stays as configured; the plan says why."""
+    bf16 0.5B drafting (step 0.37x) 2 draft tokens per pass, adaptive gamma bounded there too;
+    where passes are cheap (bf16 with AMX, a GPU), and for a target drafting for itself, gamma
+    stays as configured; the plan says why."""
     import specrag.models.loading as loading
     import specrag.models.rapid_chat as rapid_chat
-    from specrag.models.loading import LoadedLM, PairCosts
+    from specrag.models.loading import LoadedLM
 
     def passes(cost):  # the measured pass costs, by width, wherever they are read
         for module in (loading, rapid_chat):
             monkeypatch.setattr(module, "wide_pass_ratio", lambda lm, width: cost(width))
 
-    staircase = {2: 1.046, 3: 1.052, 4: 1.923, 11: 2.907}  # width = candidates + 1
+    staircase = {2: 1.046, 3: 1.052, 4: 1.923, 17: 2.907}  # width = candidates + 1
     passes(staircase.__getitem__)
     monkeypatch.setattr(rapid_chat, "pair_costs", lambda d, t: PairCosts(step=0.37, prefill=0.1))
 
@@ -621,13 +623,17 @@ def test_chat_rapid_caps_gamma_where_wide_verify_passes_are_dear(monkeypatch):
 
     model = rapid_chat.ChatRapid(gamma=10)
     target, drafter = loaded("tiny-rapid-target"), loaded("tiny-rapid-drafter")
-    plan = model._gamma_plan(target, drafter)
+    cfg, plan = model._planned_config(target, drafter)
     assert plan["gamma_cap"] == 2 and plan["drafter_step_ratio"] == 0.37
     assert "2 draft tokens per pass" in plan["why"]
-    assert model._gamma_plan(target, target)["gamma_cap"] == 1  # drafting for itself: 1.0x
+    assert (cfg.gamma, cfg.max_gamma) == (2, 2)  # adaptive gamma stays within the cap
+    itself, plan = model._planned_config(target, target)
+    assert plan["gamma_cap"] == 0 and "drafts for itself" in plan["why"]
+    assert (itself.gamma, itself.max_gamma) == (10, 16)
     passes(lambda width: 1.08)
-    cheap = model._gamma_plan(target, drafter)
-    assert cheap["gamma_cap"] == 0 and "gamma 10 as configured" in cheap["why"]
+    cheap, plan = model._planned_config(target, drafter)
+    assert plan["gamma_cap"] == 0 and "gamma 10 as configured" in plan["why"]
+    assert (cheap.gamma, cheap.max_gamma) == (10, 16)
 
 
 def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):

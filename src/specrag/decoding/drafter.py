@@ -55,6 +55,17 @@ def narrow_cap(ratios: dict[int, float], acceptance: float, draft_cost: float = 
     return 0 if best == widest else best
 
 
+@dataclass(frozen=True)
+class PairCosts:
+    """A drafter's measured costs as fractions of its target's.
+
+    Measured by :func:`specrag.models.loading.pair_costs`.
+    """
+
+    step: float  # one single-token decode step
+    prefill: float  # one prefill pass over the same block of prompt tokens
+
+
 @dataclass
 class DrafterStats:
     """What the drafter did in one decode."""
@@ -271,7 +282,7 @@ class MergedProposer:
     ``narrow`` tokens.
 
     ``prefill_s`` (the target's prefill time in this run, known after the first token) and
-    ``prefill_ratio`` (the drafter's prefill over the target's on one block of tokens,
+    ``costs.prefill`` (the drafter's prefill over the target's on one block of tokens,
     measured at load: :func:`specrag.models.loading.pair_costs`) estimate the drafter's
     prefill; ``events`` records when and why the drafter joined or stopped. The decode loop
     reports every pass to :meth:`observe`; ``ledgers`` hold, per kind of step (``drafter``,
@@ -283,7 +294,7 @@ class MergedProposer:
     ngrams: NgramProposer
     drafter: DrafterProposer | None = None
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
-    prefill_ratio: float = 0.0
+    costs: PairCosts = PairCosts(step=0.0, prefill=0.0)
     prefill_s: Callable[[], float] = lambda: 0.0
     plain_step_s: float = 0.0
     ngrams_first: bool = False
@@ -338,7 +349,7 @@ class MergedProposer:
         now = time.perf_counter()
         if self._started is None:
             self._started = now
-        estimate = self.prefill_s() * self.prefill_ratio
+        estimate = self.prefill_s() * self.costs.prefill
         waited = now - self._started
         if len(generated) >= self.policy.after_tokens and waited >= (
             self.policy.join_factor * estimate

@@ -111,13 +111,15 @@ class ChatLocalLM(LocalChatBase):
     def load(self) -> LoadedLM:
         """Load the model (and drafter) now, once per process; call before any budget starts.
 
-        Also measures (once per process) what a wide verify pass costs, which the decode
-        reads (:meth:`_verify_plan`), so the first answer does not pay for measuring it.
+        Also measures (once per process) what a wide verify pass costs and what the drafter's
+        step and prefill cost beside the model's, which the decode reads (:meth:`_verify_plan`,
+        :meth:`_drafter_plan`), so the first answer does not pay for measuring them.
         """
         if self.drafter_model:
             load_lm(self.drafter_model, self.device, self._drafter_dtype())
         loaded = load_lm(self.model_name, self.device, self.dtype)
         if self.speculation != "none":
+            self._drafter_plan(loaded, self.speculation)
             self._verify_plan(loaded, self.speculation)
         return loaded
 
@@ -176,7 +178,7 @@ class ChatLocalLM(LocalChatBase):
             return None, {**info, "drafter_used": False, "why": "tokenizers differ"}
         costs = pair_costs(drafter, loaded)
         use, why = self._policy().decide(costs.step)
-        info["cost_ratio"] = round(costs.step, 3)
+        info["cost_ratio"] = round(costs.step, 3)  # the step ratio (this key since protocol 2)
         info["prefill_ratio"] = round(costs.prefill, 3)
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
@@ -284,7 +286,7 @@ class ChatLocalLM(LocalChatBase):
                         eos_ids=loaded.eos_token_ids,
                     ),
                     self._policy(),
-                    prefill_ratio=pair_costs(drafter, loaded).prefill,
+                    costs=pair_costs(drafter, loaded),
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
                     ngrams_first=bool(verify.get("cheap")),

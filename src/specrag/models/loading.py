@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 from langchain_core.embeddings import Embeddings
 
+from specrag.decoding.drafter import PairCosts
 from specrag.errors import ModelLoadError
 from specrag.models.gguf import convert_gguf, converted_dir
 from specrag.models.pair import PAIR, joined_gguf
@@ -250,14 +251,6 @@ def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
     return _SAME_TOKENIZER[pair]
 
 
-@dataclass(frozen=True)
-class PairCosts:
-    """A drafter's measured costs as fractions of its target's (see :func:`pair_costs`)."""
-
-    step: float  # one single-token decode step
-    prefill: float  # one prefill pass over the same block of prompt tokens
-
-
 _PAIR_COSTS: dict[tuple[str, str], PairCosts] = {}
 
 
@@ -269,8 +262,8 @@ def pair_costs(
     Measured once per pair and process, on the model thread: both models prefill a
     ``cache``-token prompt, then take ``steps`` single-token steps each (after one warm-up
     step), INTERLEAVED (drafter, target, drafter, ...), so a load spike from elsewhere hits
-    both; then each prefills the same block again ``reps`` times in turn (the cache cropped
-    back); each ratio is min/min (interference only ever adds time). Each model's load-time
+    both; then each prefills the same block again ``reps`` times in turn, on a fresh cache
+    each time; each ratio is min/min (interference only ever adds time). Each model's load-time
     ``step_s`` is measured alone, minutes apart: on the Qwen pair it flipped the drafter
     decision between two processes (0.22x vs 0.52x). On 2 CPU cores the step ratio was
     0.38-0.40x in fp32 (on a 400-token cache 0.35x, so the short cache does not bias it much).

@@ -175,36 +175,52 @@ class ChatRapid(LocalChatBase):
     def _gamma_plan(self, target: LoadedLM, drafter: LoadedLM) -> dict[str, Any]:
         """Draft tokens per verify pass, from the measured cost of verify passes.
 
-        Where a ``gamma + 1``-token pass of the target costs more than ``wide_pass_cheap`` x a
-        step (fp32 on CPU cores: a staircase, 3x for the 1.5B of the pair), passes of 2-4
-        tokens are measured too and gamma is capped at the width with the most expected tokens
-        per unit of cost - the verify pass plus the drafter's own steps (its measured step
-        ratio; 1.0 when the target drafts for itself), at ``narrow_acceptance`` per token
-        (:func:`specrag.decoding.drafter.narrow_cap`). Elsewhere (a GPU; bf16 on CPUs with
-        AMX) gamma is as configured. Measured once per model and process.
+        With a drafter that is not the target, where the widest pass gamma can reach (``gamma``;
+        with ``adaptive_gamma`` up to ``RapidConfig.max_gamma``) costs more than
+        ``wide_pass_cheap`` x a step (fp32 on CPU cores: a staircase, ~3x for the 1.5B of the
+        pair), passes of 2-4 tokens are timed too and gamma is capped at the width with the
+        most expected tokens per unit of cost - the verify pass plus the drafter's own steps
+        (its measured step ratio), at ``narrow_acceptance`` per token
+        (:func:`specrag.decoding.drafter.narrow_cap`; knowledge transfer makes one more drafter
+        pass per round than it charges). Elsewhere (a GPU; bf16 on CPUs with AMX) and for a
+        target drafting for itself gamma is as configured: that drafter reads the retrieved
+        chunks while the target reads the whole document, a difference the step ratio, timed
+        on a short cache, would not see. Measured once per model and process.
         """
-        ratio = wide_pass_ratio(target, self.gamma + 1)
-        width = f"a {self.gamma + 1}-token pass costs {ratio:.2f}x a step"
+        widest = max(self.gamma, RapidConfig.max_gamma) if self.adaptive_gamma else self.gamma
+        as_set = f"gamma {self.gamma} as configured"
+        if drafter.key == target.key:
+            return {"gamma_cap": 0, "why": f"the target drafts for itself: {as_set}"}
+        ratio = wide_pass_ratio(target, widest + 1)
+        width = f"a {widest + 1}-token pass costs {ratio:.2f}x a step"
         plan: dict[str, Any] = {"wide_pass_ratio": round(ratio, 3), "gamma_cap": 0}
-        if ratio <= self.wide_pass_cheap or self.gamma <= max(NARROW):
-            return {**plan, "why": f"{width}: gamma {self.gamma} as configured"}
-        same = drafter.key == target.key
-        step = 1.0 if same else pair_costs(drafter, target).step
-        ratios = pass_ratios(target, (*NARROW, self.gamma))
+        if ratio <= self.wide_pass_cheap:
+            return {**plan, "why": f"{width} (<= {self.wide_pass_cheap}): {as_set}"}
+        step = pair_costs(drafter, target).step
+        ratios = pass_ratios(target, (*(c for c in NARROW if c < widest), widest))
         cap = narrow_cap(ratios, self.narrow_acceptance, draft_cost=step)
         plan.update(
             drafter_step_ratio=round(step, 3),
-            pass_ratio_by_candidates={c: round(r, 3) for c, r in sorted(ratios.items())},
+            pass_ratio_by_candidates={c: round(r, 3) for c, r in ratios.items()},
             gamma_cap=cap,
         )
         if not cap:
-            return {**plan, "why": f"{width}: gamma {self.gamma} still gives most per cost"}
+            return {**plan, "why": f"{width}, but the widest passes still give most per cost"}
         return {
             **plan,
             "why": f"{width} (> {self.wide_pass_cheap}); with drafter steps at {step:.2f}x, "
             f"{cap} draft tokens per pass give the most tokens per cost (a {cap + 1}-token "
             f"pass costs {ratios[cap]:.2f}x a step)",
         }
+
+    def _planned_config(
+        self, target: LoadedLM, drafter: LoadedLM
+    ) -> tuple[RapidConfig, dict[str, Any]]:
+        """The engine configuration with gamma capped as :meth:`_gamma_plan` says, and the plan."""
+        plan = self._gamma_plan(target, drafter)
+        cap = plan["gamma_cap"]
+        cfg = self.config(**({"gamma": min(self.gamma, cap), "max_gamma": cap} if cap else {}))
+        return cfg, plan
 
     def _default_retriever(self) -> DrafterRetriever:
         """The default: document search with ``embedding_model`` (imported only when needed)."""
@@ -239,9 +255,7 @@ class ChatRapid(LocalChatBase):
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
         instructions, document, question = split_messages(messages, options.document)
         max_new = options.max_new_tokens or self.max_new_tokens
-        plan = self._gamma_plan(target, drafter)
-        cap = plan["gamma_cap"]
-        cfg = self.config(**({"gamma": min(self.gamma, cap), "max_gamma": cap} if cap else {}))
+        cfg, plan = self._planned_config(target, drafter)
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         drafter_context = options.drafter_context
@@ -315,6 +329,7 @@ class ChatRapid(LocalChatBase):
                 "prefix_cache_hit": hit["value"],
                 "eta": cfg.eta,
                 "gamma": cfg.gamma,
+                "max_gamma": cfg.max_gamma if cfg.adaptive_gamma else cfg.gamma,
                 "verify": plan,
                 "transfer": cfg.transfer,
                 "target_prompt_tokens": len(target_prompt),
