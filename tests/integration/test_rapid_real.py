@@ -77,9 +77,6 @@ def test_chat_rapid_metadata_and_prefix_cache(smol, example):
     assert first.content == second.content  # reuse changes nothing
     assert m2["prefix_s"] < m1["prefix_s"]
     assert 0 < m1["acceptance_rate"] <= 1
-    # SmolLM2 drafting for itself: gamma as configured, never capped by the pass costs
-    assert m1["verify"]["gamma_cap"] == 0 and "drafts for itself" in m1["verify"]["why"]
-    assert (m1["gamma"], m1["max_gamma"]) == (10, 16)
     assert first.usage_metadata["input_tokens"] > 1000
 
 

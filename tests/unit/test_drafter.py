@@ -590,52 +590,6 @@ def test_narrow_cap_picks_the_candidates_with_most_tokens_per_pass_cost():
     assert narrow_cap({1: 1.0, 2: 1.9, 3: 2.0, 16: 2.1}, 0.95) == 0  # sure tokens: go wide
 
 
-def test_narrow_cap_counts_the_drafters_own_steps():
-    """Sure tokens on the fp32 staircase: free candidates (n-grams) go wide, but a drafter
-    whose step costs 0.37x the target's pays one step per candidate - 2 per pass win."""
-    from specrag.decoding.drafter import narrow_cap
-
-    pair_fp32 = {1: 1.046, 2: 1.052, 3: 1.923, 16: 2.907}  # measured 2026-12-01, cache 64
-    assert narrow_cap(pair_fp32, 0.9) == 0
-    assert narrow_cap(pair_fp32, 0.9, draft_cost=0.37) == 2
-    assert narrow_cap(pair_fp32, 0.7, draft_cost=1.0) == 1  # a target drafting for itself
-
-
-def test_chat_rapid_caps_gamma_where_wide_verify_passes_are_dear(monkeypatch):
-    """ChatRapid plans gamma from the measured pass costs: on the fp32 staircase with the
-    bf16 0.5B drafting (step 0.37x) 2 draft tokens per pass, adaptive gamma bounded there too;
-    where passes are cheap (bf16 with AMX, a GPU), and for a target drafting for itself, gamma
-    stays as configured; the plan says why."""
-    import specrag.models.loading as loading
-    import specrag.models.rapid_chat as rapid_chat
-    from specrag.models.loading import LoadedLM
-
-    def passes(cost):  # the measured pass costs, by width, wherever they are read
-        for module in (loading, rapid_chat):
-            monkeypatch.setattr(module, "wide_pass_ratio", lambda lm, width: cost(width))
-
-    staircase = {2: 1.046, 3: 1.052, 4: 1.923, 17: 2.907}  # width = candidates + 1
-    passes(staircase.__getitem__)
-    monkeypatch.setattr(rapid_chat, "pair_costs", lambda d, t: PairCosts(step=0.37, prefill=0.1))
-
-    def loaded(name):
-        return LoadedLM(name, None, None, torch.device("cpu"), torch.float32, (), 0.0, True)
-
-    model = rapid_chat.ChatRapid(gamma=10)
-    target, drafter = loaded("tiny-rapid-target"), loaded("tiny-rapid-drafter")
-    cfg, plan = model._planned_config(target, drafter)
-    assert plan["gamma_cap"] == 2 and plan["drafter_step_ratio"] == 0.37
-    assert "2 draft tokens per pass" in plan["why"]
-    assert (cfg.gamma, cfg.max_gamma) == (2, 2)  # adaptive gamma stays within the cap
-    itself, plan = model._planned_config(target, target)
-    assert plan["gamma_cap"] == 0 and "drafts for itself" in plan["why"]
-    assert (itself.gamma, itself.max_gamma) == (10, 16)
-    passes(lambda width: 1.08)
-    cheap, plan = model._planned_config(target, drafter)
-    assert plan["gamma_cap"] == 0 and "gamma 10 as configured" in plan["why"]
-    assert (cheap.gamma, cheap.max_gamma) == (10, 16)
-
-
 def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):
     """With ``narrow=2`` (and the n-gram proposer's ``short_max=2``) every drafter proposal
     and every weak (2-gram) match has at most 2 tokens, while a strong match still proposes

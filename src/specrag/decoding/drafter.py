@@ -34,22 +34,20 @@ from specrag.decoding.state import LMState
 NARROW = (1, 2, 3)  # candidates per narrow verify pass measured against a wide one
 
 
-def narrow_cap(ratios: dict[int, float], acceptance: float, draft_cost: float = 0.0) -> int:
+def narrow_cap(ratios: dict[int, float], acceptance: float) -> int:
     """Candidates per pass for proposals accepted at ``acceptance`` per token, 0 for no cap.
 
     ``ratios`` maps candidates per pass to the measured cost of that verify pass (candidates
     + 1 tokens) over a single-token step; the widest entry stands for uncapped proposals.
-    Picks the entry with the most expected tokens per unit of cost - ``1 + a + ... + a^c``
-    over the pass ratio plus ``c x draft_cost`` (a drafter step over a target step; 0 for
-    free candidates such as n-gram matches). fp32 on 2 CPU cores is a staircase (the 1.5B:
-    2 candidates 1.17x a step, 3 candidates 1.92x, 16 2.84x; SmolLM2 1.12x / 1.48x / 2.04x):
-    2 candidates win at 0.7, and the drafter's own steps tip it further toward narrow.
+    Picks the entry with the most expected tokens per unit of pass cost - ``1 + a + ... +
+    a^c`` over the ratio (the drafter's own steps, ~0.4x each on the pair, tip it further
+    toward narrow). fp32 on 2 CPU cores is a staircase (the 1.5B: 2 candidates 1.17x a step,
+    3 candidates 1.92x, 16 2.84x; SmolLM2 1.12x / 1.48x / 2.04x): 2 candidates win at 0.7.
     """
     widest = max(ratios)
 
     def rate(c: int) -> float:
-        cost = ratios[c] + c * draft_cost
-        return sum(acceptance**i for i in range(c + 1)) / max(cost, 1e-9)
+        return sum(acceptance**i for i in range(c + 1)) / max(ratios[c], 1e-9)
 
     best = max(sorted(ratios), key=rate)
     return 0 if best == widest else best

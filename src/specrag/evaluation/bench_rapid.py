@@ -67,10 +67,11 @@ WARMUP_NEW = 8
 # Bumped when what a record measures changes, so a resumed run never mixes records of two
 # protocols (2: every method pays its own document prefill; passes counted per model;
 # 3: lossless RAPID skips the drafter pass whose q it never reads; 4: a drafter that is not the
-# target runs in bf16 beside an fp32 target on a CPU with native bf16 - ``drafter_dtype``;
-# 5: where a wide verify pass is dear (fp32 on CPU cores), gamma is capped at the width with
-# the most tokens per cost, drafter steps counted - ``ChatRapid._gamma_plan``).
-PROTOCOL = 5
+# target runs in bf16 beside an fp32 target on a CPU with native bf16 - ``drafter_dtype``.
+# 5 was tried and reverted (2026-12-01): gamma capped from verify passes timed on a 64-token
+# cache; at 2K-4K contexts wide passes cost less than that, and the cap lost - see
+# docs/bench/2026-12-01-rapid-pair-gamma-cap/).
+PROTOCOL = 4
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:
@@ -168,8 +169,6 @@ def run_case(
             "acceptance_rate": meta.get("acceptance_rate"),
             "mean_accepted_per_step": meta.get("mean_accepted_per_step"),
             "prefix_cache_hit": meta.get("prefix_cache_hit"),
-            "gamma": meta.get("gamma"),
-            "verify": meta.get("verify"),
             # the stages: what only RAPID pays, and the prefills every method pays
             "retrieve_s": meta.get("retrieve_s"),
             "document_prefill_s": meta.get("prefix_s"),

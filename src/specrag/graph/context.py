@@ -226,13 +226,7 @@ class SpecRagContext:
         "Documents longer than this (target-model tokens) take the rapid_generate route.",
         ge=0,
     )
-    rapid_gamma: int = _f(
-        10,
-        "RAPID draft tokens per step; capped where a wide verify pass costs more than 1.5x a "
-        "step (fp32 on CPU cores) at the width with the most tokens per cost, drafter steps "
-        "counted (the answer's verify stats say why).",
-        ge=1,
-    )
+    rapid_gamma: int = _f(10, "RAPID draft tokens per step.", ge=1)
     rapid_transfer: Literal["shift", "mixture", "none"] = _f(
         "shift", "RAPID knowledge-transfer rule."
     )

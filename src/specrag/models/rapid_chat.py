@@ -25,7 +25,6 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
-from specrag.decoding.drafter import NARROW, narrow_cap
 from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
 from specrag.decoding.sampling import Sampler
@@ -38,10 +37,7 @@ from specrag.models.loading import (
     LoadedLM,
     drafter_dtype,
     load_lm,
-    pair_costs,
-    pass_ratios,
     same_tokenizer,
-    wide_pass_ratio,
 )
 from specrag.models.local import (
     DecodeJob,
@@ -137,8 +133,6 @@ class ChatRapid(LocalChatBase):
     lam: float = 0.3
     adaptive_gamma: bool = True
     min_draft_confidence: float = 0.0
-    wide_pass_cheap: float = 1.5  # as ChatLocalLM: a wider pass at most this x a step is cheap
-    narrow_acceptance: float = 0.7  # per-token acceptance the gamma cap is planned for
     drafter_tokens: int = 768
     chunk_tokens: int = 128
     embedding_model: str = EMBEDDED_LM
@@ -169,58 +163,7 @@ class ChatRapid(LocalChatBase):
             self.drafter_dtype, self.dtype, self.device, name == self.target_model
         )
         drafter = load_lm(name, self.device, dtype)
-        self._gamma_plan(target, drafter)  # measured here, outside the first answer's budget
         return target, drafter
-
-    def _gamma_plan(self, target: LoadedLM, drafter: LoadedLM) -> dict[str, Any]:
-        """Draft tokens per verify pass, from the measured cost of verify passes.
-
-        With a drafter that is not the target, where the widest pass gamma can reach (``gamma``;
-        with ``adaptive_gamma`` up to ``RapidConfig.max_gamma``) costs more than
-        ``wide_pass_cheap`` x a step (fp32 on CPU cores: a staircase, ~3x for the 1.5B of the
-        pair), passes of 2-4 tokens are timed too and gamma is capped at the width with the
-        most expected tokens per unit of cost - the verify pass plus the drafter's own steps
-        (its measured step ratio), at ``narrow_acceptance`` per token
-        (:func:`specrag.decoding.drafter.narrow_cap`; knowledge transfer makes one more drafter
-        pass per round than it charges). Elsewhere (a GPU; bf16 on CPUs with AMX) and for a
-        target drafting for itself gamma is as configured: that drafter reads the retrieved
-        chunks while the target reads the whole document, a difference the step ratio, timed
-        on a short cache, would not see. Measured once per model and process.
-        """
-        widest = max(self.gamma, RapidConfig.max_gamma) if self.adaptive_gamma else self.gamma
-        as_set = f"gamma {self.gamma} as configured"
-        if drafter.key == target.key:
-            return {"gamma_cap": 0, "why": f"the target drafts for itself: {as_set}"}
-        ratio = wide_pass_ratio(target, widest + 1)
-        width = f"a {widest + 1}-token pass costs {ratio:.2f}x a step"
-        plan: dict[str, Any] = {"wide_pass_ratio": round(ratio, 3), "gamma_cap": 0}
-        if ratio <= self.wide_pass_cheap:
-            return {**plan, "why": f"{width} (<= {self.wide_pass_cheap}): {as_set}"}
-        step = pair_costs(drafter, target).step
-        ratios = pass_ratios(target, (*(c for c in NARROW if c < widest), widest))
-        cap = narrow_cap(ratios, self.narrow_acceptance, draft_cost=step)
-        plan.update(
-            drafter_step_ratio=round(step, 3),
-            pass_ratio_by_candidates={c: round(r, 3) for c, r in ratios.items()},
-            gamma_cap=cap,
-        )
-        if not cap:
-            return {**plan, "why": f"{width}, but the widest passes still give most per cost"}
-        return {
-            **plan,
-            "why": f"{width} (> {self.wide_pass_cheap}); with drafter steps at {step:.2f}x, "
-            f"{cap} draft tokens per pass give the most tokens per cost (a {cap + 1}-token "
-            f"pass costs {ratios[cap]:.2f}x a step)",
-        }
-
-    def _planned_config(
-        self, target: LoadedLM, drafter: LoadedLM
-    ) -> tuple[RapidConfig, dict[str, Any]]:
-        """The engine configuration with gamma capped as :meth:`_gamma_plan` says, and the plan."""
-        plan = self._gamma_plan(target, drafter)
-        cap = plan["gamma_cap"]
-        cfg = self.config(**({"gamma": min(self.gamma, cap), "max_gamma": cap} if cap else {}))
-        return cfg, plan
 
     def _default_retriever(self) -> DrafterRetriever:
         """The default: document search with ``embedding_model`` (imported only when needed)."""
@@ -247,7 +190,7 @@ class ChatRapid(LocalChatBase):
             "adaptive_gamma",
             "min_draft_confidence",
         )
-        return RapidConfig(**{**{f: getattr(self, f) for f in fields}, **overrides})
+        return RapidConfig(**{f: overrides.get(f, getattr(self, f)) for f in fields})
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         target, drafter = self.load()
@@ -255,7 +198,7 @@ class ChatRapid(LocalChatBase):
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
         instructions, document, question = split_messages(messages, options.document)
         max_new = options.max_new_tokens or self.max_new_tokens
-        cfg, plan = self._planned_config(target, drafter)
+        cfg = self.config()
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         drafter_context = options.drafter_context
@@ -329,8 +272,6 @@ class ChatRapid(LocalChatBase):
                 "prefix_cache_hit": hit["value"],
                 "eta": cfg.eta,
                 "gamma": cfg.gamma,
-                "max_gamma": cfg.max_gamma if cfg.adaptive_gamma else cfg.gamma,
-                "verify": plan,
                 "transfer": cfg.transfer,
                 "target_prompt_tokens": len(target_prompt),
                 "drafter_prompt_tokens": len(drafter_prompt),
