@@ -42,7 +42,6 @@ from specrag.models.loading import (
     drafter_dtype,
     load_lm,
     pair_costs,
-    pass_ratios,
     same_tokenizer,
     wide_pass_ratio,
 )
@@ -207,7 +206,8 @@ class ChatLocalLM(LocalChatBase):
                 "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
                 "candidates per pass, n-gram matches before the drafter",
             }
-        ratios = pass_ratios(loaded, (*NARROW, self.wide_candidates))
+        ratios = {c: wide_pass_ratio(loaded, c + 1) for c in NARROW}
+        ratios[self.wide_candidates] = ratio
         narrow = narrow_cap(ratios, self.narrow_acceptance)
         return {
             "wide_pass_ratio": round(ratio, 3),

@@ -350,11 +350,6 @@ def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 3, cache: int
     return _WIDE_RATIO[key] if key in _WIDE_RATIO else on_model_thread(once)
 
 
-def pass_ratios(target: LoadedLM, widths: tuple[int, ...]) -> dict[int, float]:
-    """``{candidates: wide_pass_ratio(target, candidates + 1)}`` for each of ``widths``."""
-    return {c: wide_pass_ratio(target, c + 1) for c in sorted(set(widths))}
-
-
 def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
     from specrag.decoding.state import LMState
 
