@@ -8,7 +8,9 @@ step. On a GPU that holds; on CPU cores it does not, and the cost model has to k
 merged proposer's pay check, README "The cost model"). For each model of the preset and each
 cache length: the minimum of ``--reps`` timed passes per width after one warm-up pass
 (the cache is cropped back after each), and the drafter/target step ratio the cost model
-measures (``specrag.models.loading.pair_costs``). Writes results.json to --out (default
+measures (``specrag.models.loading.pair_costs``). A model loaded with both weight layouts
+(``specrag.models.layout``: fp32 on CPU, where it pays) is timed with the usual layout alone
+too (``<role>@<cache>/single layout``). Writes results.json to --out (default
 results/verify_cost); --json prints the same document on stdout; logs go to stderr.
 """
 
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specrag.errors import ModelLoadError
     from specrag.graph.context import MODEL_PRESETS
+    from specrag.models import layout
     from specrag.models.loading import load_lm, on_model_thread, pair_costs
 
     drafter_name, target_name = MODEL_PRESETS[args.models]
@@ -101,14 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         "relative_to_width_1": {},
     }
     for role, loaded in models.items():
+        result.setdefault("layout", {})[role] = loaded.layout
+        # a model loaded with both weight layouts is timed with the usual one alone too
+        dual = any(isinstance(m, layout.DualLinear) for m in loaded.model.modules())
         for cache in args.caches:
-            print(f"verify_cost: {role} {loaded.name}, cache {cache}", file=sys.stderr)
-            # on the model thread, where every model call runs (a second torch thread slows both)
-            secs = on_model_thread(widths_cost, loaded, cache, args.widths, args.reps)
-            key = f"{role}@{cache}"
-            result["seconds_by_width"][key] = secs
-            one = secs.get("1") or min(secs.values())
-            result["relative_to_width_1"][key] = {w: round(s / one, 3) for w, s in secs.items()}
+            for single in (False, True) if dual else (False,):
+                print(f"verify_cost: {role} {loaded.name}, cache {cache}", file=sys.stderr)
+                layout.set_dual(loaded.model, not single)
+                try:  # on the model thread, where every model call runs
+                    secs = on_model_thread(widths_cost, loaded, cache, args.widths, args.reps)
+                finally:
+                    layout.set_dual(loaded.model, dual)
+                key = f"{role}@{cache}" + ("/single layout" if single else "")
+                result["seconds_by_width"][key] = secs
+                one = secs.get("1") or min(secs.values())
+                result["relative_to_width_1"][key] = {w: round(s / one, 3) for w, s in secs.items()}
     if "drafter" in models:
         result["drafter_step_ratio"] = round(pair_costs(drafter, target).step, 4)
     args.out.mkdir(parents=True, exist_ok=True)

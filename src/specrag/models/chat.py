@@ -201,6 +201,7 @@ class ChatLocalLM(LocalChatBase):
             return {
                 "wide_pass_ratio": round(ratio, 3),
                 "cheap": True,
+                "layout": loaded.layout,
                 "max_candidates": max(self.max_candidates, self.wide_candidates),
                 "narrow_candidates": 0,
                 "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
@@ -212,6 +213,7 @@ class ChatLocalLM(LocalChatBase):
         return {
             "wide_pass_ratio": round(ratio, 3),
             "cheap": False,
+            "layout": loaded.layout,
             "max_candidates": self.max_candidates,
             "pass_ratio_by_candidates": {c: round(r, 3) for c, r in sorted(ratios.items())},
             "narrow_candidates": narrow,

@@ -32,6 +32,7 @@ from langchain_core.embeddings import Embeddings
 from specrag.decoding.drafter import PairCosts
 from specrag.errors import ModelLoadError
 from specrag.models.gguf import convert_gguf, converted_dir
+from specrag.models.layout import apply as dual_layout
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.paths import cache_dir, package_dir
 
@@ -57,6 +58,7 @@ class LoadedLM:
     load_seconds: float
     from_cache: bool
     step_s: float = 0.0  # measured: one single-token decode step on a short cache
+    layout: str = ""  # its linear weights' layout(s), and why (:mod:`specrag.models.layout`)
 
     @property
     def key(self) -> str:
@@ -216,6 +218,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()
+    layout = dual_layout(model, device, dtype)  # before timing: the costs are the layout's
     step_s = _measure_step(model, device)
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -223,7 +226,10 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         eos_ids = (*eos_ids, tokenizer.eos_token_id)
     elapsed = time.perf_counter() - start
     log.info("loaded %s on %s/%s in %.1fs (cached=%s)", name, device, dtype, elapsed, from_cache)
-    return LoadedLM(name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s)
+    log.info("%s: %s", name, layout)
+    return LoadedLM(
+        name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s, layout
+    )
 
 
 _PROBE = "<|im_start|>user\nWho was the Norse leader in 911? Ünïcödé 1969 {x: [1, 2]}<|im_end|>"

@@ -1,0 +1,89 @@
+"""Both weight layouts (``specrag.models.layout``): same products, same greedy answers."""
+
+import pytest
+import torch
+from torch import nn
+
+from specrag.decoding.candidates import NgramProposer
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import DecodeStats, decode
+from specrag.decoding.state import LMState
+from specrag.models import layout
+from tests.unit.test_decoding import counts_msg, one_thread, run, tiny  # noqa: F401
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_dual_linear_computes_what_linear_does_at_every_row_count(bias):
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80, bias=bias)
+    dual = nn.Linear(48, 80, bias=bias)
+    dual.load_state_dict(plain.state_dict())
+    assert layout.add(dual) == 48 * 80 * 4
+    assert isinstance(dual, layout.DualLinear)
+    for rows in (1, 2, 3, 4, 5, 9, 17):
+        x = torch.randn(1, rows, 48)
+        torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+    dual.weight_t.zero_()  # which copy a call reads: 4+ rows the transposed one
+    x = torch.randn(1, 3, 48)
+    torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+    x = torch.randn(1, 4, 48)
+    assert torch.equal(dual(x), (dual.bias if bias else torch.zeros(80)).expand(1, 4, 80))
+
+
+def test_add_and_remove_leave_the_saved_weights_as_they_were():
+    model = tiny()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    added = layout.add(model)
+    assert added == layout.linear_bytes(model) > 0
+    assert set(model.state_dict()) == set(before)  # the transposed copies are not saved
+    assert any(isinstance(m, layout.DualLinear) for m in model.modules())
+    layout.remove(model)
+    assert not any(isinstance(m, layout.DualLinear) for m in model.modules())
+    assert not any("weight_t" in m._buffers for m in model.modules())
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_apply_keeps_both_layouts_only_where_measured_to_pay(monkeypatch):
+    cpu = torch.device("cpu")
+    model = tiny()
+    dual = lambda m: any(isinstance(x, layout.DualLinear) for x in m.modules())  # noqa: E731
+    why = layout.apply(model, cpu, torch.float32, timer=lambda: (1.0, 0.95))
+    assert not dual(model) and why.startswith("single layout") and "0.950s" in why
+    why = layout.apply(model, cpu, torch.float32, timer=lambda: (1.0, 0.6))
+    assert dual(model) and why.startswith("dual layout: a 9-token pass 0.600s vs 1.000s")
+    layout.remove(model)
+    assert "bfloat16" in layout.apply(model, cpu, torch.bfloat16, timer=lambda: (1.0, 0.1))
+    monkeypatch.setattr(layout, "MAX_EXTRA_BYTES", 16)
+    assert "too much memory" in layout.apply(model, cpu, torch.float32, timer=lambda: (1.0, 0.1))
+    assert not dual(model)
+    monkeypatch.undo()
+    why = layout.apply(model, cpu, torch.float32)  # measured for real: either verdict, said
+    assert why.startswith(("single layout (a 9-token pass", "dual layout: a 9-token pass"))
+
+
+def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():
+    """Wide verify passes read the transposed weights, single steps the usual ones."""
+    target = tiny(seed=3)
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 64, (40,), generator=g).tolist()
+    n = 60
+    plain = run(decode(LMState(target), prompt, max_new_tokens=n, sampler=Sampler(0.0)))
+    layout.add(target)
+    # the plain answer, corrupted at every 4th token, as a draft: proposals, some rejected
+    draft = [t if i % 4 else (t + 1) % 64 for i, t in enumerate(plain)]
+    stats = DecodeStats()
+    out = run(
+        decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=n,
+            sampler=Sampler(0.0),
+            proposer=NgramProposer({"draft": draft, "prompt": prompt}),
+            stats=stats,
+        )
+    )
+    proposed, accepted = sum(stats.proposed.values()), sum(stats.accepted.values())
+    assert out == plain
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert stats.widest >= layout.MIN_ROWS  # some passes went through the transposed weights
