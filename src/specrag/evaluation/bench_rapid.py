@@ -70,8 +70,10 @@ WARMUP_NEW = 8
 # target runs in bf16 beside an fp32 target on a CPU with native bf16 - ``drafter_dtype``.
 # 5 was tried and reverted (2026-12-01): gamma capped from verify passes timed on a 64-token
 # cache; at 2K-4K contexts wide passes cost less than that, and the cap lost - see
-# docs/bench/2026-12-01-rapid-pair-gamma-cap/).
-PROTOCOL = 4
+# docs/bench/2026-12-01-rapid-pair-gamma-cap/); 6: an fp32 target keeps its linear weights in
+# both layouts where that pays (``specrag.models.layout``: wide verify passes cost less), for
+# every method - they share the loaded model.
+PROTOCOL = 6
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:
