@@ -12,7 +12,10 @@ the single-token steps and narrow passes stay as they were, wide verify passes g
 It costs one more copy of the linear weights (the 1.5B in fp32: +6.2 GB), so it is used only
 where it was measured to pay, on the loaded model itself (:func:`apply` times a 9-token pass
 both ways and takes the copy back if it is not clearly faster), and only for models whose
-weights fit a bound (:data:`MAX_EXTRA_BYTES`, and a quarter of the machine's memory). The
+weights fit a bound (:data:`MAX_EXTRA_BYTES`, and a quarter of the machine's memory). It also
+costs load time (the 1.5B: 23-25 s instead of 5-6 s on 2 cores - 12 s writing the copy, most
+of it first-touch of fresh memory, 6 s timing), repaid by a process that answers more than a
+few long questions, not by a single ``specrag ask``. The
 products differ from the single layout's in the last bits (summation order; max |logit
 difference| 2.5e-5 on the 1.5B), as a k-token pass already differs from a 1-token one: greedy
 identity with plain decoding is what the tests and benchmarks check.
