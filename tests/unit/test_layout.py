@@ -37,6 +37,7 @@ def test_add_and_remove_leave_the_saved_weights_as_they_were():
     assert added == layout.linear_bytes(model) > 0
     assert set(model.state_dict()) == set(before)  # the transposed copies are not saved
     assert any(isinstance(m, layout.DualLinear) for m in model.modules())
+    layout.set_dual(model, False)  # one layout in use, both still held: remove frees both
     layout.remove(model)
     assert not any(isinstance(m, layout.DualLinear) for m in model.modules())
     assert not any("weight_t" in m._buffers for m in model.modules())

@@ -9,16 +9,16 @@ row and at prefill sizes (benchmarks/verify_cost.py; docs/bench/2026-12-01-dual-
 single layout wins everywhere, so :func:`apply` keeps both and picks per call by row count:
 the single-token steps and narrow passes stay as they were, wide verify passes get cheaper.
 
-It costs one more copy of the linear weights (the 1.5B in fp32: +6.2 GB), so it is used only
+It costs one more copy of the linear weights (the 1.5B in fp32: +5.8 GiB), so it is used only
 where it was measured to pay, on the loaded model itself (:func:`apply` times a 9-token pass
 both ways and takes the copy back if it is not clearly faster), and only for models whose
 weights fit a bound (:data:`MAX_EXTRA_BYTES`, and a quarter of the machine's memory). It also
 costs load time (the 1.5B: 23-25 s instead of 5-6 s on 2 cores - 12 s writing the copy, most
-of it first-touch of fresh memory, 6 s timing), repaid by a process that answers more than a
-few long questions, not by a single ``specrag ask``. The
-products differ from the single layout's in the last bits (summation order; max |logit
-difference| 2.5e-5 on the 1.5B), as a k-token pass already differs from a 1-token one: greedy
-identity with plain decoding is what the tests and benchmarks check.
+of it first touch of fresh memory, 6 s timing), repaid by a process that answers more than a
+few long questions, not by a single ``specrag ask``. The products differ from the single
+layout's in the last bits (summation order; max |logit difference| 2.5e-5 on the 1.5B), as a
+k-token pass already differs from a 1-token one: greedy identity with plain decoding is what
+the tests and benchmarks check.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def add(model: nn.Module) -> int:
 def remove(model: nn.Module) -> None:
     """Undo :func:`add`: plain ``nn.Linear`` layers again, the transposed copies freed."""
     for layer in linears(model):
-        if isinstance(layer, DualLinear):
+        if "weight_t" in layer._buffers:  # switched to one layout by set_dual, or not
             del layer._buffers["weight_t"]
             layer.__class__ = nn.Linear  # type: ignore[assignment]
 
