@@ -7,6 +7,7 @@ rejections, and says how many.
 """
 
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedPropo
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
+from specrag.decoding.vocab import VocabSubset
 from tests.tiny import tiny_llama
 from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
@@ -228,11 +230,12 @@ def test_pair_costs_are_measured_once_per_pair_on_both_models(pair):
             h.remove()
 
 
-def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
+def drafter_sampling_stats(n: int = 2000, keep: list[int] | None = None) -> dict[str, Any]:
     """``n`` sampled decodes with the merged proposer vs the target's exact distribution.
 
     Vocab 3 at temperature 3 (spread distributions). Candidates come from the drafter (its own
     q) and from a de Bruijn "draft" (every 2-gram, one-hot candidates), mixed step by step.
+    ``keep``: the drafter scores only these rows (:mod:`specrag.decoding.vocab`).
     """
     target = tiny_llama(3, 4, 1, 40.0)
     drafter = tiny_llama(3, 9, 1, 40.0, hidden_size=16, intermediate_size=32)  # a smaller model
@@ -240,13 +243,20 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
     draft = [0, 0, 1, 0, 2, 1, 1, 2, 2, 0, 0]
     cond = exact_conditionals(target, prompt, new, sampler)
     drafter_cond = exact_conditionals(drafter, prompt, new, sampler)
-    stats, counts, unsure = DecodeStats(), Counter(), 0
+    stats, counts, unsure, rows = DecodeStats(), Counter(), 0, set()
     g = torch.Generator().manual_seed(7)
+    if keep is not None:
+        head = drafter.get_output_embeddings().weight.detach()
+        ids = torch.tensor(keep)
+        subset = VocabSubset(ids, head[ids].clone(), None, head.shape[0])
     policy = DrafterPolicy(
         after_tokens=1, join_factor=0.0, min_acceptance=0.0, pay_check=False, min_confidence=0.7
     )
     for _ in range(n):
         proposer = merged(drafter, prompt, {"draft": draft}, sampler, generator=g, policy=policy)
+        if keep is not None:
+            proposer.drafter.lm.vocab = subset
+            proposer.drafter = recording = Recording(proposer.drafter)
         out = run(
             decode(
                 LMState(target),
@@ -260,6 +270,8 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
         )
         counts[tuple(out)] += 1
         unsure += proposer.drafter.stats.unsure_stops
+        if keep is not None:
+            rows.update(t for *_, tokens in recording.calls for t in tokens)
     exact = exact_sequences(cond, 3, new)
     return {
         "tv": tv_to_exact(counts, exact),
@@ -270,6 +282,7 @@ def drafter_sampling_stats(n: int = 2000) -> dict[str, float]:
         "accepted": stats.accepted.get("drafter", 0),
         "draft_proposed": stats.proposed.get("draft", 0),
         "unsure_stops": unsure,
+        "proposed_rows": rows,
     }
 
 

@@ -74,6 +74,7 @@ class DrafterStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0  # time in drafter calls, prefill included
     unsure_stops: int = 0  # proposals ended early at a token the drafter gave < min_confidence
+    vocab_rows: int = 0  # output rows the drafter scores (0: all; see specrag.decoding.vocab)
 
     def as_dict(self) -> dict[str, float | int]:
         """JSON-friendly summary."""
@@ -84,6 +85,7 @@ class DrafterStats:
             "drafter_prefill_s": round(self.prefill_s, 4),
             "drafter_s": round(self.draft_s, 4),
             "drafter_unsure_stops": self.unsure_stops,
+            "drafter_vocab_rows": self.vocab_rows,
         }
 
 
@@ -103,13 +105,22 @@ class DrafterProposer:
         vocab: int | None = None,
         usable: int | None = None,
         eos_ids: tuple[int, ...] = (),
+        vocab_first: int = 0,
     ) -> None:
+        """A proposer over ``drafter`` reading ``prompt``.
+
+        ``vocab_first`` > 0: the drafter scores only the first ``vocab_first`` token ids plus
+        its prompt's ids and the end tokens (:mod:`specrag.decoding.vocab`), from its first
+        proposal on (a drafter that never joins does not pay for the subset's copy).
+        """
         self.lm = drafter
         self.eos_ids = eos_ids  # a proposal ends at an end token: nothing follows it
         self.prompt = prompt
         self.sampler = sampler
         self.generator = generator
         self.stats = DrafterStats()
+        self.vocab_first = vocab_first
+        self._restricted = False
         # The target's output size and the tokens the shared tokenizer really has: models of
         # one family pad their output layers differently (Qwen2.5 0.5B: 151,936 rows, 7B:
         # 152,064); q is laid out on the target's rows, padding rows never proposed.
@@ -140,6 +151,11 @@ class DrafterProposer:
         output (greedy) and distribution (sampled) are unchanged.
         """
         t0 = time.perf_counter()
+        if self.vocab_first and not self._restricted:
+            self.stats.vocab_rows = self.lm.restrict(
+                self.vocab_first, self.prompt + [*self.eos_ids]
+            )
+            self._restricted = True
         context = self.prompt + generated
         self.lm.sync(context)
         if len(self.lm) == len(context):  # fully cached: recompute the last position

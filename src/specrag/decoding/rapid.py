@@ -51,6 +51,7 @@ class RapidConfig:
     adaptive_gamma: bool = True  # +1 after a fully accepted step, -1 after a rejection
     max_gamma: int = 16
     min_draft_confidence: float = 0.0  # stop drafting when max(q) falls below this (0 = off)
+    drafter_vocab: int = 0  # > 0: the drafter scores these first ids + its prompt's (vocab.py)
 
     @property
     def lossless(self) -> bool:
@@ -71,6 +72,7 @@ class RapidStats:
     draft_tokens: int = 0  # proposed by the drafter
     accepted_tokens: int = 0  # draft tokens accepted by the target
     drafter_passes: int = 0
+    drafter_vocab_rows: int = 0  # output rows the drafter scored (0: all)
     target_prefill_s: float = 0.0
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -92,6 +94,7 @@ class RapidStats:
             "new_tokens": self.new_tokens,
             "target_forward_passes": self.steps + 1,
             "drafter_forward_passes": self.drafter_passes,
+            "drafter_vocab_rows": self.drafter_vocab_rows,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": round(self.acceptance_rate, 4),
@@ -160,6 +163,8 @@ def rapid_decode(
         z0 = prefill(target, target_prompt, before)  # [vocab]
         st.target_prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
+        if cfg.drafter_vocab:  # counted in the drafter's prefill: it copies the kept rows
+            st.drafter_vocab_rows = drafter.restrict(cfg.drafter_vocab, [*drafter_prompt, *eos_ids])
         d0 = prefill(drafter, drafter_prompt, before)
         st.drafter_prefill_s = time.perf_counter() - t0
     except Stopped as stop:

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from specrag.decoding.vocab import VocabSubset, scoring
+
 # Prefill long prompts in slices so that peak activation memory stays bounded, and so that a
 # budget can stop a long prefill between slices.
 PREFILL_CHUNK = 2048
@@ -51,6 +53,7 @@ class LMState:
         self.tokens: list[int] = []
         self.forward_passes = 0
         self._kw = _cache_kwarg(model)
+        self.vocab: VocabSubset | None = None  # a drafter's output rows (None: all of them)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -90,12 +93,22 @@ class LMState:
             kwargs = {self._kw: self.cache, "use_cache": True}
             if not all_logits:
                 kwargs["logits_to_keep"] = keep if end == len(ids) else 1
-            result = self.model(input_ids=input_ids, **kwargs)
+            with scoring(self.model, self.vocab):
+                result = self.model(input_ids=input_ids, **kwargs)
             self.tokens.extend(piece)
             self.forward_passes += 1
             out = result.logits[0].float()  # [n, vocab]
         assert out is not None
         return out
+
+    def restrict(self, first: int, extra: Sequence[int]) -> int:
+        """Score only the first ``first`` ids plus ``extra`` from now on; rows kept (0: all).
+
+        For a drafter (see :mod:`specrag.decoding.vocab`): logits outside the subset are
+        ``-inf``. The KV cache is unaffected, so the subset may change between calls.
+        """
+        self.vocab = VocabSubset.of(self.model, first, extra)
+        return self.vocab.kept if self.vocab is not None else 0
 
     def crop(self, length: int) -> None:
         """Drop cached tokens beyond ``length``."""
@@ -114,6 +127,7 @@ class LMState:
         """An independent copy (own KV cache) - used to reuse a cached document prefix."""
         other = LMState.__new__(LMState)
         other.model, other.device, other._kw = self.model, self.device, self._kw
+        other.vocab = self.vocab
         other.cache = copy.deepcopy(self.cache)
         other.tokens = list(self.tokens)
         other.forward_passes = 0

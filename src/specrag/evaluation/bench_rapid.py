@@ -72,8 +72,10 @@ WARMUP_NEW = 8
 # cache; at 2K-4K contexts wide passes cost less than that, and the cap lost - see
 # docs/bench/2026-12-01-rapid-pair-gamma-cap/); 6: an fp32 target keeps its linear weights in
 # both layouts where that pays (``specrag.models.layout``: wide verify passes cost less), for
-# every method - they share the loaded model.
-PROTOCOL = 6
+# every method - they share the loaded model; 7: RAPID's drafter scores only the first 32,768
+# token ids plus its prompt's (``drafter_vocab``, ``specrag.decoding.vocab``; HF assisted's
+# assistant scores every row, as HF runs it).
+PROTOCOL = 7
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:

@@ -207,6 +207,14 @@ class SpecRagContext:
         ge=0,
         le=1,
     )
+    drafter_vocab: int = _f(
+        32768,
+        "Output rows a separate drafter scores (refine/generate and RAPID): the first this "
+        "many token ids plus every id of its prompt and the end tokens; 0 = all rows. A smaller "
+        "output layer makes each drafter step cheaper; the target still verifies every token, "
+        "so answers are unchanged (measured on the pair: see README).",
+        ge=0,
+    )
     history_tokens: int = _f(
         384,
         "Chat interface: earlier turns given to the draft and answer prompts, newest first, "

@@ -46,6 +46,7 @@ def default_chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
             "drafter_join_factor": ctx.drafter_join_factor,
             "drafter_pay_check": ctx.drafter_pay_check,
             "drafter_confidence": ctx.drafter_confidence,
+            "drafter_vocab": ctx.drafter_vocab,
             "drafter_dtype": ctx.draft_dtype,
         }
     dtype = ctx.draft_dtype if spec == ctx.draft_spec else ctx.dtype  # same model: ctx.dtype
@@ -133,6 +134,7 @@ def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
         gamma=ctx.rapid_gamma,
         transfer=ctx.rapid_transfer,
         eta=ctx.rapid_eta,
+        drafter_vocab=ctx.drafter_vocab,
     )
 
 

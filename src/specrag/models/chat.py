@@ -89,6 +89,7 @@ class ChatLocalLM(LocalChatBase):
     drafter_join_factor: float = 2.0
     drafter_pay_check: bool = True
     drafter_confidence: float = 0.7
+    drafter_vocab: int = 32768  # the drafter scores these first ids + its prompt's (0: all)
     wide_pass_cheap: float = 1.5
     wide_candidates: int = 16
     narrow_acceptance: float = 0.7
@@ -286,6 +287,7 @@ class ChatLocalLM(LocalChatBase):
                         vocab=loaded.model.config.vocab_size,
                         usable=len(loaded.tokenizer),
                         eos_ids=loaded.eos_token_ids,
+                        vocab_first=self.drafter_vocab,
                     ),
                     self._policy(),
                     costs=pair_costs(drafter, loaded),

@@ -1,0 +1,94 @@
+"""A drafter that computes only some rows of its output layer (FR-Spec-style head trim).
+
+A drafter's output layer can be a large share of its step: Qwen2.5-0.5B's is 151,936 x 896
+(136M of its 494M weights). A proposal only has to be likely, not complete, so a drafter may
+score a subset of the vocabulary: the first ``first`` token ids (BPE vocabularies number their
+tokens roughly by merge order, so the low ids are the common ones) plus every id of the
+drafter's own prompt (the evidence's names and numbers) and the end tokens. Logits outside the
+subset are ``-inf``: the drafter never proposes those tokens, and its distribution ``q`` is its
+softmax over the subset - exactly the distribution its proposals are drawn from, so the target's
+verification stays lossless (greedy output identical, sampled output the target's
+distribution). Measured on the pair (2026-12-01; see README): the first 32,768 ids cover
+90-93% of the 1.5B's answer tokens, with the prompt's ids 99.1-99.5%.
+
+Only the drafter's :class:`~specrag.decoding.state.LMState` carries a subset; the model's own
+output layer is swapped for the duration of that state's forward calls, so a model shared by
+drafter and target (the embedded model drafting for itself) scores every row for the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class VocabSubset:
+    """The output rows a drafter computes: their ids and a copy of their weights."""
+
+    ids: torch.Tensor  # [k] long, sorted, unique
+    weight: torch.Tensor  # [k, hidden]
+    bias: torch.Tensor | None  # [k] or None
+    rows: int  # the full output size
+
+    @property
+    def kept(self) -> int:
+        """How many rows are computed."""
+        return int(self.ids.numel())
+
+    @classmethod
+    def of(cls, model: Any, first: int, extra: Iterable[int]) -> VocabSubset | None:
+        """The first ``first`` ids plus ``extra`` of ``model``'s output layer.
+
+        None (score every row) when ``first`` is 0, when the output layer is not a plain
+        linear layer, or when the subset would keep half the rows or more (too little to save).
+        """
+        head = model.get_output_embeddings() if first > 0 else None
+        if not isinstance(head, nn.Linear):
+            return None
+        rows = head.weight.shape[0]
+        ids = set(range(min(first, rows))) | {i for i in extra if 0 <= i < rows}
+        if 2 * len(ids) >= rows:
+            return None
+        index = torch.tensor(sorted(ids), dtype=torch.long, device=head.weight.device)
+        with torch.no_grad():
+            weight = head.weight.index_select(0, index).contiguous()
+            bias = head.bias.index_select(0, index) if head.bias is not None else None
+        return cls(index, weight, bias, rows)
+
+
+class _SubsetHead(nn.Module):
+    """Computes the subset's rows and fills the rest with ``-inf``."""
+
+    def __init__(self, subset: VocabSubset) -> None:
+        super().__init__()
+        self.subset = subset
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        s = self.subset
+        # as rows of a 2-D input: a 3-D one ([1, 1, hidden], the last position of a prefill)
+        # took a slower bf16 kernel on CPU, measured 155 ms against 4 ms
+        part = F.linear(hidden.reshape(-1, hidden.shape[-1]), s.weight, s.bias)  # [n, k]
+        out = part.new_full((part.shape[0], s.rows), float("-inf"))
+        out.index_copy_(-1, s.ids, part)
+        return out.view(*hidden.shape[:-1], s.rows)
+
+
+@contextmanager
+def scoring(model: Any, subset: VocabSubset | None) -> Iterator[None]:
+    """While inside, ``model``'s output layer computes only ``subset``'s rows (None: all)."""
+    if subset is None:
+        yield
+        return
+    full = model.get_output_embeddings()
+    model.set_output_embeddings(_SubsetHead(subset))
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(full)
