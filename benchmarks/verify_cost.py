@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for role, loaded in models.items():
         result.setdefault("layout", {})[role] = loaded.layout
         # a model loaded with both weight layouts is timed with the usual one alone too
-        dual = any(isinstance(m, layout.DualLinear) for m in loaded.model.modules())
+        dual = layout.has_dual(loaded.model)
         for cache in args.caches:
             for single in (False, True) if dual else (False,):
                 print(f"verify_cost: {role} {loaded.name}, cache {cache}", file=sys.stderr)

@@ -178,7 +178,7 @@ def test_weak_ngram_matches_that_do_not_pay_are_switched_off(pair):
     proposer = TimedMerged(
         NgramProposer({"draft": noisy}, max_ngram=3, min_ngram=2),
         None,
-        DrafterPolicy(probe_steps=4, strong_ngram=3),
+        DrafterPolicy(probe_steps=4),
         plain_step_s=1.0,
     )
     proposer.cand_s = 10.0
@@ -510,6 +510,10 @@ class NgramLog:
     @property
     def last_match(self):
         return self.inner.last_match
+
+    @property
+    def strong(self):
+        return self.inner.strong
 
     def propose(self, generated, k):
         self.calls.append((len(generated), k))

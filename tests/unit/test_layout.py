@@ -9,6 +9,7 @@ from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
 from specrag.models import layout
+from specrag.models.loading import time_layouts
 from tests.unit.test_decoding import counts_msg, one_thread, run, tiny  # noqa: F401
 
 
@@ -59,8 +60,40 @@ def test_apply_keeps_both_layouts_only_where_measured_to_pay(monkeypatch):
     assert "too much memory" in layout.apply(model, cpu, torch.float32, timer=lambda: (1.0, 0.1))
     assert not dual(model)
     monkeypatch.undo()
-    why = layout.apply(model, cpu, torch.float32)  # measured for real: either verdict, said
+    timer = lambda: time_layouts(model, cpu)  # noqa: E731 - measured for real: either verdict
+    why = layout.apply(model, cpu, torch.float32, timer)
     assert why.startswith(("single layout (a 9-token pass", "dual layout: a 9-token pass"))
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_a_timed_verdict_is_kept_per_model_and_machine_and_reused(tmp_path, pays):
+    """The second load of the same weights on the same machine pays no timing; a model that
+    keeps one layout is not even given the copy; other weights or machines are timed."""
+    cpu = torch.device("cpu")
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    calls: list[int] = []
+
+    def timer():
+        calls.append(1)
+        return (1.0, 0.6 if pays else 0.95)
+
+    key = f"tiny|float32|{layout.machine()}"
+    first = layout.apply(tiny(), cpu, torch.float32, timer, verdicts, key)
+    again = tiny()
+    added: list[int] = []
+    real_add = layout.add
+    layout_add = lambda m: added.append(1) or real_add(m)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(layout, "add", layout_add)
+        second = layout.apply(again, cpu, torch.float32, timer, verdicts, key)
+    assert len(calls) == 1  # timed once
+    assert layout.has_dual(again) == pays and len(added) == int(pays)
+    assert second.startswith(first.split(" (")[0]) and str(verdicts.path) in second
+    layout.apply(tiny(), cpu, torch.float32, timer, verdicts, "other weights|" + key)
+    assert len(calls) == 2
+    verdicts.path.write_text("{not json")  # an unreadable file: timed again, then rewritten
+    layout.apply(tiny(), cpu, torch.float32, timer, verdicts, key)
+    assert len(calls) == 3 and verdicts.get(key)["dual"] is pays
 
 
 def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():

@@ -83,6 +83,15 @@ class NgramProposer:
         self.cursor = dict.fromkeys(self.sources, 0)
         self.last_match = 0  # length of the n-gram the last proposal followed (0: none)
 
+    @property
+    def strong(self) -> bool:
+        """Whether the last proposal followed a ``max_ngram``-token match (or the draft's start).
+
+        The one definition of a strong match: weaker ones are capped at ``short_max`` and
+        judged by :class:`specrag.decoding.drafter.MergedProposer`'s pay check.
+        """
+        return self.last_match >= self.max_ngram
+
     def propose(self, generated: list[int], k: int) -> tuple[list[int], str]:
         """Continuation of the longest n-gram match, or ``([], "")``."""
         self.last_match = 0

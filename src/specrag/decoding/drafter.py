@@ -5,8 +5,9 @@ and question) from its own KV cache and proposes the next tokens; the target ver
 one pass (:func:`specrag.decoding.speculative.decode`). :class:`MergedProposer` picks, per
 step, one of three sources:
 
-* a strong n-gram match (>= ``strong_ngram`` tokens) in the pre-retrieval draft or in the
-  evidence: free to propose and, measured on grounded answers, the most often accepted;
+* a strong n-gram match (:attr:`NgramProposer.strong`: 3 tokens) in the pre-retrieval draft
+  or in the evidence: free to propose and, measured on grounded answers, the most often
+  accepted;
 * otherwise the drafter model, when the cost model lets it run (see :class:`DrafterPolicy`:
   it joins once the answer has run long enough to repay its prefill, proposes with its own
   adaptive length, and stops if its tokens are rarely accepted);
@@ -205,14 +206,14 @@ class DrafterPolicy:
     * ``min_acceptance``: after ``probe_steps`` drafter proposals, a drafter whose tokens are
       accepted less often than this stops proposing for the rest of the answer;
     * ``pay_check``: after ``probe_steps`` rounds of a source (the drafter, or n-gram matches
-      shorter than ``strong_ngram``), the source stops if its rounds cost more time per emitted
-      token (its verify passes, plus the drafter's own steps) than a plain step of the target,
-      all measured in this decode (the first round of each kind not judged; no verdict before
-      two plain steps are timed, unless the proposer is given a plain step time). Acceptance
-      alone does not decide it: on 2 CPU cores one verify pass of the 1.5B over 5 tokens cost
-      1.9x a single-token step and over 8 tokens 2.7x (benchmarks/verify_cost.py, 2026-11-30),
-      so a drafter at 0.39x the target's step needs ~80% acceptance at k=4 to pay there; on a
-      GPU wide passes cost about one step;
+      that are not :attr:`NgramProposer.strong`), the source stops if its rounds cost more time
+      per emitted token (its verify passes, plus the drafter's own steps) than a plain step of
+      the target, all measured in this decode (the first round of each kind not judged; no
+      verdict before two plain steps are timed, unless the proposer is given a plain step
+      time). Acceptance alone does not decide it: on 2 CPU cores one verify pass of the 1.5B
+      over 5 tokens cost 1.9x a single-token step and over 8 tokens 2.7x
+      (benchmarks/verify_cost.py, 2026-11-30), so a drafter at 0.39x the target's step needs
+      ~80% acceptance at k=4 to pay there; on a GPU wide passes cost about one step;
     * ``k``: the drafter's own proposal length, from ``start_k``: +1 after a fully accepted
       proposal, -1 after a rejection (its steps cost time; n-gram candidates are free);
     * ``min_confidence``: a proposal ends after the first token the drafter gives a probability
@@ -227,7 +228,6 @@ class DrafterPolicy:
     max_cost_ratio: float = 0.5
     after_tokens: int = 8
     join_factor: float = 2.0
-    strong_ngram: int = 3
     min_acceptance: float = 0.25
     probe_steps: int = 4
     pay_check: bool = True
@@ -381,7 +381,7 @@ class MergedProposer:
         if self._started is None:  # the join wait counts decoding time, whatever proposes
             self._started = time.perf_counter()
         tokens, source = self.ngrams.propose(generated, k)
-        strong = bool(tokens) and self.ngrams.last_match >= self.policy.strong_ngram
+        strong = bool(tokens) and self.ngrams.strong
         first = strong or (self.ngrams_first and bool(tokens) and not self._weak_off)
         self._drafter_s = 0.0
         if not first and self._may_draft(generated):

@@ -12,20 +12,25 @@ the single-token steps and narrow passes stay as they were, wide verify passes g
 It costs one more copy of the linear weights (the 1.5B in fp32: +5.8 GiB), so it is used only
 where it was measured to pay, on the loaded model itself (:func:`apply` times a 9-token pass
 both ways and takes the copy back if it is not clearly faster), and only for models whose
-weights fit a bound (:data:`MAX_EXTRA_BYTES`, and a quarter of the machine's memory). It also
-costs load time (the 1.5B: 23-25 s instead of 5-6 s on 2 cores - 12 s writing the copy, most
-of it first touch of fresh memory, 6 s timing), repaid by a process that answers more than a
-few long questions, not by a single ``specrag ask``. The products differ from the single
-layout's in the last bits (summation order; max |logit difference| 2.5e-5 on the 1.5B), as a
-k-token pass already differs from a 1-token one: greedy identity with plain decoding is what
-the tests and benchmarks check.
+weights fit a bound (:data:`MAX_EXTRA_BYTES`, and a quarter of the machine's memory). The
+verdict is kept per model weights and machine (:class:`Verdicts`, a JSON file in the cache
+dir), so later loads skip the timing, and a model that keeps one layout skips the copy too. It
+also costs load time (the 1.5B: 23-25 s instead of 5-6 s on 2 cores when timed - 12 s writing
+the copy, most of it first touch of fresh memory, 6 s timing), repaid by a process that
+answers more than a few long questions, not by a single ``specrag ask``. The products differ
+from the single layout's in the last bits (summation order; max |logit difference| 2.5e-5 on
+the 1.5B), as a k-token pass already differs from a 1-token one: greedy identity with plain
+decoding is what the tests and benchmarks check.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -90,16 +95,66 @@ def memory_bytes() -> int:
         return 0
 
 
+def machine() -> str:
+    """What a timed verdict depends on besides the model: CPU, threads, torch."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    cpu = cpu or platform.processor() or platform.machine()
+    return f"{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+
+
+class Verdicts:
+    """Timed layout verdicts of this machine, in a JSON file (delete it to time again).
+
+    A verdict holds for the same model weights, CPU, thread count and torch version (the key).
+    An unreadable file counts as empty; writes are atomic (a temporary file, then a rename).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The verdict recorded for ``key``, if any."""
+        found = self._read().get(key)
+        return found if isinstance(found, dict) and isinstance(found.get("dual"), bool) else None
+
+    def put(self, key: str, verdict: dict[str, Any]) -> None:
+        """Record ``verdict`` for ``key`` (a failed write only costs a later re-timing)."""
+        data = {**self._read(), key: verdict}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
 def apply(
     model: nn.Module,
     device: torch.device,
     dtype: torch.dtype,
-    timer: Callable[[], tuple[float, float]] | None = None,
+    timer: Callable[[], tuple[float, float]],
+    verdicts: Verdicts | None = None,
+    key: str = "",
 ) -> str:
     """Keep both layouts where they pay (fp32 on CPU, measured); returns why, in words.
 
-    ``timer`` (tests) returns ``(single_s, dual_s)``; by default a 9-token pass over a
-    64-token cache is timed both ways, interleaved, min of 3 each.
+    ``timer`` times a wide pass with each layout once both are added: ``(single_s, dual_s)``
+    (:func:`specrag.models.loading.time_layouts`). With ``verdicts`` and a ``key`` (model
+    weights and :func:`machine`) a verdict timed before is reused: no copy is made for a
+    model that keeps one layout, and no timing is paid for one that keeps both.
     """
     if device.type != "cpu" or dtype != torch.float32:
         return f"single layout ({device.type}/{str(dtype).removeprefix('torch.')})"
@@ -109,18 +164,36 @@ def apply(
         return f"single layout (a second copy of {extra / 2**30:.1f} GiB is too much memory)"
     if not extra:
         return "single layout (no plain linear layers)"
-    add(model)
-    single_s, dual_s = (timer or (lambda: _time_both(model, device)))()
-    if dual_s > PAYS * single_s:
-        remove(model)
+    known = verdicts.get(key) if verdicts is not None and key else None
+    if known is None:
+        add(model)
+        single_s, dual_s = timer()
+        dual = dual_s <= PAYS * single_s
+        if verdicts is not None and key:
+            when = time.strftime("%Y-%m-%d", time.gmtime())
+            verdicts.put(key, {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when})
+        if not dual:
+            remove(model)
+        source = ""
+    else:
+        dual, single_s, dual_s = known["dual"], known.get("single_s", 0.0), known.get("dual_s", 0.0)
+        if dual:
+            add(model)
+        source = f"; timed {known.get('on', '?')}, kept in {verdicts.path if verdicts else '?'}"
+    if not dual:
         return (
             f"single layout (a 9-token pass {dual_s:.3f}s with both layouts vs "
-            f"{single_s:.3f}s: not worth {extra / 2**30:.1f} GiB)"
+            f"{single_s:.3f}s: not worth {extra / 2**30:.1f} GiB{source})"
         )
     return (
         f"dual layout: a 9-token pass {dual_s:.3f}s vs {single_s:.3f}s "
-        f"(+{extra / 2**30:.1f} GiB of transposed weights)"
+        f"(+{extra / 2**30:.1f} GiB of transposed weights{source})"
     )
+
+
+def has_dual(model: nn.Module) -> bool:
+    """Whether :func:`add` gave ``model`` both layouts (in use or switched off by set_dual)."""
+    return any("weight_t" in m._buffers for m in linears(model))
 
 
 def set_dual(model: nn.Module, on: bool) -> None:
@@ -128,30 +201,3 @@ def set_dual(model: nn.Module, on: bool) -> None:
     for layer in linears(model):
         if "weight_t" in layer._buffers:
             layer.__class__ = DualLinear if on else nn.Linear
-
-
-def _time_both(
-    model: Any, device: torch.device, cache: int = 64, width: int = 9
-) -> tuple[float, float]:
-    """``(single_s, dual_s)``: min over 3 interleaved 9-token passes after a warm-up each."""
-    from specrag.decoding.state import LMState
-
-    vocab = int(model.config.vocab_size)
-    with torch.inference_mode():
-        lm = LMState(model, device)
-        lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
-        wide = [(300 + j) % vocab for j in range(width)]
-        times: dict[bool, list[float]] = {False: [], True: []}
-        try:
-            for rep in range(4):
-                for dual in (False, True):
-                    set_dual(model, dual)
-                    t0 = time.perf_counter()
-                    lm.extend(wide)
-                    took = time.perf_counter() - t0
-                    lm.crop(cache)
-                    if rep:  # the first pass of each layout is a warm-up
-                        times[dual].append(took)
-        finally:
-            set_dual(model, True)
-    return min(times[False]), min(times[True])

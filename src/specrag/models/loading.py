@@ -31,8 +31,8 @@ from langchain_core.embeddings import Embeddings
 
 from specrag.decoding.drafter import PairCosts
 from specrag.errors import ModelLoadError
+from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
-from specrag.models.layout import apply as dual_layout
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.paths import cache_dir, package_dir
 
@@ -169,6 +169,8 @@ def on_model_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return MODEL_THREAD.call(fn, *args, **kwargs)
 
 
+LAYOUT_VERDICTS = "layout-verdicts.json"  # in the cache dir: timed weight-layout verdicts
+
 _LM_CACHE: dict[tuple[str, str, str], LoadedLM] = {}
 _LM_CACHE_LOCK = threading.Lock()
 
@@ -218,7 +220,14 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()
-    layout = dual_layout(model, device, dtype)  # before timing: the costs are the layout's
+    layout = weight_layout.apply(  # before timing: the costs are the layout's
+        model,
+        device,
+        dtype,
+        lambda: time_layouts(model, device),
+        weight_layout.Verdicts(cache_dir() / LAYOUT_VERDICTS),
+        f"{source}|{dtype}|{weight_layout.machine()}",  # the weights, and what times them
+    )
     step_s = _measure_step(model, device)
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -379,6 +388,35 @@ def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
                 one.append(t1)
                 many.append(tw)
     return min(many) / max(min(one), 1e-9)
+
+
+def time_layouts(
+    model: Any, device: torch.device, cache: int = 64, width: int = 9
+) -> tuple[float, float]:
+    """``(single_s, dual_s)`` of a model given both layouts: a ``width``-token pass each way.
+
+    Min over 3 interleaved passes on a ``cache``-token prompt, after a warm-up of each; the
+    model is left with both layouts in use.
+    """
+    from specrag.decoding.state import LMState
+
+    vocab = int(model.config.vocab_size)
+    wide = [(300 + j) % vocab for j in range(width)]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with torch.inference_mode():
+        lm = LMState(model, device)
+        lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
+        try:
+            for rep in range(4):  # the first pass of each layout is a warm-up
+                for dual in (False, True):
+                    weight_layout.set_dual(model, dual)
+                    took = _timed_extend(lm, device, wide)
+                    lm.crop(cache)
+                    if rep:
+                        times[dual].append(took)
+        finally:
+            weight_layout.set_dual(model, True)
+    return min(times[False]), min(times[True])
 
 
 def _measure_step(model: Any, device: torch.device) -> float:
