@@ -75,7 +75,7 @@ def test_a_timed_verdict_is_kept_per_model_and_machine_and_reused(tmp_path, pays
 
     def timer():
         calls.append(1)
-        return (1.0, 0.6 if pays else 0.95)
+        return (1.0, 0.6 if pays else 0.97)
 
     key = f"tiny|float32|{layout.machine()}"
     first = layout.apply(tiny(), cpu, torch.float32, timer, verdicts, key)
@@ -93,7 +93,25 @@ def test_a_timed_verdict_is_kept_per_model_and_machine_and_reused(tmp_path, pays
     assert len(calls) == 2
     verdicts.path.write_text("{not json")  # an unreadable file: timed again, then rewritten
     layout.apply(tiny(), cpu, torch.float32, timer, verdicts, key)
-    assert len(calls) == 3 and verdicts.get(key)["dual"] is pays
+    assert len(calls) == 3 and verdicts.get(f"{key}|{layout.CHECK}")["dual"] is pays
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"dual": True, "single_s": "x", "dual_s": 0.5, "on": "?"},  # malformed: not a number
+        {"dual": True, "single_s": 1.0, "dual_s": 0.92, "on": "?"},  # too close to PAYS
+    ],
+)
+def test_a_kept_verdict_that_is_malformed_or_too_close_to_call_is_timed_again(tmp_path, entry):
+    cpu = torch.device("cpu")
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    verdicts.put(f"k|{layout.CHECK}", entry)
+    calls: list[int] = []
+    timer = lambda: calls.append(1) or (1.0, 0.5)  # noqa: E731
+    why = layout.apply(tiny(), cpu, torch.float32, timer, verdicts, "k")
+    assert calls == [1] and why.startswith("dual layout: a 9-token pass 0.500s")
+    assert verdicts.get(f"k|{layout.CHECK}")["dual_s"] == 0.5  # the new timing is kept
 
 
 def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():

@@ -51,6 +51,16 @@ def test_a_subset_scores_its_rows_as_the_full_layer_does_and_nothing_else(pair):
     torch.testing.assert_close(LMState(target).extend(prompt), full)
 
 
+def test_the_full_output_layer_is_back_after_a_forward_call_that_fails(pair):
+    target, _ = pair
+    head = target.get_output_embeddings()
+    state = LMState(target)
+    state.restrict(FIRST, [1, 2])
+    with pytest.raises(IndexError):
+        state.extend([10_000])  # not a token of this model: the embedding lookup fails
+    assert target.get_output_embeddings() is head
+
+
 def test_no_subset_where_it_would_save_too_little(pair):
     target, _ = pair
     assert VocabSubset.of(target, 0, [1, 2]) is None  # switched off
@@ -104,12 +114,34 @@ def test_rapid_eta0_with_a_trimmed_drafter_is_target_only(pair):
     assert stats.draft_tokens > stats.accepted_tokens > 0, stats.as_dict()
 
 
+def test_rapid_with_knowledge_transfer_keeps_every_drafter_row(pair):
+    """With eta > 0 the drafter's q shapes the answer's distribution: it is not trimmed."""
+    target, drafter = pair
+    doc = prompt_of(6, n=60, high=64)
+    stats = RapidStats()
+    run(
+        rapid_decode(
+            LMState(target),
+            LMState(drafter),
+            doc + [5, 6],
+            doc[-15:] + [5, 6],
+            max_new_tokens=10,
+            sampler=Sampler(0.0),
+            cfg=RapidConfig(gamma=4, eta=5.0, drafter_vocab=FIRST),
+            stats=stats,
+        )
+    )
+    assert stats.drafter_vocab_rows == 0 and stats.draft_tokens > 0
+
+
 def test_merged_sampling_with_a_trimmed_drafter_is_lossless():
     """The drafter scores 2 of 3 rows (its q is 0 on the third); sampled output is still
     exactly the target's distribution.
 
     Thresholds as in test_drafter.test_merged_sampling_is_lossless. Measured: TV 0.092, TV_23
-    0.018, drafter 11189 proposed / 1902 accepted.
+    0.018, drafter 11189 proposed / 1902 accepted. The subset is set on the drafter's state
+    directly: :meth:`VocabSubset.of` would not keep 2 of 3 rows (too little to save), and
+    the rows kept, not how they were chosen, are what sampling depends on.
     """
     r = drafter_sampling_stats(keep=[0, 2])
     info = f"TV={r['tv']:.3f} TV_23={r['tv_23']:.3f} " + counts_msg(r["proposed"], r["accepted"])

@@ -51,7 +51,7 @@ class RapidConfig:
     adaptive_gamma: bool = True  # +1 after a fully accepted step, -1 after a rejection
     max_gamma: int = 16
     min_draft_confidence: float = 0.0  # stop drafting when max(q) falls below this (0 = off)
-    drafter_vocab: int = 0  # > 0: the drafter scores these first ids + its prompt's (vocab.py)
+    drafter_vocab: int = 0  # > 0 and lossless: the drafter scores these first ids + its prompt's
 
     @property
     def lossless(self) -> bool:
@@ -163,7 +163,8 @@ def rapid_decode(
         z0 = prefill(target, target_prompt, before)  # [vocab]
         st.target_prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if cfg.drafter_vocab:  # counted in the drafter's prefill: it copies the kept rows
+        if cfg.drafter_vocab and cfg.lossless:  # with transfer q shapes the answer: all rows
+            # counted in the drafter's prefill: it copies the kept rows
             st.drafter_vocab_rows = drafter.restrict(cfg.drafter_vocab, [*drafter_prompt, *eos_ids])
         d0 = prefill(drafter, drafter_prompt, before)
         st.drafter_prefill_s = time.perf_counter() - t0

@@ -9,7 +9,9 @@ subset are ``-inf``: the drafter never proposes those tokens, and its distributi
 softmax over the subset - exactly the distribution its proposals are drawn from, so the target's
 verification stays lossless (greedy output identical, sampled output the target's
 distribution). Measured on the pair (2026-12-01; see README): the first 32,768 ids cover
-90-93% of the 1.5B's answer tokens, with the prompt's ids 99.1-99.5%.
+90-93% of the 1.5B's answer tokens, with the prompt's ids 99.1-99.5%. RAPID's knowledge
+transfer (eta > 0) reads ``q`` into the answer's own distribution, so there the drafter keeps
+every row (:func:`specrag.decoding.rapid.rapid_decode` trims only when lossless).
 
 Only the drafter's :class:`~specrag.decoding.state.LMState` carries a subset; the model's own
 output layer is swapped for the duration of that state's forward calls, so a model shared by
@@ -46,11 +48,12 @@ class VocabSubset:
     def of(cls, model: Any, first: int, extra: Iterable[int]) -> VocabSubset | None:
         """The first ``first`` ids plus ``extra`` of ``model``'s output layer.
 
-        None (score every row) when ``first`` is 0, when the output layer is not a plain
-        linear layer, or when the subset would keep half the rows or more (too little to save).
+        None (score every row) when ``first`` is 0, when the output layer is not a linear layer
+        with floating-point weights (quantized heads are left alone), or when the subset would
+        keep half the rows or more (too little to save).
         """
         head = model.get_output_embeddings() if first > 0 else None
-        if not isinstance(head, nn.Linear):
+        if not isinstance(head, nn.Linear) or not head.weight.is_floating_point():
             return None
         rows = head.weight.shape[0]
         ids = set(range(min(first, rows))) | {i for i in extra if 0 <= i < rows}

@@ -209,10 +209,10 @@ class SpecRagContext:
     )
     drafter_vocab: int = _f(
         32768,
-        "Output rows a separate drafter scores (refine/generate and RAPID): the first this "
-        "many token ids plus every id of its prompt and the end tokens; 0 = all rows. A smaller "
-        "output layer makes each drafter step cheaper; the target still verifies every token, "
-        "so answers are unchanged (measured on the pair: see README).",
+        "Output rows a separate drafter scores (refine/generate, and RAPID at rapid_eta 0): the "
+        "first this many token ids plus every id of its prompt and the end tokens; 0 = all "
+        "rows. A smaller output layer makes each drafter step cheaper; the target still "
+        "verifies every token, so answers are unchanged (measured on the pair: see README).",
         ge=0,
     )
     history_tokens: int = _f(

@@ -39,6 +39,8 @@ from torch import nn
 MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout is the faster one
 MAX_EXTRA_BYTES = 8 << 30  # a second copy of a larger model's weights is too much memory
 PAYS = 0.9  # the dual layout is kept if a 9-token pass takes at most this fraction as long
+CHECK = f"9-token pass, 64-token cache, dual if <= {PAYS}x"  # part of a kept verdict's key
+SURE = 0.05  # a kept verdict this close to PAYS (dual/single ratio) is timed again
 
 
 class DualLinear(nn.Linear):
@@ -110,8 +112,10 @@ def machine() -> str:
 class Verdicts:
     """Timed layout verdicts of this machine, in a JSON file (delete it to time again).
 
-    A verdict holds for the same model weights, CPU, thread count and torch version (the key).
-    An unreadable file counts as empty; writes are atomic (a temporary file, then a rename).
+    A verdict holds for the same model weights, CPU, thread count and torch version and for
+    the same check (:data:`CHECK`): the key. An unreadable file or entry counts as missing;
+    writes are atomic (a temporary file, then a rename); two processes writing at once may
+    drop one's entry, which only costs that model a timing at its next load.
     """
 
     def __init__(self, path: Path) -> None:
@@ -125,20 +129,25 @@ class Verdicts:
         return data if isinstance(data, dict) else {}
 
     def get(self, key: str) -> dict[str, Any] | None:
-        """The verdict recorded for ``key``, if any."""
+        """The verdict recorded for ``key``, if any (and well formed)."""
         found = self._read().get(key)
-        return found if isinstance(found, dict) and isinstance(found.get("dual"), bool) else None
+        if not isinstance(found, dict) or not isinstance(found.get("dual"), bool):
+            return None
+        times = (found.get("single_s"), found.get("dual_s"))
+        if not all(isinstance(t, int | float) and t > 0 for t in times):
+            return None
+        return found
 
     def put(self, key: str, verdict: dict[str, Any]) -> None:
         """Record ``verdict`` for ``key`` (a failed write only costs a later re-timing)."""
         data = {**self._read(), key: verdict}
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
             os.replace(tmp, self.path)
         except OSError:
-            pass
+            tmp.unlink(missing_ok=True)
 
 
 def apply(
@@ -164,19 +173,22 @@ def apply(
         return f"single layout (a second copy of {extra / 2**30:.1f} GiB is too much memory)"
     if not extra:
         return "single layout (no plain linear layers)"
-    known = verdicts.get(key) if verdicts is not None and key else None
+    known = verdicts.get(f"{key}|{CHECK}") if verdicts is not None and key else None
+    if known is not None and abs(known["dual_s"] / known["single_s"] - PAYS) < SURE:
+        known = None  # too close to call once: timed again (and kept if it says otherwise)
     if known is None:
         add(model)
         single_s, dual_s = timer()
         dual = dual_s <= PAYS * single_s
         if verdicts is not None and key:
             when = time.strftime("%Y-%m-%d", time.gmtime())
-            verdicts.put(key, {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when})
+            verdict = {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when}
+            verdicts.put(f"{key}|{CHECK}", verdict)
         if not dual:
             remove(model)
         source = ""
     else:
-        dual, single_s, dual_s = known["dual"], known.get("single_s", 0.0), known.get("dual_s", 0.0)
+        dual, single_s, dual_s = known["dual"], known["single_s"], known["dual_s"]
         if dual:
             add(model)
         source = f"; timed {known.get('on', '?')}, kept in {verdicts.path if verdicts else '?'}"

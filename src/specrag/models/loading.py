@@ -226,7 +226,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         dtype,
         lambda: time_layouts(model, device),
         weight_layout.Verdicts(cache_dir() / LAYOUT_VERDICTS),
-        f"{source}|{dtype}|{weight_layout.machine()}",  # the weights, and what times them
+        f"{_weights_id(source)}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
     )
     step_s = _measure_step(model, device)
     eos = model.generation_config.eos_token_id
@@ -388,6 +388,15 @@ def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
                 one.append(t1)
                 many.append(tw)
     return min(many) / max(min(one), 1e-9)
+
+
+def _weights_id(source: Path | str) -> str:
+    """Which weights a model from ``source`` has: a folder's path and newest file, or a hub id."""
+    path = Path(source)
+    if not path.is_dir():
+        return str(source)
+    newest = max((f.stat().st_mtime for f in path.iterdir() if f.is_file()), default=0.0)
+    return f"{path.resolve()}@{int(newest)}"
 
 
 def time_layouts(

@@ -133,7 +133,7 @@ class ChatRapid(LocalChatBase):
     lam: float = 0.3
     adaptive_gamma: bool = True
     min_draft_confidence: float = 0.0
-    drafter_vocab: int = 32768  # the drafter scores these first ids + its prompt's (0: all)
+    drafter_vocab: int = 32768  # eta 0: the drafter scores these first ids + its prompt's
     drafter_tokens: int = 768
     chunk_tokens: int = 128
     embedding_model: str = EMBEDDED_LM
