@@ -42,6 +42,23 @@ def greedy(model, prompt, n):
     return run(decode(LMState(model), prompt, max_new_tokens=n, sampler=Sampler(0.0)))
 
 
+def rapid_greedy(target, drafter, target_prompt, drafter_prompt, n, cfg, **kw):
+    """Greedy RAPID decode of ``n`` tokens on two ``LMState``s: (tokens, stats)."""
+    stats = RapidStats()
+    gen = rapid_decode(
+        target,
+        drafter,
+        target_prompt,
+        drafter_prompt,
+        max_new_tokens=n,
+        sampler=Sampler(0.0),
+        cfg=cfg,
+        stats=stats,
+        **kw,
+    )
+    return run(gen), stats
+
+
 def counts_msg(proposed: int, accepted: int) -> str:
     return f"proposed={proposed} accepted={accepted} rejected={proposed - accepted}"
 
@@ -314,20 +331,9 @@ def test_rapid_lossless_skips_the_drafter_pass_after_its_last_token(model, eta):
     prefix of the output, and its logits equal a fresh forward pass over what it holds."""
     doc = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(2)).tolist()
     target_prompt, drafter_prompt = doc + [5, 6], doc[-20:] + [5, 6]
-    stats = RapidStats()
     drafter = LMState(model)
-    out = run(
-        rapid_decode(
-            LMState(model),
-            drafter,
-            target_prompt,
-            drafter_prompt,
-            max_new_tokens=30,
-            sampler=Sampler(0.0),
-            cfg=RapidConfig(gamma=4, eta=eta, adaptive_gamma=False),
-            stats=stats,
-        )
-    )
+    cfg = RapidConfig(gamma=4, eta=eta, adaptive_gamma=False)
+    out, stats = rapid_greedy(LMState(model), drafter, target_prompt, drafter_prompt, 30, cfg)
     if eta == 0:
         assert out == greedy(model, target_prompt, 30)
     assert stats.draft_tokens > 0 and stats.steps > 1
@@ -351,18 +357,9 @@ def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma):
     drafter = tiny(seed=9)  # a different drafter: acceptance is lower, output the same
     proposed = accepted = 0
     for d in (model, drafter):
-        stats = RapidStats()
-        out = run(
-            rapid_decode(
-                LMState(model),
-                LMState(d),
-                target_prompt,
-                drafter_prompt,
-                max_new_tokens=30,
-                sampler=Sampler(0.0),
-                cfg=RapidConfig(gamma=gamma, eta=0.0),
-                stats=stats,
-            )
+        cfg = RapidConfig(gamma=gamma, eta=0.0)
+        out, stats = rapid_greedy(
+            LMState(model), LMState(d), target_prompt, drafter_prompt, 30, cfg
         )
         assert out == ref
         assert stats.steps < 30 or stats.acceptance_rate == 0
@@ -481,19 +478,8 @@ def test_rapid_caches_after_rejections_equal_fresh_forward(model, eta):
     doc = torch.randint(0, 64, (120,), generator=torch.Generator().manual_seed(5)).tolist()
     target_prompt, drafter_prompt = doc + [1, 2], doc[-20:] + [1, 2]
     target, drafter = LMState(model), LMState(tiny(seed=9))
-    stats = RapidStats()
-    out = run(
-        rapid_decode(
-            target,
-            drafter,
-            target_prompt,
-            drafter_prompt,
-            max_new_tokens=25,
-            sampler=Sampler(0.0),
-            cfg=RapidConfig(gamma=6, eta=eta),
-            stats=stats,
-        )
-    )
+    cfg = RapidConfig(gamma=6, eta=eta)
+    out, stats = rapid_greedy(target, drafter, target_prompt, drafter_prompt, 25, cfg)
     msg = counts_msg(stats.draft_tokens, stats.accepted_tokens)
     assert stats.draft_tokens > stats.accepted_tokens, msg  # there were rejections
     # both caches hold exactly their prompt + every emitted token but the last

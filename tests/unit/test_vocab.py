@@ -9,15 +9,15 @@ import torch
 
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
-from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
+from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState
 from specrag.decoding.vocab import VocabSubset
-from tests.unit.test_decoding import (  # noqa: F401 - one_thread below
+from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
     greedy,
-    one_thread,  # noqa: F401 - the same autouse fixture
-    run,
+    one_thread,
+    rapid_greedy,
 )
 from tests.unit.test_drafter import Recording, drafter_sampling_stats, greedy_run, tiny_pair
 
@@ -95,19 +95,9 @@ def test_rapid_eta0_with_a_trimmed_drafter_is_target_only(pair):
     target, drafter = pair
     doc = prompt_of(5, n=120, high=64)
     target_prompt, drafter_prompt = doc + [5, 6], doc[-15:] + [5, 6]
-    stats = RapidStats()
-    out = run(
-        rapid_decode(
-            LMState(target),
-            LMState(drafter),
-            target_prompt,
-            drafter_prompt,
-            max_new_tokens=30,
-            sampler=Sampler(0.0),
-            cfg=RapidConfig(gamma=4, eta=0.0, drafter_vocab=FIRST),
-            eos_ids=(63,),
-            stats=stats,
-        )
+    cfg = RapidConfig(gamma=4, eta=0.0, drafter_vocab=FIRST)
+    out, stats = rapid_greedy(
+        LMState(target), LMState(drafter), target_prompt, drafter_prompt, 30, cfg, eos_ids=(63,)
     )
     assert out == greedy(target, target_prompt, 30)
     assert stats.drafter_vocab_rows == len(set(range(FIRST)) | set(drafter_prompt) | {63})
@@ -118,18 +108,9 @@ def test_rapid_with_knowledge_transfer_keeps_every_drafter_row(pair):
     """With eta > 0 the drafter's q shapes the answer's distribution: it is not trimmed."""
     target, drafter = pair
     doc = prompt_of(6, n=60, high=64)
-    stats = RapidStats()
-    run(
-        rapid_decode(
-            LMState(target),
-            LMState(drafter),
-            doc + [5, 6],
-            doc[-15:] + [5, 6],
-            max_new_tokens=10,
-            sampler=Sampler(0.0),
-            cfg=RapidConfig(gamma=4, eta=5.0, drafter_vocab=FIRST),
-            stats=stats,
-        )
+    cfg = RapidConfig(gamma=4, eta=5.0, drafter_vocab=FIRST)
+    _, stats = rapid_greedy(
+        LMState(target), LMState(drafter), doc + [5, 6], doc[-15:] + [5, 6], 10, cfg
     )
     assert stats.drafter_vocab_rows == 0 and stats.draft_tokens > 0
 

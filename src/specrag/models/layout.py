@@ -173,25 +173,27 @@ def apply(
         return f"single layout (a second copy of {extra / 2**30:.1f} GiB is too much memory)"
     if not extra:
         return "single layout (no plain linear layers)"
-    known = verdicts.get(f"{key}|{CHECK}") if verdicts is not None and key else None
+    store, slot = (verdicts if key else None), f"{key}|{CHECK}"
+    known = store.get(slot) if store is not None else None
     if known is not None and abs(known["dual_s"] / known["single_s"] - PAYS) < SURE:
         known = None  # too close to call once: timed again (and kept if it says otherwise)
     if known is None:
         add(model)
         single_s, dual_s = timer()
         dual = dual_s <= PAYS * single_s
-        if verdicts is not None and key:
+        if store is not None:
             when = time.strftime("%Y-%m-%d", time.gmtime())
             verdict = {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when}
-            verdicts.put(f"{key}|{CHECK}", verdict)
+            store.put(slot, verdict)
         if not dual:
             remove(model)
         source = ""
     else:
+        assert store is not None  # a kept verdict comes from the store
         dual, single_s, dual_s = known["dual"], known["single_s"], known["dual_s"]
         if dual:
             add(model)
-        source = f"; timed {known.get('on', '?')}, kept in {verdicts.path if verdicts else '?'}"
+        source = f"; timed {known.get('on', '?')}, kept in {store.path}"
     if not dual:
         return (
             f"single layout (a 9-token pass {dual_s:.3f}s with both layouts vs "
