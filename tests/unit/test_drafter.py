@@ -637,22 +637,19 @@ def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):
         assert proposed > accepted > 0, (source, counts_msg(proposed, accepted))
 
 
-def test_drafter_dtype_auto_is_bf16_only_beside_an_fp32_target_on_a_cpu_with_native_bf16(
-    monkeypatch,
-):
+def test_drafter_dtype_auto_is_int8_only_beside_an_fp32_target_on_an_x86_cpu(monkeypatch):
+    from specrag.models import loading
     from specrag.models.loading import drafter_dtype
 
-    for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        monkeypatch.setattr(torch.cpu, flag, lambda: True)
-    assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "bfloat16"
-    assert drafter_dtype("auto", "float32", "cpu", same_model=False) == "bfloat16"
+    monkeypatch.setattr(loading, "x86_int8", lambda: True)
+    assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "int8"
+    assert drafter_dtype("auto", "float32", "cpu", same_model=False) == "int8"
     assert drafter_dtype("auto", "auto", "cpu", same_model=True) == "auto"  # one copy
     assert drafter_dtype("auto", "bfloat16", "cpu", same_model=False) == "bfloat16"
     assert drafter_dtype("float32", "auto", "cpu", same_model=False) == "float32"  # explicit
     assert drafter_dtype("float32", "bfloat16", "cpu", same_model=True) == "bfloat16"  # one copy
-    for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        monkeypatch.setattr(torch.cpu, flag, lambda: False)
-    assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "auto"  # emulated bf16
+    monkeypatch.setattr(loading, "x86_int8", lambda: False)
+    assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "auto"  # no x86 kernels
 
 
 def test_a_bf16_drafter_beside_an_fp32_target_keeps_greedy_output(pair):

@@ -74,8 +74,10 @@ WARMUP_NEW = 8
 # both layouts where that pays (``specrag.models.layout``: wide verify passes cost less), for
 # every method - they share the loaded model; 7: RAPID's drafter scores only the first 32,768
 # token ids plus its prompt's (``drafter_vocab``, ``specrag.decoding.vocab``; HF assisted's
-# assistant scores every row, as HF runs it).
-PROTOCOL = 7
+# assistant scores every row, as HF runs it); 8: the drafter (and HF assisted's assistant) has
+# int8 linear layers beside an fp32 target on an x86 CPU (``specrag.models.int8``; a bf16 copy
+# for wide passes), its int8 output layer untrimmed.
+PROTOCOL = 8
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:

@@ -75,9 +75,9 @@ class SpecRagContext:
     )
     drafter_dtype: str = _f(
         "auto",
-        "dtype of a drafter that is not the answer model: auto (bf16 where the answer model "
-        "runs fp32 on a CPU with native bf16 - it only proposes, the answer model verifies - "
-        "else dtype), float32, bfloat16, float16.",
+        "dtype of a drafter that is not the answer model: auto (int8 where the answer model "
+        "runs fp32 on an x86 CPU - it only proposes, the answer model verifies - else dtype), "
+        "float32, bfloat16, float16, int8 (CPU only).",
     )
     embedding_model: str = _f(
         "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."

@@ -31,6 +31,7 @@ from langchain_core.embeddings import Embeddings
 
 from specrag.decoding.drafter import PairCosts
 from specrag.errors import ModelLoadError
+from specrag.models import int8
 from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
 from specrag.models.pair import PAIR, joined_gguf
@@ -89,8 +90,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+INT8 = ("int8", "qint8")  # dtype names of a model with int8 linear layers (CPU, a drafter)
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto`` is fp32 on CPU and bf16 on GPUs.
+
+    ``int8`` (CPU only; ``torch.qint8``): fp32 weights whose linear layers are quantized to
+    int8 at load (:mod:`specrag.models.int8`) - for a drafter, whose numerics only shape
+    its proposals.
 
     fp32 on CPU keeps greedy speculative answers identical to plain decoding. On CPUs with
     AMX (measured on 2 Sapphire Rapids-class cores, 2026-12-01) bf16 is faster - a step 0.79x,
@@ -100,6 +108,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """
     if dtype in ("", "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype in INT8:
+        if device.type != "cpu":
+            raise ModelLoadError(f"dtype {dtype!r} (int8 dynamic quantization) runs on CPU only")
+        return torch.qint8
     table = {
         "float32": torch.float32,
         "fp32": torch.float32,
@@ -109,7 +121,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         "fp16": torch.float16,
     }
     if dtype not in table:
-        raise ModelLoadError(f"unknown dtype {dtype!r} (use auto, float32, bfloat16 or float16)")
+        raise ModelLoadError(
+            f"unknown dtype {dtype!r} (use auto, float32, bfloat16, float16 or int8)"
+        )
     return table[dtype]
 
 
@@ -133,22 +147,33 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
 
     Otherwise ``choice``, or for ``auto`` from the answer model's ``dtype``.
 
-    ``auto``: bf16 where the answer model runs in fp32 on a CPU with native bf16 (AVX512-BF16
-    or AMX) and the drafter is another model - the drafter's numerics only shape proposals,
-    which the target verifies in its own dtype, so greedy answers stay identical to the
-    target alone and sampling stays exact. Measured on 2 such cores (2026-12-01, a 400-token
-    cache): the 0.5B's step 0.098 s in bf16 vs 0.155 s in fp32 (on an earlier machine of
-    the same class 0.084 s both). Otherwise (a GPU, a bf16 target, the same model in both
-    roles, no native bf16) the answer model's dtype.
+    ``auto``: ``int8`` where the answer model runs in fp32 on a CPU with PyTorch's x86 int8
+    kernels and the drafter is another model (:mod:`specrag.models.int8`: int8 weights for
+    decode steps, a bf16 copy for wide passes where the CPU has native bf16) - the drafter's
+    numerics only shape proposals, which the target verifies in its own dtype, so greedy
+    answers stay identical to the target alone and sampling stays exact. Measured on 2 cores
+    with AMX (2026-12-01, the 0.5B, 600-token cache): a step 0.074 s in int8 vs 0.117 s in
+    bf16 and 0.124 s in fp32; RAPID on 3 HotpotQA haystacks at 2K decoded 1.03-1.40x faster
+    with the int8 drafter than with the bf16 one, same answers. Otherwise (a GPU, a bf16
+    target, the same model in both roles) the answer model's dtype.
     """
     if same_model:  # one copy: the answer model's
         return dtype
     if choice not in ("", "auto"):
         return choice
     dev = resolve_device(device)
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     fp32 = resolve_dtype(dtype, dev) == torch.float32
-    return "bfloat16" if dev.type == "cpu" and fp32 and native else dtype
+    return "int8" if dev.type == "cpu" and fp32 and x86_int8() else dtype
+
+
+def x86_int8() -> bool:
+    """Whether PyTorch has its x86 int8 kernels here (fbgemm; what int8 layers are timed on)."""
+    return bool({"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines))
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def embedded_gguf_path() -> Path:
@@ -194,6 +219,9 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     start = time.perf_counter()
     from_cache = True
     source: Path | str
+    quantized = dtype == torch.qint8
+    if quantized:  # from the fp32 weights, at load
+        dtype = torch.float32
     if name == EMBEDDED_LM or name.endswith(".gguf") or name in PAIR:
         if name in PAIR:
             gguf = joined_gguf(PAIR[name])
@@ -220,14 +248,18 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()
-    layout = weight_layout.apply(  # before timing: the costs are the layout's
-        model,
-        device,
-        dtype,
-        lambda: time_layouts(model, device),
-        weight_layout.Verdicts(cache_dir() / LAYOUT_VERDICTS),
-        f"{_weights_id(source)}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
-    )
+    if quantized:
+        layout = int8.quantize(model, wide=device.type == "cpu" and native_bf16())
+        dtype = torch.qint8
+    else:
+        layout = weight_layout.apply(  # before timing: the costs are the layout's
+            model,
+            device,
+            dtype,
+            lambda: time_layouts(model, device),
+            weight_layout.Verdicts(cache_dir() / LAYOUT_VERDICTS),
+            f"{_weights_id(source)}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
+        )
     step_s = _measure_step(model, device)
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])

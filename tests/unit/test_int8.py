@@ -1,0 +1,111 @@
+"""A drafter with int8 linear layers (specrag.models.int8) on tiny models.
+
+Its logits follow the fp32 model's only approximately, and the tiny drafter has half the
+target's layers: every speculative test sees proposals AND rejections, and the target's
+verification keeps greedy output identical to the target alone.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specrag.decoding.candidates import NgramProposer
+from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
+from specrag.decoding.rapid import RapidConfig
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.state import LMState
+from specrag.errors import ModelLoadError
+from specrag.models import int8
+from specrag.models.loading import dtype_name, resolve_dtype
+from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
+    counts_msg,
+    greedy,
+    one_thread,
+    rapid_greedy,
+)
+from tests.unit.test_drafter import Recording, greedy_run, tiny_pair
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["int8", "int8+bf16-wide"])
+def pair(request):
+    target, drafter = tiny_pair()
+    quantized = copy.deepcopy(drafter)
+    int8.quantize(quantized, wide=request.param)
+    return target, drafter, quantized
+
+
+def prompt_of(seed: int, n: int = 12, high: int = 64) -> list[int]:
+    return torch.randint(0, high, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_every_linear_layer_is_quantized_and_its_logits_stay_close(pair):
+    _, drafter, quantized = pair
+    assert int8.is_int8(quantized) and not int8.is_int8(drafter)
+    assert not [m for m in quantized.modules() if type(m) is nn.Linear]
+    prompt = prompt_of(1, n=20)
+    full = LMState(drafter).extend(prompt)  # a wide pass (bf16 copy, where kept) ...
+    steps = LMState(quantized)
+    steps.extend(prompt[:2])
+    one = torch.cat([steps.extend([t]) for t in prompt[2:]])  # ... and single-token steps
+    for got in (LMState(quantized).extend(prompt), one):
+        assert not torch.equal(got, full[-len(got) :])  # really another numeric path
+        assert (got.argmax(-1) == full[-len(got) :].argmax(-1)).float().mean() > 0.8
+
+
+def test_wide_passes_take_the_bf16_copy_and_steps_the_int8_weights():
+    layer = nn.Linear(32, 16)
+    x1, x8 = torch.randn(1, 1, 32), torch.randn(1, 8, 32)
+    plain = int8.Int8Linear(copy.deepcopy(layer), wide=False)
+    wide = int8.Int8Linear(copy.deepcopy(layer), wide=True)
+    bf16 = F.linear(x8.bfloat16(), layer.weight.bfloat16(), layer.bias.bfloat16()).float()
+    torch.testing.assert_close(wide(x8), bf16, rtol=0, atol=0)
+    torch.testing.assert_close(wide(x1), plain(x1), rtol=0, atol=0)
+    torch.testing.assert_close(plain(x8), plain.q(x8), rtol=0, atol=0)
+    assert wide(x8).shape == (1, 8, 16) and wide(x8).dtype == torch.float32
+    for x in (x1, x8):  # int8 weights: close to the fp32 layer, not equal
+        error = (plain(x) - layer(x)).abs().max()
+        assert 0 < error < 0.05 * layer(x).abs().max()
+
+
+def test_quantizing_starts_from_an_fp32_model():
+    _, drafter = tiny_pair()
+    with pytest.raises(ValueError, match="fp32"):
+        int8.quantize(drafter.to(torch.bfloat16), wide=False)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_greedy_decode_with_an_int8_drafter_is_plain_decoding(pair, seed):
+    target, _, quantized = pair
+    prompt = prompt_of(seed)
+    plain, _ = greedy_run(target, prompt)
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
+    recording = Recording(DrafterProposer(LMState(quantized), prompt, Sampler(0.0)))
+    proposer = MergedProposer(NgramProposer({}), recording, policy)
+    out, stats = greedy_run(target, prompt, proposer)
+    proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
+    assert out == plain
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+
+
+def test_rapid_eta0_with_an_int8_drafter_is_target_only(pair):
+    target, _, quantized = pair
+    doc = prompt_of(5, n=120)
+    target_prompt, drafter_prompt = doc + [5, 6], doc[-15:] + [5, 6]
+    cfg = RapidConfig(gamma=4, eta=0.0, drafter_vocab=8)
+    out, stats = rapid_greedy(
+        LMState(target), LMState(quantized), target_prompt, drafter_prompt, 30, cfg
+    )
+    assert out == greedy(target, target_prompt, 30)
+    assert stats.drafter_vocab_rows == 0  # an int8 output layer is not trimmed
+    assert stats.draft_tokens > stats.accepted_tokens > 0, stats.as_dict()
+
+
+def test_int8_is_a_cpu_dtype_named_as_it_reads_back():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("int8", cpu) is torch.qint8
+    assert resolve_dtype(dtype_name(torch.qint8), cpu) is torch.qint8
+    with pytest.raises(ModelLoadError, match="CPU only"):
+        resolve_dtype("int8", torch.device("cuda"))
