@@ -21,12 +21,6 @@ with target logits ``z``, target distribution ``p = softmax(z / T)`` and drafter
   greedy decoding and sampled output has the target's distribution.
 
 Greedy mode accepts ``d`` iff ``d == argmax p_hat`` and corrects with ``argmax p_hat``.
-
-Evidence n-grams (lossless only, ``evidence_ngram``): where the last ``evidence_ngram``
-generated tokens also occur in the drafter's prompt (the retrieved chunks), a round proposes
-what follows them there instead of asking the drafter - deterministic proposals (one-hot
-``q``), so the same acceptance rule stays exact - and the drafter catches up on the accepted
-tokens in one pass the next time it drafts.
 """
 
 from __future__ import annotations
@@ -38,7 +32,6 @@ from typing import Literal
 
 import torch
 
-from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.sampling import Sampler, token_logprob
 from specrag.decoding.speculative import Token, prefill, prefill_stop
 from specrag.decoding.state import LMState, Stopped
@@ -59,7 +52,6 @@ class RapidConfig:
     max_gamma: int = 16
     min_draft_confidence: float = 0.0  # stop drafting when max(q) falls below this (0 = off)
     drafter_vocab: int = 0  # > 0 and lossless: the drafter scores these first ids + its prompt's
-    evidence_ngram: int = 0  # > 0 and lossless: copy from the drafter's prompt after such a match
 
     @property
     def lossless(self) -> bool:
@@ -81,8 +73,6 @@ class RapidStats:
     accepted_tokens: int = 0  # draft tokens accepted by the target
     drafter_passes: int = 0
     drafter_vocab_rows: int = 0  # output rows the drafter scored (0: all)
-    evidence_tokens: int = 0  # proposed from n-gram matches in the drafter's prompt
-    evidence_accepted: int = 0
     target_prefill_s: float = 0.0
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -95,9 +85,8 @@ class RapidStats:
 
     @property
     def mean_accepted_per_step(self) -> float:
-        """Mean accepted proposals (drafter and evidence) per verification pass."""
-        accepted = self.accepted_tokens + self.evidence_accepted
-        return accepted / self.steps if self.steps else 0.0
+        """Mean accepted draft tokens per verification pass."""
+        return self.accepted_tokens / self.steps if self.steps else 0.0
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly summary."""
@@ -109,8 +98,6 @@ class RapidStats:
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": round(self.acceptance_rate, 4),
-            "evidence_tokens": self.evidence_tokens,
-            "evidence_accepted": self.evidence_accepted,
             "mean_accepted_per_step": round(self.mean_accepted_per_step, 4),
             "target_prefill_s": round(self.target_prefill_s, 4),
             "drafter_prefill_s": round(self.drafter_prefill_s, 4),
@@ -164,8 +151,6 @@ def rapid_decode(
 
     t_start = time.perf_counter()
     generated: list[int] = []
-    n = cfg.evidence_ngram
-    copier = NgramProposer({"evidence": drafter_prompt}, n, n) if n and cfg.lossless else None
 
     def finish(reason: str) -> None:
         st.finish_reason = reason
@@ -205,13 +190,7 @@ def rapid_decode(
         # --- draft: up to gamma tokens, keeping q at every position (+1 for the bonus) ----
         drafts: list[int] = []
         q_rows: list[torch.Tensor] = []
-        copied = copier.propose(generated, min(gamma, room))[0] if copier is not None else []
-        if copied:  # deterministic proposals: one-hot q (lossless: no bonus row is read)
-            end = next((i + 1 for i, t in enumerate(copied) if t in eos_ids), len(copied))
-            drafts = copied[:end]
-            q_rows = [_one_hot(z0, t) for t in [*drafts, drafts[-1]]]
-            st.evidence_tokens += len(drafts)
-        elif cfg.lossless and room == 0:
+        if cfg.lossless and room == 0:
             # the last token: nothing to draft, and without transfer no drafter q is read
             q_rows.append(z0.new_zeros(1))
         else:
@@ -243,8 +222,7 @@ def rapid_decode(
                     break
                 d_logits = drafter.extend([d])[-1]
                 st.drafter_passes += 1
-        st.draft_tokens += 0 if copied else len(drafts)
-        source = "evidence" if copied else "drafter"
+        st.draft_tokens += len(drafts)
         # --- verify: one target pass over [last, d_1..d_g] ---------------------------------
         z = target.extend([last, *drafts])  # [g + 1, vocab]
         st.steps += 1
@@ -271,10 +249,10 @@ def rapid_decode(
                     resid = resid / total if total > 0 else p_hat[i]
                     nxt = sampler.pick(resid, generator)
                 step.append(Token(nxt, token_logprob(z[i], nxt), "target"))
-                gamma = max(1, gamma - 1) if cfg.adaptive_gamma and not copied else gamma
+                gamma = max(1, gamma - 1) if cfg.adaptive_gamma else gamma
                 break
             n_acc += 1
-            step.append(Token(d, token_logprob(z[i], d), source))
+            step.append(Token(d, token_logprob(z[i], d), "drafter"))
             if d in eos_ids:
                 hit_eos = True
                 break
@@ -282,21 +260,11 @@ def rapid_decode(
             row = p_hat[len(drafts)]
             nxt = int(row.argmax()) if greedy else sampler.pick(row, generator)
             step.append(Token(nxt, token_logprob(z[len(drafts)], nxt), "target"))
-            if cfg.adaptive_gamma and drafts and not copied:
+            if cfg.adaptive_gamma and drafts:
                 gamma = min(cfg.max_gamma, gamma + 1)
-        if copied:
-            st.evidence_accepted += n_acc
-        else:
-            st.accepted_tokens += n_acc
+        st.accepted_tokens += n_acc
         generated.extend(t.id for t in step)
         keep = len(generated) - (0 if hit_eos else 1)  # the newest token is fed next step
         target.crop(len(target_prompt) + keep)
         drafter.crop(min(len(drafter), len(drafter_prompt) + keep))
         yield step
-
-
-def _one_hot(like: torch.Tensor, token: int) -> torch.Tensor:
-    """A deterministic proposal's q: 1 at ``token``, 0 elsewhere (``like``'s shape ``[vocab]``)."""
-    row = torch.zeros_like(like, dtype=torch.float32)
-    row[token] = 1.0
-    return row

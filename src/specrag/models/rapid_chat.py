@@ -134,7 +134,6 @@ class ChatRapid(LocalChatBase):
     adaptive_gamma: bool = True
     min_draft_confidence: float = 0.0
     drafter_vocab: int = 32768  # eta 0: the drafter scores these first ids + its prompt's
-    evidence_ngram: int = 3  # eta 0: after such an n-gram match copy from the retrieved chunks
     drafter_tokens: int = 768
     chunk_tokens: int = 128
     embedding_model: str = EMBEDDED_LM
@@ -192,7 +191,6 @@ class ChatRapid(LocalChatBase):
             "adaptive_gamma",
             "min_draft_confidence",
             "drafter_vocab",
-            "evidence_ngram",
         )
         return RapidConfig(**{f: overrides.get(f, getattr(self, f)) for f in fields})
 
