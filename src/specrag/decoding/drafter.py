@@ -75,7 +75,6 @@ class DrafterStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0  # time in drafter calls, prefill included
     unsure_stops: int = 0  # proposals ended early at a token the drafter gave < min_confidence
-    sure_tokens: int = 0  # proposed past the narrow width (each one given >= the sure level)
     vocab_rows: int = 0  # output rows the drafter scores (0: all; see specrag.decoding.vocab)
 
     def as_dict(self) -> dict[str, float | int]:
@@ -87,7 +86,6 @@ class DrafterStats:
             "drafter_prefill_s": round(self.prefill_s, 4),
             "drafter_s": round(self.draft_s, 4),
             "drafter_unsure_stops": self.unsure_stops,
-            "drafter_sure_tokens": self.sure_tokens,
             "drafter_vocab_rows": self.vocab_rows,
         }
 
@@ -144,18 +142,8 @@ class DrafterProposer:
         return out
 
     @torch.inference_mode()
-    def propose(
-        self,
-        generated: list[int],
-        k: int,
-        min_confidence: float = 0.0,
-        narrow: int = 0,
-        sure: float = 0.0,
-    ) -> Proposal:
+    def propose(self, generated: list[int], k: int, min_confidence: float = 0.0) -> Proposal:
         """The drafter's next ``k`` tokens and its distribution at each.
-
-        ``narrow`` > 0: past ``narrow`` tokens a token is proposed only if the drafter gives it
-        at least ``sure`` (else the proposal ends before it).
 
         ``min_confidence``: the proposal ends early, after the first token the drafter itself
         gives a probability below this (its untempered softmax; the token is still proposed):
@@ -184,16 +172,13 @@ class DrafterProposer:
         while True:
             q = self.sampler.probs(logits)  # one-hot argmax when greedy
             token = self.sampler.pick(q, self.generator)
-            confidence = float(torch.softmax(logits.float(), -1)[token])
-            if narrow and len(tokens) >= narrow:
-                if confidence < sure:
-                    break
-                self.stats.sure_tokens += 1
             tokens.append(token)
             rows.append(q)
             if len(tokens) >= k or token in self.eos_ids:
                 break
-            if min_confidence > 0 and confidence < min_confidence:
+            if min_confidence > 0 and float(torch.softmax(logits.float(), -1)[token]) < (
+                min_confidence
+            ):
                 self.stats.unsure_stops += 1
                 break
             logits = self._fit(self.lm.extend([token])[-1])
@@ -231,9 +216,6 @@ class DrafterPolicy:
       ~80% acceptance at k=4 to pay there; on a GPU wide passes cost about one step;
     * ``k``: the drafter's own proposal length, from ``start_k``: +1 after a fully accepted
       proposal, -1 after a rejection (its steps cost time; n-gram candidates are free);
-    * ``sure_confidence``: where proposals are capped at a narrow width (:func:`narrow_cap`), a
-      proposal goes on past it (up to ``max_k``) with the tokens the drafter gives at least
-      this probability - they are nearly always accepted, so the wider pass pays;
     * ``min_confidence``: a proposal ends after the first token the drafter gives a probability
       below this. Measured on the pair (benchmarks/drafter_confidence.py, 2026-11-30: 801
       positions of ten "explain" answers of the 1.5B, teacher-forced): the 0.5B's argmax was
@@ -252,7 +234,6 @@ class DrafterPolicy:
     start_k: int = 4
     max_k: int = 8
     min_confidence: float = 0.7
-    sure_confidence: float = 0.9
 
     def decide(self, ratio: float) -> tuple[bool, str]:
         """Whether a drafter whose step costs ``ratio`` x the target's may propose, and why."""
@@ -408,14 +389,7 @@ class MergedProposer:
             assert drafter is not None
             before = drafter.stats.draft_s - drafter.stats.prefill_s
             size = min(k, self._k, self.narrow or k)
-            sure = self.policy.sure_confidence if self.narrow else 0.0
-            proposal = drafter.propose(
-                generated,
-                min(k, self.policy.max_k) if sure > 0 else size,
-                self.policy.min_confidence,
-                narrow=size if sure > 0 else 0,
-                sure=sure,
-            )
+            proposal = drafter.propose(generated, size, self.policy.min_confidence)
             self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
             self._last = (len(generated), list(proposal.tokens))
         elif strong or not self._weak_off:

@@ -71,9 +71,7 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # 12 (squad, hotpot) and 13 (long): the drafter's linear layers run in int8 beside the fp32
 # target on an x86 CPU (``drafter_dtype`` auto, ``specrag.models.int8``; a bf16 copy for wide
 # passes), HF assisted generation's assistant too; its output layer is int8 and not trimmed.
-# 13 (squad, hotpot) and 14 (long): where proposals are capped at a narrow width, a drafter
-# proposal goes on past it with tokens the drafter gives >= 0.9 (``sure_confidence``).
-PROTOCOL = {"squad": 13, "hotpot": 13, "long": 14}
+PROTOCOL = {"squad": 12, "hotpot": 12, "long": 13}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0
 LONG_PROMPT = "Explain in detail: {question}"
