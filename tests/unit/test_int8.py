@@ -57,17 +57,37 @@ def test_every_linear_layer_is_quantized_and_its_logits_stay_close(pair):
 
 def test_wide_passes_take_the_bf16_copy_and_steps_the_int8_weights():
     layer = nn.Linear(32, 16)
-    x1, x8 = torch.randn(1, 1, 32), torch.randn(1, 8, 32)
     plain = int8.Int8Linear(copy.deepcopy(layer), wide=False)
     wide = int8.Int8Linear(copy.deepcopy(layer), wide=True)
-    bf16 = F.linear(x8.bfloat16(), layer.weight.bfloat16(), layer.bias.bfloat16()).float()
-    torch.testing.assert_close(wide(x8), bf16, rtol=0, atol=0)
-    torch.testing.assert_close(wide(x1), plain(x1), rtol=0, atol=0)
-    torch.testing.assert_close(plain(x8), plain.q(x8), rtol=0, atol=0)
-    assert wide(x8).shape == (1, 8, 16) and wide(x8).dtype == torch.float32
-    for x in (x1, x8):  # int8 weights: close to the fp32 layer, not equal
-        error = (plain(x) - layer(x)).abs().max()
+    weight, bias = layer.weight.bfloat16(), layer.bias.bfloat16()
+    for rows in (1, 3, 4, 8):  # int8.MIN_ROWS = 4: from 4 rows on the bf16 copy
+        x = torch.randn(1, rows, 32)
+        reference = F.linear(x.reshape(-1, 32).bfloat16(), weight, bias).float().view(1, rows, 16)
+        got = wide(x)
+        assert got.shape == (1, rows, 16) and got.dtype == torch.float32
+        if rows >= int8.MIN_ROWS:
+            torch.testing.assert_close(got, reference, rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(got, plain(x), rtol=0, atol=0)
+            assert not torch.equal(got, reference)
+        error = (plain(x) - layer(x)).abs().max()  # int8 weights: close, not equal
         assert 0 < error < 0.05 * layer(x).abs().max()
+    x = torch.randn(32)
+    torch.testing.assert_close(wide(x), wide(x[None])[0], rtol=0, atol=0)  # a 1-D input
+
+
+def test_no_answer_model_in_int8():
+    """An int8 model's wide passes compute differently from its steps: a drafter dtype only."""
+    from specrag.errors import InputError
+    from specrag.graph.context import SpecRagContext
+    from specrag.models.rapid_chat import ChatRapid
+
+    for name in ("int8", "qint8"):
+        with pytest.raises(InputError, match="drafter_dtype only"):
+            SpecRagContext(dtype=name)
+        with pytest.raises(InputError, match="drafter_dtype only"):
+            ChatRapid(dtype=name).load()
+    assert SpecRagContext(drafter_dtype="int8").drafter_dtype == "int8"
 
 
 def test_quantizing_starts_from_an_fp32_model():
@@ -109,3 +129,29 @@ def test_int8_is_a_cpu_dtype_named_as_it_reads_back():
     assert resolve_dtype(dtype_name(torch.qint8), cpu) is torch.qint8
     with pytest.raises(ModelLoadError, match="CPU only"):
         resolve_dtype("int8", torch.device("cuda"))
+
+
+def test_a_model_loads_in_int8_from_its_fp32_weights(tmp_path, monkeypatch):
+    """``load_lm(..., "int8")``: the fp32 checkpoint, quantized at load; no weight layouts."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from specrag.models.loading import load_lm
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))  # layout verdicts
+    _, drafter = tiny_pair()
+    drafter.save_pretrained(tmp_path)
+    vocab = {f"t{i}": i for i in range(64)}
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")), eos_token="t63"
+    )
+    fast.save_pretrained(tmp_path)
+    loaded = load_lm(str(tmp_path), "cpu", "int8")
+    assert loaded.dtype is torch.qint8 and loaded.layout.startswith("int8 linear layers")
+    assert int8.is_int8(loaded.model) and next(loaded.model.parameters()).dtype is torch.float32
+    assert load_lm(str(tmp_path), "cpu", "qint8") is loaded  # one copy per dtype
+    plain = load_lm(str(tmp_path), "cpu", "float32")
+    assert plain is not loaded and not int8.is_int8(plain.model)
+    prompt = prompt_of(2, n=20)
+    got, full = LMState(loaded.model).extend(prompt), LMState(plain.model).extend(prompt)
+    assert (got.argmax(-1) == full.argmax(-1)).float().mean() > 0.8

@@ -34,6 +34,7 @@ from specrag.errors import ModelLoadError
 from specrag.models import int8
 from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
+from specrag.models.options import INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.paths import cache_dir, package_dir
 
@@ -90,15 +91,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-INT8 = ("int8", "qint8")  # dtype names of a model with int8 linear layers (CPU, a drafter)
-
-
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto`` is fp32 on CPU and bf16 on GPUs.
 
     ``int8`` (CPU only; ``torch.qint8``): fp32 weights whose linear layers are quantized to
     int8 at load (:mod:`specrag.models.int8`) - for a drafter, whose numerics only shape
-    its proposals.
+    its proposals (its wide passes compute differently from its single steps, so the answer
+    model's dtype may not be int8: :class:`SpecRagContext`, ``bench --dtype`` and ChatRapid's
+    target refuse it).
 
     fp32 on CPU keeps greedy speculative answers identical to plain decoding. On CPUs with
     AMX (measured on 2 Sapphire Rapids-class cores, 2026-12-01) bf16 is faster - a step 0.79x,
@@ -108,7 +108,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """
     if dtype in ("", "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype in INT8:
+    if dtype in INT8_NAMES:
         if device.type != "cpu":
             raise ModelLoadError(f"dtype {dtype!r} (int8 dynamic quantization) runs on CPU only")
         return torch.qint8
@@ -151,11 +151,15 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
     kernels and the drafter is another model (:mod:`specrag.models.int8`: int8 weights for
     decode steps, a bf16 copy for wide passes where the CPU has native bf16) - the drafter's
     numerics only shape proposals, which the target verifies in its own dtype, so greedy
-    answers stay identical to the target alone and sampling stays exact. Measured on 2 cores
+    answers stay identical to the target alone and sampling stays exact (RAPID: at eta 0;
+    with knowledge transfer the drafter's q shapes the answer by design). Measured on 2 cores
     with AMX (2026-12-01, the 0.5B, 600-token cache): a step 0.074 s in int8 vs 0.117 s in
-    bf16 and 0.124 s in fp32; RAPID on 3 HotpotQA haystacks at 2K decoded 1.03-1.40x faster
-    with the int8 drafter than with the bf16 one, same answers. Otherwise (a GPU, a bf16
-    target, the same model in both roles) the answer model's dtype.
+    bf16 and 0.124 s in fp32, a 600-token prefill 0.78 s (0.97 s without the bf16 copy a CPU
+    without native bf16 goes without) vs 0.54 s bf16 and 1.83 s fp32 - fp32 being the
+    drafter's dtype on such a CPU before, int8 beats it at both (not measured on one);
+    RAPID on 3 HotpotQA haystacks at 2K decoded 1.03-1.40x faster with the int8 drafter than
+    with the bf16 one, same answers. Otherwise (a GPU, a bf16 target, the same model in both
+    roles) the answer model's dtype.
     """
     if same_model:  # one copy: the answer model's
         return dtype
@@ -167,7 +171,11 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
 
 
 def x86_int8() -> bool:
-    """Whether PyTorch has its x86 int8 kernels here (fbgemm; what int8 layers are timed on)."""
+    """Whether PyTorch has its dynamic int8 linear layer and x86 kernels for it (fbgemm)."""
+    try:
+        from torch.ao.nn.quantized.dynamic import Linear  # noqa: F401 - deprecated upstream
+    except ImportError:
+        return False
     return bool({"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines))
 
 

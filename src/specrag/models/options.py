@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Speculation = Literal["none", "prompt", "draft+prompt"]
+INT8_NAMES = ("int8", "qint8")  # the dtype of a drafter with int8 layers (specrag.models.int8)
 
 # Keyword arguments LangChain itself may add to a model call; they are not decode settings.
 _LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id")
