@@ -327,11 +327,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.which not in ("rag", "rapid") or (args.which, models) == ("rag", "embedded"):
             raise InputError("--dtype applies to `bench rag --models pair` and `bench rapid` only")
         from specrag.models.loading import dtype_name, resolve_device, resolve_dtype
-        from specrag.models.options import INT8_NAMES
+        from specrag.models.options import refuse_int8_answer
 
         device = resolve_device("auto")
-        if args.dtype in INT8_NAMES:
-            raise InputError("--dtype int8: int8 is a drafter dtype only (the models verify)")
+        refuse_int8_answer(args.dtype, "--dtype")
         chosen = resolve_dtype(args.dtype, device)  # a bad name: a one-line error here
         # one name per dtype, so runs of bf16 and bfloat16 (or of auto and its dtype) share
         # their run-log keys

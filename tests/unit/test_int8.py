@@ -27,6 +27,7 @@ from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same auto
     rapid_greedy,
 )
 from tests.unit.test_drafter import Recording, greedy_run, tiny_pair
+from tests.unit.test_vocab import prompt_of
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["int8", "int8+bf16-wide"])
@@ -37,15 +38,11 @@ def pair(request):
     return target, drafter, quantized
 
 
-def prompt_of(seed: int, n: int = 12, high: int = 64) -> list[int]:
-    return torch.randint(0, high, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def test_every_linear_layer_is_quantized_and_its_logits_stay_close(pair):
     _, drafter, quantized = pair
     assert int8.is_int8(quantized) and not int8.is_int8(drafter)
     assert not [m for m in quantized.modules() if type(m) is nn.Linear]
-    prompt = prompt_of(1, n=20)
+    prompt = prompt_of(1, n=20, high=64)
     full = LMState(drafter).extend(prompt)  # a wide pass (bf16 copy, where kept) ...
     steps = LMState(quantized)
     steps.extend(prompt[:2])
@@ -99,7 +96,7 @@ def test_quantizing_starts_from_an_fp32_model():
 @pytest.mark.parametrize("seed", [3, 4])
 def test_greedy_decode_with_an_int8_drafter_is_plain_decoding(pair, seed):
     target, _, quantized = pair
-    prompt = prompt_of(seed)
+    prompt = prompt_of(seed, high=64)
     plain, _ = greedy_run(target, prompt)
     policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
     recording = Recording(DrafterProposer(LMState(quantized), prompt, Sampler(0.0)))
@@ -112,7 +109,7 @@ def test_greedy_decode_with_an_int8_drafter_is_plain_decoding(pair, seed):
 
 def test_rapid_eta0_with_an_int8_drafter_is_target_only(pair):
     target, _, quantized = pair
-    doc = prompt_of(5, n=120)
+    doc = prompt_of(5, n=120, high=64)
     target_prompt, drafter_prompt = doc + [5, 6], doc[-15:] + [5, 6]
     cfg = RapidConfig(gamma=4, eta=0.0, drafter_vocab=8)
     out, stats = rapid_greedy(
@@ -152,6 +149,6 @@ def test_a_model_loads_in_int8_from_its_fp32_weights(tmp_path, monkeypatch):
     assert load_lm(str(tmp_path), "cpu", "qint8") is loaded  # one copy per dtype
     plain = load_lm(str(tmp_path), "cpu", "float32")
     assert plain is not loaded and not int8.is_int8(plain.model)
-    prompt = prompt_of(2, n=20)
+    prompt = prompt_of(2, n=20, high=64)
     got, full = LMState(loaded.model).extend(prompt), LMState(plain.model).extend(prompt)
     assert (got.argmax(-1) == full.argmax(-1)).float().mean() > 0.8

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from specrag import prompts
 from specrag.errors import InputError
-from specrag.models.options import INT8_NAMES
+from specrag.models.options import refuse_int8_answer
 
 
 def _f(
@@ -295,12 +295,7 @@ class SpecRagContext:
                     f"invalid configuration: {f.name}={value!r} (allowed: {_range_text(meta)})"
                 )
 
-        if self.dtype in INT8_NAMES:
-            raise InputError(
-                f"invalid configuration: dtype={self.dtype!r} (int8 is for drafter_dtype only: "
-                "an int8 model's wide passes compute differently from its steps, so as the "
-                "answer model it would not reproduce its own decoding)"
-            )
+        refuse_int8_answer(self.dtype, "dtype", "invalid configuration: ")
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:

@@ -152,14 +152,13 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
     decode steps, a bf16 copy for wide passes where the CPU has native bf16) - the drafter's
     numerics only shape proposals, which the target verifies in its own dtype, so greedy
     answers stay identical to the target alone and sampling stays exact (RAPID: at eta 0;
-    with knowledge transfer the drafter's q shapes the answer by design). Measured on 2 cores
-    with AMX (2026-12-01, the 0.5B, 600-token cache): a step 0.074 s in int8 vs 0.117 s in
-    bf16 and 0.124 s in fp32, a 600-token prefill 0.78 s (0.97 s without the bf16 copy a CPU
-    without native bf16 goes without) vs 0.54 s bf16 and 1.83 s fp32 - fp32 being the
-    drafter's dtype on such a CPU before, int8 beats it at both (not measured on one);
-    RAPID on 3 HotpotQA haystacks at 2K decoded 1.03-1.40x faster with the int8 drafter than
-    with the bf16 one, same answers. Otherwise (a GPU, a bf16 target, the same model in both
-    roles) the answer model's dtype.
+    with knowledge transfer the drafter's q shapes the answer by design). Step and prefill
+    times: :mod:`specrag.models.int8`; on a CPU without native bf16 the drafter was fp32
+    before, which int8 beats at both there (1.83 s fp32 vs 0.97 s int8 for a 600-token
+    prefill without the bf16 copy; not measured on such a CPU). RAPID on 3 HotpotQA haystacks
+    at 2K decoded 1.03-1.40x faster with the int8 drafter than with the bf16 one, same
+    answers. Otherwise (a GPU, a bf16 target, the same model in both roles) the answer
+    model's dtype.
     """
     if same_model:  # one copy: the answer model's
         return dtype
@@ -257,7 +256,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     model.to(device)  # type: ignore[arg-type]
     model.eval()
     if quantized:
-        layout = int8.quantize(model, wide=device.type == "cpu" and native_bf16())
+        layout = int8.quantize(model, wide=native_bf16())  # int8 is CPU-only (resolve_dtype)
         dtype = torch.qint8
     else:
         layout = weight_layout.apply(  # before timing: the costs are the layout's

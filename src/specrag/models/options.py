@@ -12,8 +12,25 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specrag.errors import InputError
+
 Speculation = Literal["none", "prompt", "draft+prompt"]
 INT8_NAMES = ("int8", "qint8")  # the dtype of a drafter with int8 layers (specrag.models.int8)
+
+
+def refuse_int8_answer(dtype: str, setting: str, prefix: str = "") -> None:
+    """Raise a one-line :class:`InputError` when an answering model's ``dtype`` is int8.
+
+    An int8 model's wide passes compute differently from its single steps
+    (:mod:`specrag.models.int8`), so as the answer model it would not reproduce its own decoding.
+    """
+    if dtype in INT8_NAMES:
+        raise InputError(
+            f"{prefix}{setting}={dtype!r}: int8 is a drafter dtype only (drafter_dtype only: an "
+            "int8 model's wide passes compute differently from its steps, so as the answer "
+            "model it would not reproduce its own decoding)"
+        )
+
 
 # Keyword arguments LangChain itself may add to a model call; they are not decode settings.
 _LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id")

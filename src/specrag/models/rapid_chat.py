@@ -46,7 +46,7 @@ from specrag.models.local import (
     make_generator,
     special_tokens,
 )
-from specrag.models.options import INT8_NAMES, DecodeOptions
+from specrag.models.options import DecodeOptions, refuse_int8_answer
 
 # (document, question, token_length, chunk_tokens, token_budget) -> the drafter's context
 DrafterRetriever = Callable[[str, str, Callable[[str], int], int, int], str]
@@ -158,8 +158,7 @@ class ChatRapid(LocalChatBase):
 
     def load(self) -> tuple[LoadedLM, LoadedLM]:
         """Load target and drafter (once per process)."""
-        if self.dtype in INT8_NAMES:
-            raise InputError("RAPID's target cannot be int8 (drafter_dtype only)")
+        refuse_int8_answer(self.dtype, "dtype")  # the target's
         target = load_lm(self.target_model, self.device, self.dtype)
         name = self.drafter_model or self.target_model
         dtype = drafter_dtype(
