@@ -85,8 +85,10 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # before the later evidence batches only; 4: an incremental answer takes a batch arriving within
 # incremental_grace_s into its first prompt; 5: where a pass over a few more tokens costs about
 # twice a step - fp32 on CPU cores - weak n-gram matches propose at most the narrow width that
-# measures about one step, 2 tokens for SmolLM2: ``narrow_cap``).
-PROTOCOL = 5
+# measures about one step, 2 tokens for SmolLM2: ``narrow_cap``; 6: passes of several tokens
+# over the cache attend with native grouped-query attention, no copy of the keys and values -
+# ``specrag.models.attention``).
+PROTOCOL = 6
 
 
 def case_key(item: dict[str, Any], system: str, latency: float) -> str:

@@ -76,8 +76,10 @@ WARMUP_NEW = 8
 # token ids plus its prompt's (``drafter_vocab``, ``specrag.decoding.vocab``; HF assisted's
 # assistant scores every row, as HF runs it); 8: the drafter (and HF assisted's assistant) has
 # int8 linear layers beside an fp32 target on an x86 CPU (``specrag.models.int8``; a bf16 copy
-# for wide passes), its int8 output layer untrimmed.
-PROTOCOL = 8
+# for wide passes), its int8 output layer untrimmed; 9: passes of several tokens over the cache
+# attend with native grouped-query attention instead of copying the keys and values
+# (``specrag.models.attention``: bit-identical logits, cheaper verify passes), every method.
+PROTOCOL = 9
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:

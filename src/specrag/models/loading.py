@@ -31,7 +31,7 @@ from langchain_core.embeddings import Embeddings
 
 from specrag.decoding.drafter import PairCosts
 from specrag.errors import ModelLoadError
-from specrag.models import int8
+from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
 from specrag.models.options import INT8_NAMES
@@ -255,6 +255,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()
+    attention_note = attention.use(model, device)  # before any timing: it changes the costs
     if quantized:
         layout = int8.quantize(model, wide=native_bf16())  # int8 is CPU-only (resolve_dtype)
         dtype = torch.qint8
@@ -274,7 +275,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         eos_ids = (*eos_ids, tokenizer.eos_token_id)
     elapsed = time.perf_counter() - start
     log.info("loaded %s on %s/%s in %.1fs (cached=%s)", name, device, dtype, elapsed, from_cache)
-    log.info("%s: %s", name, layout)
+    log.info("%s: %s; %s", name, layout, attention_note)
     return LoadedLM(
         name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s, layout
     )
