@@ -27,7 +27,12 @@ def test_same_logits_as_transformers_sdpa_and_no_copy_of_the_cache(monkeypatch):
     assert model.config._attn_implementation == "sdpa"
     copies = []
     real_repeat = hf_sdpa.repeat_kv
-    monkeypatch.setattr(hf_sdpa, "repeat_kv", lambda h, n: copies.append(h.shape) or real_repeat(h, n))
+
+    def repeat_kv(hidden, n_rep):
+        copies.append(hidden.shape)
+        return real_repeat(hidden, n_rep)
+
+    monkeypatch.setattr(hf_sdpa, "repeat_kv", repeat_kv)
     before = passes(model)
     assert copies, "transformers' SDPA copies the cache for a masked multi-token pass"
     copies.clear()

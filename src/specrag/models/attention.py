@@ -36,7 +36,7 @@ def gqa_sdpa(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, with native GQA where it would copy the cache instead."""
+    """The SDPA attention of transformers, with native GQA where it would copy the cache instead."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     grouped = getattr(module, "num_key_value_groups", 1) > 1
