@@ -71,10 +71,12 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # 12 (squad, hotpot) and 13 (long): the drafter's linear layers run in int8 beside the fp32
 # target on an x86 CPU (``drafter_dtype`` auto, ``specrag.models.int8``; a bf16 copy for wide
 # passes), HF assisted generation's assistant too; its output layer is int8 and not trimmed.
-# 13 (squad, hotpot) and 14 (long): a pass of several tokens over the cache attends with native
-# grouped-query attention instead of copying the keys and values (``specrag.models.attention``;
-# bit-identical logits, cheaper verify passes), for every system - they share the loaded models.
-PROTOCOL = {"squad": 13, "hotpot": 13, "long": 14}
+# 13 (squad, hotpot) and 14 (long) were the reverted sure-confidence experiment (2af619f, its
+# run logs carry them). 14 (squad, hotpot) and 15 (long): a pass of several tokens over the
+# cache attends with native grouped-query attention instead of copying the keys and values
+# (``specrag.models.attention``; bit-identical logits, cheaper verify passes), for every
+# system - they share the loaded models.
+PROTOCOL = {"squad": 14, "hotpot": 14, "long": 15}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0
 LONG_PROMPT = "Explain in detail: {question}"
