@@ -4,11 +4,11 @@ transformers' SDPA attention (5.x) gives a model with grouped-query attention (f
 heads than query heads: Qwen2.5, SmolLM2) PyTorch's native GQA only where no mask is passed;
 a pass of several tokens after a cache - every verify pass, and a question's prefill after a
 cached document - carries a causal mask, so it copies every layer's keys and values once per
-query-head group first (``repeat_kv``). On 2 CPU cores that copy dominated the extra cost of a
-verify pass over a long cache (the 1.5B of the pair, 2,000-token cache: ~0.19 s of a 0.8 s
-8-token pass, 2026-12-01). PyTorch's CPU kernel takes the mask and the grouped heads together
-(``enable_gqa``), and its logits were bit-identical to the copying path's on the 1.5B at every
-pass width measured (1-16 tokens; ``tests/unit/test_attention.py`` checks a tiny model).
+query-head group first (``repeat_kv``). PyTorch's CPU kernel takes the mask and the grouped
+heads together (``enable_gqa``). Measured on 2 CPU cores (2026-12-01, the 1.5B of the pair
+after a 2,000-token cache; docs/bench/2026-12-01-gqa-attention/): an 8-token pass 0.851 s ->
+0.751 s, 16 tokens 0.964 s -> 0.838 s, 3 tokens 0.488 s -> 0.446 s; logits bit-identical at
+every width (1-16 tokens; ``tests/unit/test_attention.py`` checks that on a tiny model).
 
 :func:`use` switches a loaded CPU model to :data:`NAME`, which is transformers' SDPA attention
 except for that one case. Other devices keep transformers' choice (its masked-GQA dispatch is
