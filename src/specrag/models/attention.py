@@ -17,6 +17,7 @@ tuned per backend).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
@@ -71,8 +72,9 @@ def gqa_sdpa(
     return out.transpose(1, 2).contiguous(), None  # [batch, q_len, heads, head_dim]
 
 
+@cache  # the probe and the registration once per process, not at every model load
 def _registered() -> bool:
-    """Register :data:`NAME` with transformers (attention and mask), once; False if it cannot."""
+    """Register :data:`NAME` with transformers (attention and mask); False if it cannot."""
     probe = torch.zeros(1, 2, 1, 4)
     try:  # torch >= 2.5 (the builtin has no inspectable signature)
         F.scaled_dot_product_attention(probe, probe[:, :1], probe[:, :1], enable_gqa=True)
@@ -83,9 +85,8 @@ def _registered() -> bool:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     except ImportError:
         return False
-    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionInterface.register(NAME, gqa_sdpa)
-        AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionInterface.register(NAME, gqa_sdpa)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     return True
 
 
