@@ -97,8 +97,8 @@ def test_bad_model_path(capsys, tmp_path):
         (["bench", "load", "--dtype", "bf16"], "--dtype applies to"),
         (["bench", "rapid", "--dtype", "bogus"], "unknown dtype 'bogus'"),
         (["bench", "rag", "--models", "pair", "--dtype", "bogus"], "unknown dtype 'bogus'"),
-        (["bench", "rapid", "--dtype", "int8"], "int8 is a drafter dtype only"),
-        (["ask", "Who?", "--set", "dtype=int8"], "drafter_dtype only"),
+        (["bench", "rapid", "--dtype", "int8"], "int8 is for a drafter only"),
+        (["ask", "Who?", "--set", "dtype=int8"], r"set drafter_dtype=int8"),
     ],
 )
 def test_bad_bench_sets(capsys, argv, expected):

@@ -26,9 +26,9 @@ def refuse_int8_answer(dtype: str, setting: str, prefix: str = "") -> None:
     """
     if dtype in INT8_NAMES:
         raise InputError(
-            f"{prefix}{setting}={dtype!r}: int8 is a drafter dtype only (drafter_dtype only: an "
-            "int8 model's wide passes compute differently from its steps, so as the answer "
-            "model it would not reproduce its own decoding)"
+            f"{prefix}{setting}={dtype!r}: int8 is for a drafter only (set drafter_dtype=int8): "
+            "an int8 model's wide passes compute differently from its steps, so as the answer "
+            "model it would not reproduce its own decoding"
         )
 
 

@@ -181,19 +181,18 @@ class ChatRapid(LocalChatBase):
 
         return retrieve
 
-    def config(self, **overrides: Any) -> RapidConfig:
-        """The engine configuration of this model (``overrides`` replace fields)."""
-        fields = (
-            "gamma",
-            "transfer",
-            "eta",
-            "alpha",
-            "lam",
-            "adaptive_gamma",
-            "min_draft_confidence",
-            "drafter_vocab",
+    def config(self) -> RapidConfig:
+        """The engine configuration of this model."""
+        return RapidConfig(
+            gamma=self.gamma,
+            transfer=self.transfer,
+            eta=self.eta,
+            alpha=self.alpha,
+            lam=self.lam,
+            adaptive_gamma=self.adaptive_gamma,
+            min_draft_confidence=self.min_draft_confidence,
+            drafter_vocab=self.drafter_vocab,
         )
-        return RapidConfig(**{f: overrides.get(f, getattr(self, f)) for f in fields})
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         target, drafter = self.load()
