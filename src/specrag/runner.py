@@ -27,7 +27,12 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
         "draft": result.get("draft", ""),
         "draft_confidence": result.get("draft_confidence"),
         "sources": [
-            {"n": c.get("n"), "source": c.get("source"), "score": c.get("score")}
+            {
+                "n": c.get("n"),
+                "source": c.get("source"),
+                "score": c.get("score"),
+                **({"page": c["page"]} if "page" in c else {}),  # a PDF page's chunk
+            }
             for c in result.get("citations") or []
         ],
         "seed": result.get("seed"),

@@ -98,3 +98,14 @@ def test_a_pdf_chunk_is_cited_with_its_page():
         [{"id": "a", "source": "/d/spec.pdf#page=3", "score": 0.5}, {"source": "n.md"}]
     )
     assert cited[0]["page"] == 3 and "page" not in cited[1]
+
+
+def test_ask_json_sources_carry_the_page():
+    """``ask --json``'s ``sources`` name a PDF chunk's page, as the graph's citations do."""
+    from specrag.nodes.answer import citations
+    from specrag.runner import result_json
+
+    cites = citations([{"source": "/d/spec.pdf#page=3", "score": 0.5}, {"source": "n.md"}])
+    sources = result_json({"citations": cites})["sources"]
+    assert sources[0] == {"n": 1, "source": "/d/spec.pdf#page=3", "score": 0.5, "page": 3}
+    assert "page" not in sources[1]

@@ -83,7 +83,7 @@ class SpecRagContext:
     embedding_model: str = _f(
         "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."
     )
-    index_dir: str = _f("", "Chroma directory; empty = the default data dir (SPECRAG_DATA_DIR).")
+    index_dir: str = _f("", "Chroma directory; empty = index/ in the data dir (SPECRAG_DATA_DIR).")
     index_url: str = _f(
         "",
         "A Chroma server (http://HOST:PORT of `chroma run --path DIR --port N`) holding the "

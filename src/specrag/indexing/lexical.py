@@ -1,6 +1,6 @@
 """BM25 over the chunks of a Chroma collection (bm25s), kept in step with it.
 
-The BM25 index is persisted beside the Chroma directory (``bm25-<collection>/``; for a Chroma
+The BM25 index is persisted inside the Chroma directory (``bm25-<collection>/``; for a Chroma
 server, in the cache dir keyed by URL and collection). It records a fingerprint of the chunk
 ids it was built from: whenever the collection's ids differ (re-index, pruning, another
 process), it is rebuilt from the collection's own texts before the next search, so BM25 can
