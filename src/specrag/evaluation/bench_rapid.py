@@ -78,8 +78,10 @@ WARMUP_NEW = 8
 # int8 linear layers beside an fp32 target on an x86 CPU (``specrag.models.int8``; a bf16 copy
 # for wide passes), its int8 output layer untrimmed; 9: passes of several tokens over the cache
 # attend with native grouped-query attention instead of copying the keys and values
-# (``specrag.models.attention``: bit-identical logits, cheaper verify passes), every method.
-PROTOCOL = 9
+# (``specrag.models.attention``: bit-identical logits, cheaper verify passes), every method;
+# 10: RAPID's drafter ends a proposal after the first token it gives < 0.6
+# (``ChatRapid.min_draft_confidence``; 0 before).
+PROTOCOL = 10
 
 
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:

@@ -246,6 +246,15 @@ class SpecRagContext:
         "(0.10 vs 0.18, 0.09 vs 0.19) for no end-to-end gain on CPU.",
         ge=0,
     )
+    rapid_drafter_confidence: float = _f(
+        0.6,
+        "RAPID: a drafter proposal ends after the first token the drafter itself gives a "
+        "probability below this (0 = always rapid_gamma tokens); an unsure draft token is "
+        "often rejected and each wasted one costs a drafter step (measured on the pair: see "
+        "README).",
+        ge=0,
+        le=1,
+    )
     rapid_drafter_tokens: int = _f(
         768, "Token budget of retrieved chunks given to the RAPID drafter.", ge=1
     )

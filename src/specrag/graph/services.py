@@ -134,6 +134,7 @@ def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
         gamma=ctx.rapid_gamma,
         transfer=ctx.rapid_transfer,
         eta=ctx.rapid_eta,
+        min_draft_confidence=ctx.rapid_drafter_confidence,
         drafter_vocab=ctx.drafter_vocab,
     )
 

@@ -132,7 +132,7 @@ class ChatRapid(LocalChatBase):
     alpha: float = 0.1
     lam: float = 0.3
     adaptive_gamma: bool = True
-    min_draft_confidence: float = 0.0
+    min_draft_confidence: float = 0.6  # see SpecRagContext.rapid_drafter_confidence
     drafter_vocab: int = 32768  # eta 0: the drafter scores these first ids + its prompt's
     drafter_tokens: int = 768
     chunk_tokens: int = 128
