@@ -6,46 +6,44 @@ from specrag.models.loading import load_lm
 from specrag.models import int8
 from specrag.decoding.state import LMState
 
-class W8Linear(nn.Module):
+class _PackedLinear(nn.Module):
+    """A linear layer with packed weights for 1-3 rows and a bf16 copy for wider passes."""
     def __init__(self, layer):
         super().__init__()
         W=layer.weight.detach().float(); N,K=W.shape
         self.in_features,self.out_features=K,N
-        s=(W.abs().amax(1)/127).clamp_min(1e-12)
-        self.wq=(W/s[:,None]).round().clamp(-127,127).to(torch.int8).contiguous()
-        self.s=s.to(torch.bfloat16)
         self.bias=None if layer.bias is None else layer.bias.detach().float()
         self.wide=W.to(torch.bfloat16); self.wide_bias=None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
+        self.pack(W)
     def forward(self,x):
         rows=x.reshape(-1,self.in_features)
         if rows.shape[0]>=4:
             y=F.linear(rows.to(torch.bfloat16),self.wide,self.wide_bias).to(x.dtype)
         else:
-            y=torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16),self.wq,self.s).to(x.dtype)
+            y=self.narrow(rows.to(torch.bfloat16)).to(x.dtype)
             if self.bias is not None: y=y+self.bias
         return y.view(*x.shape[:-1],self.out_features)
 
-class Int4Linear(nn.Module):
-    def __init__(self, layer, gs=32):
-        super().__init__()
-        W=layer.weight.detach().float(); N,K=W.shape
-        self.in_features,self.out_features,self.gs=K,N,gs
+class W8Linear(_PackedLinear):
+    def pack(self, W):
+        s=(W.abs().amax(1)/127).clamp_min(1e-12)
+        self.wq=(W/s[:,None]).round().clamp(-127,127).to(torch.int8).contiguous()
+        self.s=s.to(torch.bfloat16)
+    def narrow(self, rows):
+        return torch.ops.aten._weight_int8pack_mm(rows,self.wq,self.s)
+
+class Int4Linear(_PackedLinear):
+    gs=32
+    def pack(self, W):
+        N,K=W.shape; gs=self.gs
         Wg=W.reshape(N,K//gs,gs)
         mn=Wg.amin(-1,keepdim=True); mx=Wg.amax(-1,keepdim=True)
         scale=((mx-mn)/15).clamp_min(1e-8)
         q=((Wg-mn)/scale).round().clamp(0,15).to(torch.int32).reshape(N,K)
         self.packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q,1)
         self.sz=torch.stack([scale.reshape(N,K//gs),(mn+8*scale).reshape(N,K//gs)],-1).transpose(0,1).contiguous().to(torch.bfloat16)
-        self.bias=None if layer.bias is None else layer.bias.detach().float()
-        self.wide=W.to(torch.bfloat16); self.wide_bias=None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
-    def forward(self,x):
-        rows=x.reshape(-1,self.in_features)
-        if rows.shape[0]>=4:
-            y=F.linear(rows.to(torch.bfloat16),self.wide,self.wide_bias).to(x.dtype)
-        else:
-            y=torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16),self.packed,self.gs,self.sz).to(x.dtype)
-            if self.bias is not None: y=y+self.bias
-        return y.view(*x.shape[:-1],self.out_features)
+    def narrow(self, rows):
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows,self.packed,self.gs,self.sz)
 
 def to_int4(model, head):
     named=[(n,m) for n,m in model.named_modules() if isinstance(m, nn.Linear)]
