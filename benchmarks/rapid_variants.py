@@ -30,11 +30,28 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_VARIANTS = {"default": {}, "no_cutoff": {"min_draft_confidence": 0.0}}
+FIXED = {  # ChatRapid settings this script sets itself
+    "target_model",
+    "drafter_model",
+    "device",
+    "dtype",
+    "drafter_dtype",
+    "eta",
+    "max_new_tokens",
+    "prefix_cache",
+}
+RESERVED_NAMES = {"target_only", "qid", "length"}  # keys of a results row
 LENGTHS = "2048,4096"
 
 
 def parse_variants(text: str) -> dict[str, dict[str, Any]]:
-    """``--variants``: a JSON object of name -> ChatRapid settings (each an object)."""
+    """``--variants``: a JSON object of name -> ChatRapid settings (each an object).
+
+    Each is checked by building the ChatRapid it describes (nothing loads), so a bad name or
+    value is a one-line error before any model loads.
+    """
+    from pydantic import ValidationError
+
     from specrag.models.rapid_chat import ChatRapid
 
     try:
@@ -44,12 +61,38 @@ def parse_variants(text: str) -> dict[str, dict[str, Any]]:
     if not isinstance(variants, dict) or not variants:
         raise SystemExit("rapid_variants: error: --variants must be a non-empty JSON object")
     for name, settings in variants.items():
+        if name in RESERVED_NAMES:
+            raise SystemExit(f"rapid_variants: error: {name!r} cannot name a variant")
         if not isinstance(settings, dict):
             raise SystemExit(f"rapid_variants: error: variant {name!r} is not a JSON object")
         unknown = sorted(set(settings) - set(ChatRapid.model_fields))
         if unknown:
             raise SystemExit(f"rapid_variants: error: variant {name!r}: unknown {unknown}")
+        fixed = sorted(set(settings) & FIXED)
+        if fixed:
+            raise SystemExit(f"rapid_variants: error: variant {name!r}: {fixed} are set here")
+        try:
+            ChatRapid(**settings)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(map(str, problem["loc"]))
+            raise SystemExit(
+                f"rapid_variants: error: variant {name!r}: {where}: {problem['msg']}"
+            ) from None
     return variants
+
+
+def speed(new_tokens: int, decode_s: float) -> float | None:
+    """Decode tokens/s after the first token (None for a one-token answer)."""
+    return (new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else None
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _ci(point: float | None, ci: list[float] | None) -> str:
+    return "-" if point is None or ci is None else f"{point:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -61,12 +104,11 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
     ]
     for length, by_name in summary.items():
         for name, s in by_name.items():
-            lo, hi = s["ci95"]
-            flo, fhi = s["vs_first_ci95"]
             rows.append(
-                f"| {length} | {name} | {s['decode_speedup_vs_target']:.3f} [{lo:.3f}, {hi:.3f}]"
-                f" | {s['vs_first']:.3f} [{flo:.3f}, {fhi:.3f}] | {s['acceptance']:.3f}"
-                f" | {s['target_passes_per_token']:.3f} / {s['drafter_passes_per_token']:.3f} |"
+                f"| {length} | {name} | {_ci(s['decode_speedup_vs_target'], s['ci95'])}"
+                f" | {_ci(s['vs_first'], s['vs_first_ci95'])} | {_num(s['acceptance'])}"
+                f" | {_num(s['target_passes_per_token'])} / "
+                f"{_num(s['drafter_passes_per_token'])} |"
             )
     return "\n".join(rows) + "\n"
 
@@ -76,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", choices=["pair", "embedded"], default="pair")
     ap.add_argument("--questions", type=int, default=5, help="HotpotQA questions (default 5)")
     ap.add_argument(
-        "--drafter-dtype", default="auto", help="the pair's 0.5B (auto: as bench rapid loads it)"
+        "--drafter-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16", "int8"],
+        help="the pair's 0.5B (auto: as bench rapid loads it)",
     )
     ap.add_argument("--variants", default=json.dumps(DEFAULT_VARIANTS), help="JSON object")
     ap.add_argument("--lengths", default=LENGTHS, help="haystack tokens, comma-separated")
@@ -100,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specrag.data.datasets import hotpot_questions, sample
     from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.errors import SpecRagError
     from specrag.evaluation import metrics
     from specrag.evaluation.bench_rapid import MAX_NEW, SEED, build_document, run_case
     from specrag.graph.context import MODEL_PRESETS
@@ -111,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.models == "pair" and not installed():
         raise SystemExit("rapid_variants: error: the pair is not installed: run make models-pair")
     drafter_name, target_name = MODEL_PRESETS[args.models]
-    target = load_lm(target_name, "auto", "float32")
     same = drafter_name == target_name  # embedded: one model in both roles, one copy
-    dtype = drafter_dtype(args.drafter_dtype, "float32", "auto", same)
-    drafter = target if same else load_lm(drafter_name, "auto", dtype)
+    try:  # as bench rapid loads them (auto: fp32 on a CPU, bf16 on a GPU)
+        target = load_lm(target_name, "auto", "auto")
+        dtype = drafter_dtype(args.drafter_dtype, "auto", "auto", same)
+        drafter = target if same else load_lm(drafter_name, "auto", dtype)
+    except SpecRagError as exc:
+        raise SystemExit(f"rapid_variants: error: {exc}") from None
     pool = hotpot_questions()
     picked = sample(pool, args.questions, SEED)
     distractors = sample(pool, 300, SEED + 1)
@@ -135,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "new_tokens": meta["new_tokens"],
             "decode_s": meta["decode_s"],
-            "tokens_per_s": (meta["new_tokens"] - 1) / meta["decode_s"],
+            "tokens_per_s": speed(meta["new_tokens"], meta["decode_s"]),
             "target_passes": meta["target_forward_passes"],
             "drafter_passes": meta["drafter_forward_passes"],
             "acceptance": meta["acceptance_rate"],
@@ -165,28 +214,32 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             log.print(
                 f"{time.time() - start:.0f}s question {qi + 1}/{len(picked)} {length}: target "
-                f"{base['tokens_per_s']:.2f} tok/s; "
-                + ", ".join(
-                    f"{k} {row[k]['tokens_per_s'] / base['tokens_per_s']:.2f}x" for k in names
-                )
+                f"{base['tokens_per_s'] or 0:.2f} tok/s; "
+                + ", ".join(f"{k} {row[k]['tokens_per_s'] or 0:.2f} tok/s" for k in names)
             )
     summary: dict[str, dict[str, dict[str, Any]]] = {}
     for length in lengths:
         rs = [r for r in rows if r["length"] == length]
-        speed = lambda name: {r["qid"]: r[name]["tokens_per_s"] for r in rs}  # noqa: E731
+        # paired: the questions whose answers have a decode speed under every system
+        timed = [r for r in rs if all(r[k]["tokens_per_s"] for k in ["target_only", *names])]
+        speeds = lambda name: {r["qid"]: r[name]["tokens_per_s"] for r in timed}  # noqa: E731
         summary[str(length)] = {}
         for name in names:
-            point, ci = metrics.ratio_ci(speed(name), speed("target_only"), metrics.mean, seed=SEED)
+            point, ci = metrics.ratio_ci(
+                speeds(name), speeds("target_only"), metrics.mean, seed=SEED
+            )
             first, first_ci = metrics.ratio_ci(
-                speed(name), speed(names[0]), metrics.mean, seed=SEED
+                speeds(name), speeds(names[0]), metrics.mean, seed=SEED
             )
             new = sum(r[name]["new_tokens"] for r in rs)
+            rates = [r[name]["acceptance"] for r in rs if r[name]["acceptance"] is not None]
             summary[str(length)][name] = {
                 "decode_speedup_vs_target": point,
                 "ci95": ci,
                 "vs_first": first,
                 "vs_first_ci95": first_ci,
-                "acceptance": metrics.mean([r[name]["acceptance"] for r in rs]),
+                "questions_timed": len(timed),
+                "acceptance": metrics.mean(rates) if rates else None,
                 "target_passes_per_token": sum(r[name]["target_passes"] for r in rs) / new,
                 "drafter_passes_per_token": sum(r[name]["drafter_passes"] for r in rs) / new,
             }

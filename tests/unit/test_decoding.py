@@ -348,26 +348,31 @@ def test_rapid_lossless_skips_the_drafter_pass_after_its_last_token(model, eta):
 
 @pytest.mark.parametrize("ctx_len", [20, 200, 1200])
 @pytest.mark.parametrize("gamma", [1, 4, 10])
-def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma):
+@pytest.mark.parametrize("cut", [0.0, 0.6])
+def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma, cut):
+    """Lossless RAPID == the target alone, with the confidence cut-off (ChatRapid's 0.6: a
+    round stops drafting at an unsure position, which it must do somewhere) and without."""
     g = torch.Generator().manual_seed(ctx_len + gamma)
     doc = torch.randint(0, 64, (ctx_len,), generator=g).tolist()
     target_prompt = doc + [5, 6, 7]
     drafter_prompt = doc[-min(len(doc), 15) :] + [5, 6, 7]  # "retrieved" piece only
     ref = greedy(model, target_prompt, 30)
     drafter = tiny(seed=9)  # a different drafter: acceptance is lower, output the same
-    proposed = accepted = 0
+    proposed = accepted = unsure = 0
     for d in (model, drafter):
-        cfg = RapidConfig(gamma=gamma, eta=0.0)
+        cfg = RapidConfig(gamma=gamma, eta=0.0, min_draft_confidence=cut)
         out, stats = rapid_greedy(
             LMState(model), LMState(d), target_prompt, drafter_prompt, 30, cfg
         )
         assert out == ref
         assert stats.steps < 30 or stats.acceptance_rate == 0
         proposed, accepted = proposed + stats.draft_tokens, accepted + stats.accepted_tokens
+        unsure += stats.unsure_stops
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert (unsure > 0) == (cut > 0), unsure  # the cut-off cut some rounds (gamma adapts up)
 
 
-def rapid_sampling_stats(n: int = 2000) -> dict[str, float]:
+def rapid_sampling_stats(n: int = 2000, cut: float = 0.0) -> dict[str, float]:
     """Sample ``n`` RAPID (eta = 0) decodes; compare them with the target's exact distribution.
 
     Vocab 3 at temperature 3, 5 new tokens, gamma 3. The drafter is the target's network with
@@ -394,7 +399,7 @@ def rapid_sampling_stats(n: int = 2000) -> dict[str, float]:
             drafter_prompt,
             max_new_tokens=new,
             sampler=sampler,
-            cfg=RapidConfig(gamma=3, eta=0.0),
+            cfg=RapidConfig(gamma=3, eta=0.0, min_draft_confidence=cut),
             generator=g,
             stats=stats,
         )
@@ -405,6 +410,7 @@ def rapid_sampling_stats(n: int = 2000) -> dict[str, float]:
         "tv_drafter": 0.5 * sum(abs(exact[k] - drafter_alone[k]) for k in exact),
         "proposed": stats.draft_tokens,
         "accepted": stats.accepted_tokens,
+        "unsure_stops": stats.unsure_stops,
     }
 
 
@@ -440,6 +446,23 @@ def test_rapid_eta0_sampling_matches_target_distribution():
     assert r["tv"] < 0.10, info
     assert r["tv_12"] < 0.06, info
     assert r["tv_drafter"] > 0.3, info
+
+
+def test_rapid_eta0_sampling_with_the_confidence_cut_off_matches_target_distribution():
+    """As above with a cut-off (a round stops drafting where the drafter's max q < 0.8): it
+    reads only the drafter's q, so the target's distribution is still sampled exactly.
+    Measured: TV 0.060, TV_12 0.018, 5524 proposed / 4220 accepted, 1415 rounds cut. A
+    mutation that drafts the unsure token anyway but books a uniform q for it: TV 0.114."""
+    r = rapid_sampling_stats(cut=0.8)
+    info = (
+        f"TV={r['tv']:.3f} TV_12={r['tv_12']:.3f} {counts_msg(r['proposed'], r['accepted'])}"
+        f", {r['unsure_stops']} rounds cut"
+    )
+    print(info)
+    assert r["proposed"] > r["accepted"] > 0, info
+    assert r["unsure_stops"] > 0, info
+    assert r["tv"] < 0.10, info
+    assert r["tv_12"] < 0.06, info
 
 
 def test_knowledge_transfer_shifts_toward_drafter():

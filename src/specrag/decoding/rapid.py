@@ -50,7 +50,9 @@ class RapidConfig:
     lam: float = 0.3  # drafter weight for "mixture"
     adaptive_gamma: bool = True  # +1 after a fully accepted step, -1 after a rejection
     max_gamma: int = 16
-    min_draft_confidence: float = 0.0  # stop drafting when max(q) falls below this (0 = off)
+    # a round stops drafting before a position where the drafter's max(q) is below this (its
+    # first draft token is always proposed; 0 = off); it reads only q, so eta 0 stays lossless
+    min_draft_confidence: float = 0.0
     drafter_vocab: int = 0  # > 0 and lossless: the drafter scores these first ids + its prompt's
 
     @property
@@ -73,6 +75,7 @@ class RapidStats:
     accepted_tokens: int = 0  # draft tokens accepted by the target
     drafter_passes: int = 0
     drafter_vocab_rows: int = 0  # output rows the drafter scored (0: all)
+    unsure_stops: int = 0  # rounds that stopped drafting at an unsure position
     target_prefill_s: float = 0.0
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -95,6 +98,7 @@ class RapidStats:
             "target_forward_passes": self.steps + 1,
             "drafter_forward_passes": self.drafter_passes,
             "drafter_vocab_rows": self.drafter_vocab_rows,
+            "unsure_stops": self.unsure_stops,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": round(self.acceptance_rate, 4),
@@ -208,6 +212,7 @@ def rapid_decode(
                     and cfg.min_draft_confidence > 0
                     and float(q.max()) < cfg.min_draft_confidence
                 ):
+                    st.unsure_stops += 1
                     break
                 d = sampler.pick(q, generator)
                 drafts.append(d)

@@ -79,8 +79,8 @@ WARMUP_NEW = 8
 # for wide passes), its int8 output layer untrimmed; 9: passes of several tokens over the cache
 # attend with native grouped-query attention instead of copying the keys and values
 # (``specrag.models.attention``: bit-identical logits, cheaper verify passes), every method;
-# 10: RAPID's drafter ends a proposal after the first token it gives < 0.6
-# (``ChatRapid.min_draft_confidence``; 0 before).
+# 10: a RAPID round stops drafting before a position where the drafter's max(q) < 0.6 (the
+# first draft token always proposed; ``ChatRapid.min_draft_confidence``; 0 before).
 PROTOCOL = 10
 
 

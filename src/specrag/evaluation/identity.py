@@ -107,6 +107,8 @@ def prepare(
                 "tail": tail,
                 "drafter_prompt": d_head + d_doc + d_tail,
                 "max_new": MAX_NEW,
+                # ChatRapid's cut-off, so the check runs the product's drafting rule
+                "min_draft_confidence": ChatRapid.model_fields["min_draft_confidence"].default,
             }
         )
 
@@ -274,7 +276,7 @@ def _rapid_case(
             hay["drafter_prompt"],
             max_new_tokens=hay["max_new"],
             sampler=GREEDY,
-            cfg=RapidConfig(eta=0.0),
+            cfg=RapidConfig(eta=0.0, min_draft_confidence=hay.get("min_draft_confidence", 0.0)),
             eos_ids=eos,
             stats=rs,
         )

@@ -248,10 +248,10 @@ class SpecRagContext:
     )
     rapid_drafter_confidence: float = _f(
         0.6,
-        "RAPID: a drafter proposal ends after the first token the drafter itself gives a "
-        "probability below this (0 = always rapid_gamma tokens); an unsure draft token is "
-        "often rejected and each wasted one costs a drafter step (measured on the pair: see "
-        "README).",
+        "RAPID: a round stops drafting before a position where the drafter's most likely "
+        "token has a probability below this (its first draft token is always proposed; 0 = "
+        "off): an unsure draft token is often rejected and each wasted one costs a drafter "
+        "step (measured on the pair: see README).",
         ge=0,
         le=1,
     )

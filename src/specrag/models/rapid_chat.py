@@ -12,8 +12,9 @@ The target reads ``instructions + <document> + question``; the drafter reads the
 the retrieved chunks in place of the document. Prompts are document-first, so a second question
 on the same document reuses the target's cached KV prefix (``prefix_cache_hit`` in metadata).
 Decoding statistics land in ``response_metadata``: ``acceptance_rate``,
-``mean_accepted_per_step``, ``target_forward_passes``, ``draft_tokens``, ``prefix_cache_hit``,
-``eta``, ``gamma`` and stage timings.
+``mean_accepted_per_step``, ``target_forward_passes``, ``draft_tokens``, ``unsure_stops``
+(rounds the confidence cut-off ended), ``prefix_cache_hit``, ``eta``, ``gamma`` and stage
+timings.
 """
 
 from __future__ import annotations
