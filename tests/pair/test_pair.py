@@ -95,22 +95,30 @@ def test_rapid_eta0_on_the_pair_is_identical_to_the_target(pair_models):
         )
         for t in s
     ]
-    model = ChatRapid(
-        target_model=target.name,
-        drafter_model=drafter.name,
-        device="cpu",
-        dtype="float32",
-        eta=0.0,
-        max_new_tokens=32,
-        prefix_cache=PrefixCache(),
-    )
-    msg = model.invoke([HumanMessage(ex.question)], document=document)
-    meta = msg.response_metadata
-    print(
-        f"RAPID pair: {msg.content!r} draft {meta['draft_tokens']} accepted "
-        f"{meta['accepted_tokens']}; reference {target.tokenizer.decode(ref)!r}"
-    )
-    assert meta["draft_tokens"] > meta["accepted_tokens"] > 0
-    assert (
-        str(msg.content).strip() == target.tokenizer.decode(ref, skip_special_tokens=True).strip()
-    )
+    expected = target.tokenizer.decode(ref, skip_special_tokens=True).strip()
+    cache = PrefixCache()  # the second run reuses the first's document prefill
+    metas = {}
+    for cut in (0.6, 0.0):  # ChatRapid's confidence cut-off, and none
+        model = ChatRapid(
+            target_model=target.name,
+            drafter_model=drafter.name,
+            device="cpu",
+            dtype="float32",
+            eta=0.0,
+            min_draft_confidence=cut,
+            max_new_tokens=32,
+            prefix_cache=cache,
+        )
+        msg = model.invoke([HumanMessage(ex.question)], document=document)
+        meta = metas[cut] = msg.response_metadata
+        print(
+            f"RAPID pair, cut-off {cut}: {msg.content!r} draft {meta['draft_tokens']} accepted "
+            f"{meta['accepted_tokens']}, {meta['unsure_stops']} rounds cut; reference "
+            f"{expected!r}"
+        )
+        assert str(msg.content).strip() == expected
+    # the cut-off ended rounds early (on this haystack every token it let through was right);
+    # without it the drafter's proposals were accepted AND rejected
+    assert metas[0.6]["draft_tokens"] > 0 and metas[0.6]["unsure_stops"] > 0
+    assert metas[0.0]["draft_tokens"] > metas[0.0]["accepted_tokens"] > 0
+    assert metas[0.0]["unsure_stops"] == 0
