@@ -82,11 +82,6 @@ def parse_variants(text: str) -> dict[str, dict[str, Any]]:
     return variants
 
 
-def speed(new_tokens: int, decode_s: float) -> float | None:
-    """Decode tokens/s after the first token (None for a one-token answer)."""
-    return (new_tokens - 1) / decode_s if new_tokens > 1 and decode_s > 0 else None
-
-
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -147,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     from specrag.decoding.prefix_cache import PrefixCache
     from specrag.errors import SpecRagError
     from specrag.evaluation import metrics
-    from specrag.evaluation.bench_rapid import MAX_NEW, SEED, build_document, run_case
+    from specrag.evaluation.bench_rapid import (
+        MAX_NEW,
+        SEED,
+        build_document,
+        rapid_tokens_per_s,
+        run_case,
+    )
     from specrag.graph.context import MODEL_PRESETS
     from specrag.models.loading import drafter_dtype, dtype_name, load_lm
     from specrag.models.pair import installed
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "new_tokens": meta["new_tokens"],
             "decode_s": meta["decode_s"],
-            "tokens_per_s": speed(meta["new_tokens"], meta["decode_s"]),
+            "tokens_per_s": rapid_tokens_per_s(meta["new_tokens"], meta["decode_s"]),
             "target_passes": meta["target_forward_passes"],
             "drafter_passes": meta["drafter_forward_passes"],
             "acceptance": meta["acceptance_rate"],

@@ -84,6 +84,11 @@ WARMUP_NEW = 8
 PROTOCOL = 10
 
 
+def rapid_tokens_per_s(new_tokens: int, decode_s: float) -> float | None:
+    """RAPID's decode speed: tokens after the first over ``decode_s`` (None for one token)."""
+    return (new_tokens - 1) / decode_s if decode_s and new_tokens > 1 else None
+
+
 def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:
     """Run-log key of one method on one (question, context length), with its dtype if set."""
     tag = "" if dtype == "auto" else f"|{dtype}"
@@ -171,7 +176,7 @@ def run_case(
             "answer": str(msg.content),
             "new_tokens": new,
             "decode_s": decode_s,
-            "tokens_per_s": (new - 1) / decode_s if decode_s and new > 1 else None,
+            "tokens_per_s": rapid_tokens_per_s(new, decode_s),
             "e2e_s": e2e,
             "ttft_s": meta.get("ttft_s"),
             "target_forward_passes": meta["target_forward_passes"],
