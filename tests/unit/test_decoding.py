@@ -372,6 +372,69 @@ def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma, cut):
     assert (unsure > 0) == (cut > 0), unsure  # the cut-off cut some rounds (gamma adapts up)
 
 
+def padded_drafter(target, rows):
+    """A drafter with ``rows`` output rows sharing ``target``'s 64 tokens and first layer.
+
+    Qwen2.5-0.5B has 151,936 output rows, Qwen2.5-7B 152,064: one tokenizer, padded heads.
+    The drafter's padding rows (64 and up) are made to win its argmax where they exist.
+    """
+    drafter = tiny_llama(rows, 1, 1, 40.0)
+    source = target.state_dict()
+    with torch.no_grad():
+        for k, v in drafter.state_dict().items():
+            if k.startswith("model.layers.0.") or k == "model.norm.weight":
+                v.copy_(source[k])
+        drafter.model.embed_tokens.weight[:64] = source["model.embed_tokens.weight"][:64]
+        drafter.lm_head.weight[:64] = source["lm_head.weight"][:64]
+        drafter.lm_head.weight[64:] = source["lm_head.weight"][: rows - 64] * 3
+    return drafter
+
+
+@pytest.mark.parametrize(
+    ("transfer", "eta", "temperature"),
+    [("shift", 0.0, 0.0), ("shift", 5.0, 0.0), ("shift", 5.0, 1.0), ("mixture", 5.0, 1.0)],
+)
+def test_rapid_drafter_with_another_output_width(model, transfer, eta, temperature):
+    """A drafter whose output layer has more rows than the target's (a padded head) drafts on
+    the target's rows: q has the target's width (knowledge transfer and sampling combine q
+    with p) and the padding rows, which dominate its own argmax, are never proposed. Greedy
+    eta 0 stays identical to the target alone. Before the drafter's rows were laid out on the
+    target's, every case here failed (a padding id fed to the target, or q of 72 rows
+    combined with p of 64)."""
+    doc = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(8)).tolist()
+    target_prompt, drafter_prompt = doc + [5, 6], doc[-20:] + [5, 6]
+    drafter, drafts = padded_drafter(model, 72), []
+    d_state = LMState(drafter)
+    extend = d_state.extend
+
+    def recording(ids, **kw):  # the drafter's argmax at every position it scored
+        logits = extend(ids, **kw)
+        drafts.extend(logits.argmax(-1).tolist())
+        return logits
+
+    d_state.extend = recording
+    stats = RapidStats()
+    cfg = RapidConfig(gamma=4, transfer=transfer, eta=eta, lam=0.3)
+    gen = rapid_decode(
+        LMState(model),
+        d_state,
+        target_prompt,
+        drafter_prompt,
+        max_new_tokens=30,
+        sampler=Sampler(temperature),
+        cfg=cfg,
+        generator=torch.Generator().manual_seed(0),
+        stats=stats,
+        usable=64,
+    )
+    out = run(gen)
+    assert len(out) == 30 and max(out) < 64
+    assert max(drafts) >= 64  # the drafter's own argmax is a padding row somewhere
+    if cfg.lossless and temperature == 0:
+        assert out == greedy(model, target_prompt, 30)
+    assert stats.draft_tokens > stats.accepted_tokens > 0, stats.as_dict()
+
+
 def rapid_sampling_stats(n: int = 2000, cut: float = 0.0) -> dict[str, float]:
     """Sample ``n`` RAPID (eta = 0) decodes; compare them with the target's exact distribution.
 
@@ -476,6 +539,12 @@ def test_knowledge_transfer_shifts_toward_drafter():
     assert torch.equal(p0, same)
     _, mix = transfer_distribution(z, q, RapidConfig(transfer="mixture", lam=0.5), 0.0)
     torch.testing.assert_close(mix, 0.5 * p + 0.5 * q)
+    # eta 0 turns the transfer off whatever the rule (rapid_eta=0 is documented as lossless;
+    # the mixture's weight lam is not a graph setting, so it could not be turned off there)
+    off = RapidConfig(transfer="mixture", eta=0.0, lam=0.5)
+    assert off.lossless
+    _, unmixed = transfer_distribution(z, q, off, 0.0)
+    assert torch.equal(unmixed, p)
 
 
 def test_prefix_cache_reuse_gives_same_output(model):

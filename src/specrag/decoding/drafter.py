@@ -31,6 +31,7 @@ import torch
 from specrag.decoding.candidates import NgramProposer, Proposal
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState
+from specrag.decoding.vocab import fit_rows
 
 NARROW = (1, 2, 3)  # candidates per narrow verify pass measured against a wide one
 
@@ -129,17 +130,8 @@ class DrafterProposer:
         self.usable = usable
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        """The drafter's logits ``[vocab_d]`` on the target's rows ``[vocab]``, in fp32.
-
-        A drafter may run in another dtype than the target (``drafter_dtype``).
-        """
-        logits = logits.float()
-        if self.vocab is None or (self.usable is None and logits.shape[-1] == self.vocab):
-            return logits
-        n = min(self.vocab, logits.shape[-1], self.usable or logits.shape[-1])
-        out = torch.full((self.vocab,), float("-inf"), dtype=logits.dtype, device=logits.device)
-        out[:n] = logits[:n]
-        return out
+        """The drafter's logits ``[vocab_d]`` on the target's rows ``[vocab]``, in fp32."""
+        return fit_rows(logits, self.vocab, self.usable)
 
     @torch.inference_mode()
     def propose(self, generated: list[int], k: int, min_confidence: float = 0.0) -> Proposal:

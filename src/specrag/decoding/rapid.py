@@ -13,10 +13,10 @@ with target logits ``z``, target distribution ``p = softmax(z / T)`` and drafter
   with ``m = [q >= alpha * max(q)]`` - the shift only touches tokens the drafter finds
   plausible. Draft token ``d`` is accepted when ``u <= p_hat(d) / q(d)``; on rejection the
   replacement is drawn from ``normalize(max(p - q, p - p_hat)+)`` (the reference rule);
-* ``transfer="mixture"``: ``p_hat = (1 - lam) * p + lam * q``, accepted when
+* ``transfer="mixture"`` (with ``eta > 0``): ``p_hat = (1 - lam) * p + lam * q``, accepted when
   ``u <= p_hat(d) / q(d)``, residual ``normalize((p_hat - q)+)`` - exact sampling from
   ``p_hat``;
-* ``eta = 0`` (or ``transfer="none"``): ``p_hat = p`` and both rules reduce to standard
+* ``eta = 0`` (whatever the rule) or ``transfer="none"``: ``p_hat = p``, standard
   speculative sampling, which is lossless: greedy output is token-identical to target-only
   greedy decoding and sampled output has the target's distribution.
 
@@ -35,6 +35,7 @@ import torch
 from specrag.decoding.sampling import Sampler, token_logprob
 from specrag.decoding.speculative import Token, prefill, prefill_stop
 from specrag.decoding.state import LMState, Stopped
+from specrag.decoding.vocab import fit_rows
 
 Transfer = Literal["shift", "mixture", "none"]
 
@@ -45,7 +46,7 @@ class RapidConfig:
 
     gamma: int = 10  # draft tokens per step (reference: 10)
     transfer: Transfer = "shift"
-    eta: float = 5.0  # knowledge-transfer strength for "shift" (paper: 5-50); 0 = lossless
+    eta: float = 5.0  # transfer strength for "shift" (paper: 5-50); 0 = off for any rule
     alpha: float = 0.1  # shift only where q >= alpha * max(q) (reference: 0.1)
     lam: float = 0.3  # drafter weight for "mixture"
     adaptive_gamma: bool = True  # +1 after a fully accepted step, -1 after a rejection
@@ -60,7 +61,7 @@ class RapidConfig:
         """True when the output follows the target alone (no knowledge transfer)."""
         return (
             self.transfer == "none"
-            or (self.transfer == "shift" and self.eta == 0)
+            or self.eta == 0
             or (self.transfer == "mixture" and self.lam == 0)
         )
 
@@ -141,16 +142,21 @@ def rapid_decode(
     should_stop: Callable[[int], str | None] | None = None,
     generator: torch.Generator | None = None,
     stats: RapidStats | None = None,
+    usable: int | None = None,
 ) -> Iterator[list[Token]]:
     """Yield the tokens emitted by each verification step.
 
     ``target`` may already hold a prefix of ``target_prompt`` (document prefix cache).
+    ``usable``: the shared tokenizer's size; the drafter's distribution is laid out on the
+    target's output rows with rows past it masked (:func:`specrag.decoding.vocab.fit_rows`:
+    models of one family pad their output layers differently).
     """
     st = stats if stats is not None else RapidStats()
     greedy = sampler.greedy
+    rows: int | None = None  # the target's output width, known after its prefill
 
     def draft_dist(logits: torch.Tensor) -> torch.Tensor:  # drafter q at one position, [vocab]
-        logits = logits.float()  # a drafter may run in another dtype than the target
+        logits = fit_rows(logits, rows, usable)  # fp32, on the target's rows
         return torch.softmax(logits, dim=-1) if greedy else sampler.probs(logits)
 
     t_start = time.perf_counter()
@@ -165,6 +171,7 @@ def rapid_decode(
     try:  # budgets apply to both prefills
         t0 = time.perf_counter()
         z0 = prefill(target, target_prompt, before)  # [vocab]
+        rows = z0.shape[-1]
         st.target_prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if cfg.drafter_vocab and cfg.lossless:  # with transfer q shapes the answer: all rows

@@ -80,6 +80,24 @@ class VocabSubset(nn.Module):
         return out.view(*hidden.shape[:-1], self.rows)
 
 
+def fit_rows(logits: torch.Tensor, rows: int | None, usable: int | None = None) -> torch.Tensor:
+    """A drafter's logits ``[..., vocab_d]`` laid out on its target's ``rows``, in fp32.
+
+    Models of one family pad their output layers differently (Qwen2.5-0.5B: 151,936 rows, 7B:
+    152,064) around one tokenizer of ``usable`` real tokens. Rows past ``usable`` (padding) and
+    past the drafter's own width are ``-inf``, so the drafter's distribution ``q`` - exactly
+    the distribution its proposals are drawn from - has the target's width and never proposes
+    an id the target has no row for. ``rows`` None: unchanged (fp32).
+    """
+    logits = logits.float()  # a drafter may run in another dtype than the target
+    if rows is None or (usable is None and logits.shape[-1] == rows):
+        return logits
+    n = min(rows, logits.shape[-1], usable or logits.shape[-1])
+    out = logits.new_full((*logits.shape[:-1], rows), float("-inf"))
+    out[..., :n] = logits[..., :n]
+    return out
+
+
 @contextmanager
 def scoring(model: Any, subset: VocabSubset | None) -> Iterator[None]:
     """While inside, ``model``'s output layer computes only ``subset``'s rows (None: all)."""

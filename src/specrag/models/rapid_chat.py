@@ -267,6 +267,7 @@ class ChatRapid(LocalChatBase):
                 should_stop=should_stop,
                 generator=generator,
                 stats=stats,
+                usable=len(target.tokenizer),
             )
 
         def metadata() -> dict[str, Any]:
