@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from specrag import prompts
 from specrag.errors import InputError
-from specrag.models.options import refuse_int8_answer
+from specrag.models.options import check_placement
 
 
 def _f(
@@ -237,7 +237,7 @@ class SpecRagContext:
     )
     rapid_gamma: int = _f(10, "RAPID draft tokens per step.", ge=1)
     rapid_transfer: Literal["shift", "mixture", "none"] = _f(
-        "shift", "RAPID knowledge-transfer rule."
+        "shift", "RAPID knowledge-transfer rule (applied when rapid_eta > 0)."
     )
     rapid_eta: float = _f(
         0.0,
@@ -304,7 +304,7 @@ class SpecRagContext:
                     f"invalid configuration: {f.name}={value!r} (allowed: {_range_text(meta)})"
                 )
 
-        refuse_int8_answer(self.dtype, "dtype", "invalid configuration: ")
+        check_placement(self.device, self.dtype, self.drafter_dtype, "invalid configuration: ")
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:
