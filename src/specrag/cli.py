@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,9 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 
 from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
-from specrag.runner import preload, result_json, run_graph  # noqa: E402
+from specrag.runner import preload, result_json, run_graph, unfinished_run  # noqa: E402
 
 err = Console(stderr=True)
 out = Console()
@@ -166,6 +167,16 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.resume:
         if not args.thread:
             raise InputError("--resume needs --thread ID")
+        if args.question:
+            raise InputError(
+                "--resume finishes the interrupted run of --thread with its own question: "
+                "drop the question, or drop --resume to ask it"
+            )
+        if asyncio.run(unfinished_run(args.thread)) is None:  # before any model loads
+            raise InputError(
+                f"thread {args.thread!r} has no interrupted run to resume (never run, or its "
+                "last run finished): ask a question with --thread to continue it"
+            )
         question = ""
     else:
         question = validate_question(args.question or "", ctx.max_question_chars)
@@ -192,10 +203,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(view, ensure_ascii=False))
         return 0
-    out.print(f"\n[bold]Answer:[/bold] {view['answer']}")
-    out.print(f"[dim]route:[/dim] {view['route']} - {view['reason']}")
+    out.print(f"\n[bold]Answer:[/bold] {escape(view['answer'])}")
+    out.print(f"[dim]route:[/dim] {escape(view['route'])} - {escape(view['reason'])}")
     for src in view["sources"]:
-        out.print(f"[dim]  [{src['n']}] {src['source']} (score {src['score']})[/dim]")
+        cited = escape(f"[{src['n']}] {src['source']}")
+        out.print(f"[dim]  {cited} (score {src['score']})[/dim]")
     t = view["timings"]
     out.print(
         "[dim]timings: " + ", ".join(f"{k}={v}" for k, v in t.items() if v is not None) + "[/dim]"
@@ -209,10 +221,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from specrag.demo import SCENARIOS, Scenario, normans_document, scenario_context
 
     ctx = make_context(args)
-    directory = index_dir_of(ctx)
+    where = f"the Chroma server at {ctx.index_url}" if ctx.index_url else index_dir_of(ctx)
     paragraphs = squad_paragraphs()
     records = [(p.id, p.text) for p in paragraphs]
-    err.print(f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {directory}")
+    err.print(f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {escape(str(where))}")
     report = index_with_progress(records, ctx, "embedding paragraphs")
     err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
     scenarios = SCENARIOS
@@ -222,9 +234,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     preload(ctx, document)
     rows = []
     for scenario in scenarios:
-        err.print(f"\n[bold]{scenario.name}:[/bold] {scenario.question}", soft_wrap=True)
+        err.print(
+            f"\n[bold]{escape(scenario.name)}:[/bold] {escape(scenario.question)}", soft_wrap=True
+        )
         if scenario.intro:
-            err.print(f"[dim]{scenario.intro}[/dim]", soft_wrap=True)
+            err.print(f"[dim]{escape(scenario.intro)}[/dim]", soft_wrap=True)
         run_ctx = scenario_context(ctx, scenario)
         doc = document if scenario.long_document else None
         result = asyncio.run(run_graph(scenario.question, run_ctx, doc, stream=not args.json))
@@ -262,17 +276,20 @@ def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
     for n, (scenario, r) in enumerate(rows, start=1):
         conf = r["draft_confidence"]
         conf_text = f", confidence {conf:.2f}" if conf is not None else ""
-        out.print(f"\n[bold]{n}. {scenario.name}: {scenario.question}[/bold]", soft_wrap=True)
-        out.print(f"   draft (no evidence{conf_text}): {r['draft'] or '-'}", soft_wrap=True)
-        out.print(f"   route: {r['route']} - because {r['reason']}", soft_wrap=True)
+        out.print(
+            f"\n[bold]{n}. {escape(scenario.name)}: {escape(scenario.question)}[/bold]",
+            soft_wrap=True,
+        )
+        out.print(f"   draft (no evidence{conf_text}): {escape(r['draft'] or '-')}", soft_wrap=True)
+        out.print(f"   route: {escape(r['route'])} - because {escape(r['reason'])}", soft_wrap=True)
         if scenario.expected_route and r["route"] != scenario.expected_route:
             out.print(
                 f"   (this scenario was set up for {scenario.expected_route}; the gate decided "
                 "otherwise, for the reason above)",
                 soft_wrap=True,
             )
-        out.print(f"   answer: {r['answer']}", soft_wrap=True)
-        out.print(f"   speculation: {savings(r)}", soft_wrap=True)
+        out.print(f"   answer: {escape(r['answer'])}", soft_wrap=True)
+        out.print(f"   speculation: {escape(savings(r))}", soft_wrap=True)
     table = Table(title="what each run cost (seconds from the run's start)", title_justify="left")
     for col in ("#", "route", "draft 1st token", "answer 1st token", "total"):
         table.add_column(col, no_wrap=True)
@@ -299,13 +316,18 @@ def cmd_config(args: argparse.Namespace) -> int:
         for row in rows:
             value = str(row["value"])
             value = value if len(value) < 60 else value[:57] + "..."
-            out.print(f"[bold]{row['name']}[/bold] = {value}\n    [dim]{row['description']}[/dim]")
+            out.print(
+                f"[bold]{row['name']}[/bold] = {escape(value)}\n"
+                f"    [dim]{escape(str(row['description']))}[/dim]"
+            )
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run a benchmark; results go to files under --out (and to stdout with --json)."""
     import importlib
+
+    from specrag.evaluation.metrics import json_ready
 
     module = importlib.import_module(f"specrag.evaluation.bench_{args.which}")
     models = args.models or "embedded"
@@ -341,14 +363,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = module.run(
         quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh, models=models, **extra
     )
-    if args.json:
-        print(json.dumps(result, ensure_ascii=False))
+    if args.json:  # valid JSON whatever a summary holds (nan: a mean of no values)
+        print(json.dumps(json_ready(result), ensure_ascii=False, allow_nan=False))
     return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with specrag's error format: one line on stderr, exit 2 (subcommands too)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""
+        err.print(
+            f"specrag: error: {message} (see `{self.prog} --help`)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specrag",
         description=(
             "Speculative RAG on local models: a draft starts while retrieval runs, the answer "
@@ -414,7 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run a benchmark (rag, rapid, load, followup or retrieval)")
     p.add_argument("which", choices=["rag", "rapid", "load", "followup", "retrieval"])
-    p.add_argument("--quick", action="store_true", help="small sample (< 10 min on 2 cores)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sample (each benchmark < 25 min on 2 cores; README lists the times)",
+    )
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--fresh", action="store_true", help="ignore recorded runs (no resume)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -437,7 +477,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a usage error (2) Parser.error printed
+        return exc.code if isinstance(exc.code, int) else 2
     quiet_libraries()
     try:
         return int(args.func(args) or 0)

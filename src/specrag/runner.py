@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
 
@@ -70,6 +71,21 @@ async def run_graph(
         )
 
 
+async def unfinished_run(thread: str) -> tuple[str, ...] | None:
+    """The nodes the interrupted run of ``thread`` would go on with; None when it has none.
+
+    None both for a thread never run and for one whose last run finished.
+    """
+    from specrag.graph.builder import build_graph
+    from specrag.persistence import sqlite_checkpointer
+
+    async with sqlite_checkpointer() as saver:
+        state = await build_graph(checkpointer=saver).aget_state(
+            {"configurable": {"thread_id": thread}}
+        )
+    return tuple(state.next) or None
+
+
 async def _run(
     app: Any, question: str, ctx: Any, document: str | None, stream: bool, config: dict[str, Any]
 ) -> dict[str, Any]:
@@ -101,10 +117,14 @@ async def _run(
                 shown += chunk.content
                 err.print(chunk.content, end="", highlight=False, markup=False)
         elif event == "route":
-            err.print(f"\n[dim]route -> {payload['route']}: {payload['reason']}[/dim]", end="")
-        elif event == "batch":
             err.print(
-                f"\n[dim]evidence batch ({payload['source']}, {len(payload['chunks'])} chunks) "
+                f"\n[dim]route -> {escape(payload['route'])}: {escape(payload['reason'])}[/dim]",
+                end="",
+            )
+        elif event == "batch":
+            source = escape(str(payload["source"]))
+            err.print(
+                f"\n[dim]evidence batch ({source}, {len(payload['chunks'])} chunks) "
                 f"at {payload['arrival_s']:.2f}s[/dim]",
                 end="",
             )
@@ -112,7 +132,9 @@ async def _run(
                 redraw()
         elif event == "revise":  # the new evidence retracts the end of the answer: redraw
             shown = shown[: payload["keep"]]
-            err.print(f"\n[dim]revised: retracted {payload['dropped_text']!r}[/dim]", end="")
+            err.print(
+                f"\n[dim]revised: retracted {escape(repr(payload['dropped_text']))}[/dim]", end=""
+            )
             redraw()
         elif mode == "values":
             final = payload

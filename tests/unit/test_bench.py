@@ -42,6 +42,19 @@ def test_bootstrap_ci_edge_cases():
     assert metrics.bootstrap_ci([1.0, 2.0], lambda _: None) is None  # never defined
 
 
+def test_json_ready_makes_summaries_valid_json():
+    """A mean of no values (every run of a system timed out) is nan; --json must stay JSON."""
+    summary = {"long": {"spec_verify": {"ttft_s_median": metrics.median([]), "n": 3}}}
+    with pytest.raises(ValueError):
+        json.dumps(summary, allow_nan=False)
+    ready = metrics.json_ready({**summary, "ci": (1.0, float("inf")), "ok": [0.5, "x", None]})
+    assert json.loads(json.dumps(ready, allow_nan=False)) == {
+        "long": {"spec_verify": {"ttft_s_median": None, "n": 3}},
+        "ci": [1.0, None],
+        "ok": [0.5, "x", None],
+    }
+
+
 def test_ratio_ci_resamples_questions_paired():
     den = {f"q{i}": 1.0 + i for i in range(12)}
     num = {q: 2.0 * v for q, v in den.items()}

@@ -103,3 +103,41 @@ def test_bad_model_path(capsys, tmp_path):
 )
 def test_bad_bench_sets(capsys, argv, expected):
     assert expected in one_line_error(capsys, main(argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["ask", "hi", "--models", "foo"], "argument --models: invalid choice: 'foo'"),
+        (["bench", "nope"], "argument which: invalid choice: 'nope'"),
+        (["ask", "hi", "--bogus"], "unrecognized arguments: --bogus"),
+        ([], "the following arguments are required: command"),
+    ],
+)
+def test_usage_errors_are_one_line(capsys, argv, expected):
+    """argparse's own errors too: one line naming the --help to read, not a usage block."""
+    line = one_line_error(capsys, main(argv))
+    assert expected in line and "--help`)" in line, line
+
+
+def test_resume_without_an_interrupted_run(capsys):
+    line = one_line_error(capsys, main(["ask", "--thread", "never-run", "--resume"]))
+    assert "thread 'never-run' has no interrupted run to resume" in line
+
+
+def test_resume_with_a_question(capsys):
+    line = one_line_error(capsys, main(["ask", "Who?", "--thread", "t", "--resume"]))
+    assert "drop the question, or drop --resume" in line
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("dtype=foo", "dtype='foo' (allowed: auto, float32"),
+        ("drafter_dtype=int4", "drafter_dtype='int4' (allowed: auto"),
+        ("device=tpu", "device='tpu' (allowed: auto, cpu, cuda, cuda:N, mps)"),
+    ],
+)
+def test_bad_placement_settings_fail_when_the_settings_are_built(capsys, setting, expected):
+    """Not only once a model loads: `specrag config` (no model) refuses them too."""
+    assert expected in one_line_error(capsys, main(["config", "--set", setting]))

@@ -41,3 +41,24 @@ async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
         result = await graph.ainvoke(None, config=config, context=ctx())
     assert result["answer"] == "Paris." and result["route"] == "refine"
     assert calls["retrieve"] == 1  # retrieval was not repeated
+
+
+async def test_cli_finds_the_unfinished_run_of_a_thread(tmp_path, monkeypatch):
+    """`specrag ask --thread ID --resume` checks for an interrupted run before loading models."""
+    from specrag.persistence import sqlite_checkpointer
+    from specrag.runner import unfinished_run
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+
+    class Crashing(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            raise Crash()
+
+    svc = services(answer=Crashing(reply="Paris.", calls=[]))
+    config = {"configurable": {"thread_id": "t-2"}}
+    async with sqlite_checkpointer() as saver:
+        graph = build_graph(svc, checkpointer=saver)
+        with pytest.raises(Crash):
+            await graph.ainvoke({"question": "capital of France?"}, config=config, context=ctx())
+    assert await unfinished_run("t-2") == ("refine",)
+    assert await unfinished_run("t-other") is None

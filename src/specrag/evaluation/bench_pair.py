@@ -277,7 +277,7 @@ def run(
 
     asyncio.run(go())
     records = [r for k, r in runlog.records.items() if k in keys]
-    summary = summarize(records)
+    summary = metrics.json_ready(summarize(records))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "table.md").write_text(markdown(summary))
     files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runlog.path)]

@@ -437,7 +437,7 @@ def run(
                     )
                     runlog.add(key, rec)
                 bar.advance(task)
-    summary = summarize([r for k, r in runlog.records.items() if k in keys])
+    summary = metrics.json_ready(summarize([r for k, r in runlog.records.items() if k in keys]))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "table.md").write_text(markdown(summary))
     files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runlog.path)]

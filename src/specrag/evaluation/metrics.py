@@ -75,6 +75,20 @@ def mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def json_ready(value: object) -> object:
+    """``value`` with every non-finite float (a mean of no values) replaced by None.
+
+    ``json.dumps`` writes nan as ``NaN``, which is not JSON.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
+
+
 def _defined(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 

@@ -8,6 +8,7 @@ they are checked against the same fields, so a misspelt key is an error, not sil
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,6 +17,25 @@ from specrag.errors import InputError
 
 Speculation = Literal["none", "prompt", "draft+prompt"]
 INT8_NAMES = ("int8", "qint8")  # the dtype of a drafter with int8 layers (specrag.models.int8)
+# the float dtypes a local model may load in (specrag.models.loading.resolve_dtype)
+FLOAT_NAMES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+DEVICE_FORMS = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # where it may run
+
+
+def check_placement(device: str, dtype: str, drafter_dtype: str, prefix: str = "") -> None:
+    """Raise a one-line :class:`InputError` for a device or dtype name no model can load with.
+
+    Whether that device exists here (CUDA available) is checked when a model loads.
+    """
+    if not DEVICE_FORMS.fullmatch(device):
+        raise InputError(f"{prefix}device={device!r} (allowed: auto, cpu, cuda, cuda:N, mps)")
+    refuse_int8_answer(dtype, "dtype", prefix)
+    for setting, value, names in (
+        ("dtype", dtype, FLOAT_NAMES),
+        ("drafter_dtype", drafter_dtype, FLOAT_NAMES + INT8_NAMES),
+    ):
+        if value not in names:
+            raise InputError(f"{prefix}{setting}={value!r} (allowed: {', '.join(names)})")
 
 
 def refuse_int8_answer(dtype: str, setting: str, prefix: str = "") -> None:

@@ -1,0 +1,26 @@
+"""The readable CLI output prints model and user text as it is (never as Rich markup)."""
+
+from types import SimpleNamespace
+
+from specrag.cli import print_demo_summary
+
+# an answer that reads like Rich markup: "[/evidence]" closed no open tag (MarkupError after the
+# whole run, answer lost) and "[source]" vanished as an unknown style
+TRICKY = "see [source], [bold]this[/bold] and [/evidence] in notes[v2].md"
+
+
+def test_demo_summary_prints_bracketed_text_verbatim(capsys):
+    scenario = SimpleNamespace(name="question [1]", question="what is [/INST]?", expected_route="")
+    row = {
+        "draft_confidence": 0.5,
+        "draft": TRICKY,
+        "route": "generate",
+        "reason": "draft too short [x]",
+        "answer": TRICKY,
+        "stats": {},
+        "timings": {"draft_ttft_s": 0.1, "ttft_s": 0.2, "total_s": 0.3},
+    }
+    print_demo_summary([(scenario, row)])
+    out = capsys.readouterr().out
+    assert out.count(TRICKY) == 2, out  # the draft and the answer, brackets and all
+    assert "what is [/INST]?" in out and "draft too short [x]" in out
