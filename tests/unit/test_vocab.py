@@ -12,7 +12,7 @@ from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedPropo
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState
-from specrag.decoding.vocab import VocabSubset
+from specrag.decoding.vocab import VocabSubset, fit_rows
 from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
     greedy,
@@ -131,3 +131,17 @@ def test_merged_sampling_with_a_trimmed_drafter_is_lossless():
     assert r["proposed_rows"] == {0, 2}, info
     assert r["tv"] < 0.14, info
     assert r["tv_23"] < 0.06, info
+
+
+def test_fit_rows_lays_a_drafter_out_on_the_target_rows():
+    """Padded heads of one family: drafter rows past the target's or past the tokenizer are
+    -inf, missing rows too; the same width with nothing to mask is returned as it is."""
+    x = torch.randn(2, 72)
+    assert fit_rows(x, 72, None) is x and fit_rows(x, 72, 80) is x and fit_rows(x, None) is x
+    wider = fit_rows(x, 64)  # the drafter has 8 rows the target lacks
+    assert wider.shape == (2, 64) and torch.equal(wider, x[:, :64])
+    padded = fit_rows(x, 72, usable=64)  # 8 padding rows in both
+    assert torch.equal(padded[:, :64], x[:, :64]) and torch.isneginf(padded[:, 64:]).all()
+    narrower = fit_rows(x[:, :60], 64)  # the target has 4 rows more
+    assert narrower.shape == (2, 64) and torch.isneginf(narrower[:, 60:]).all()
+    assert fit_rows(x.to(torch.bfloat16), 72).dtype == torch.float32

@@ -90,8 +90,8 @@ def fit_rows(logits: torch.Tensor, rows: int | None, usable: int | None = None) 
     an id the target has no row for. ``rows`` None: unchanged (fp32).
     """
     logits = logits.float()  # a drafter may run in another dtype than the target
-    if rows is None or (usable is None and logits.shape[-1] == rows):
-        return logits
+    if rows is None or (logits.shape[-1] == rows and (usable or rows) >= rows):
+        return logits  # the same rows and no padding to mask
     n = min(rows, logits.shape[-1], usable or logits.shape[-1])
     out = logits.new_full((*logits.shape[:-1], rows), float("-inf"))
     out[..., :n] = logits[..., :n]
