@@ -74,3 +74,40 @@ async def test_failing_answer_over_streamed_evidence_ends_in_fallback_with_all_o
     assert result["route"] == "fallback" and "model exploded" in result["reason"]
     assert [c["id"] for c in result["chunks"]] == ["id1", "id0"]
     assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
+
+
+async def test_a_late_or_failing_later_batch_keeps_the_evidence_found_before():
+    """answer_policy="wait": batch 1 found the evidence, batch 2 hangs or fails. The answer
+    comes from batch 1's evidence, the errors say the evidence is incomplete and why; before,
+    both cases threw that evidence away and answered "no evidence found" (fallback)."""
+    first = chunk("Paris is the capital of France.", n=0)
+
+    def hanging(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(2.0)
+        yield Batch("hybrid", [first])
+
+    def failing(query, document, ctx):
+        yield Batch("dense", [first])
+        raise RuntimeError("store down")
+
+    for batches, why in (
+        (hanging, "later batches missed the 0.5s retrieval budget"),
+        (failing, "later batches failed: RuntimeError: store down"),
+    ):
+        svc = dataclasses.replace(services(), batch_retriever=batches)
+        result, _ = await timed(svc, retrieval_timeout_s=0.5, draft_policy="off")
+        assert result["route"] == "generate" and result["answer"] == "Paris.", result["reason"]
+        assert [c["id"] for c in result["chunks"]] == ["id0"]
+        assert any(why in e and "from the 1 relevant chunk(s)" in e for e in result["errors"])
+
+
+async def test_a_failing_search_without_evidence_still_ends_in_fallback():
+    def failing(query, document, ctx):
+        yield Batch("dense", [chunk("unrelated", score=0.01)])  # below relevance_threshold
+        raise RuntimeError("store down")
+
+    svc = dataclasses.replace(services(), batch_retriever=failing)
+    result, _ = await timed(svc, draft_policy="off")
+    assert result["route"] == "fallback" and "retrieval failed" in result["reason"]
+    assert "retrieve: RuntimeError: store down" in result["errors"]

@@ -103,7 +103,10 @@ class SpecRagContext:
         0.2, "Minimum cosine similarity for a chunk to count as evidence.", ge=-1.0, le=1.0
     )
     retrieval_timeout_s: float = _f(
-        3.0, "Retrieval budget; past it the run takes the fallback route.", gt=0
+        3.0,
+        "Retrieval budget; past it the run takes the fallback route (or answers from the "
+        "relevant evidence earlier batches found).",
+        gt=0,
     )
     added_retrieval_latency_s: float = _f(
         0.0,

@@ -100,7 +100,9 @@ class State(InputState, OutputState, total=False):
     """Number of draft tokens produced."""
     retrieval_status: RetrievalStatus
     evidence_complete: bool
-    """False while an incremental run's later batches are still coming (``answer_policy``)."""
+    """False while an incremental run's later batches are still coming (``answer_policy``),
+    or when later batches missed the retrieval budget or failed and the run answers from the
+    evidence that arrived before (``errors`` says which)."""
     document_tokens: int
     """Length of the input document in answer-model tokens (0 without a document)."""
     answer_error: str

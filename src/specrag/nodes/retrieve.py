@@ -136,14 +136,31 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                     f"retrieve: best score {best:.2f} < relevance_threshold "
                     f"{ctx.relevance_threshold}"
                 ]
-        except TimeoutError:
-            update.update(chunks=[], retrieval_status="timeout")
-            update["errors"] = [f"retrieve: no result within {ctx.retrieval_timeout_s}s"]
-        except Exception as exc:  # noqa: BLE001 - becomes the fallback route
-            update.update(chunks=[], retrieval_status="failed")
-            update["errors"] = [f"retrieve: {short_error(exc)}"]
-        if not done and update["retrieval_status"] == "ok":
-            stream_rest(state, ctx, got, batches, start + ctx.retrieval_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the fallback route, or ...
+            timed_out = isinstance(exc, TimeoutError)
+            relevant = got.relevant(got.found)
+            if relevant:  # ... the evidence earlier batches found, which stays good evidence
+                later = (
+                    f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
+                    if timed_out
+                    else f"failed: {short_error(exc)}"
+                )
+                update.update(chunks=relevant, retrieval_status="ok")
+                update["errors"] = [
+                    f"retrieve: later batches {later}; answering from the "
+                    f"{len(relevant)} relevant chunk(s) found before"
+                ]
+                done = False  # the evidence is what arrived in time, not all there was
+            else:
+                update.update(chunks=[], retrieval_status="timeout" if timed_out else "failed")
+                update["errors"] = [
+                    f"retrieve: no result within {ctx.retrieval_timeout_s}s"
+                    if timed_out
+                    else f"retrieve: {short_error(exc)}"
+                ]
+        else:
+            if not done and update["retrieval_status"] == "ok":
+                stream_rest(state, ctx, got, batches, start + ctx.retrieval_timeout_s)
         update["evidence_complete"] = done
         update["batches"] = [dict(r) for r in got.records]
         if update["retrieval_status"] == "ok":
