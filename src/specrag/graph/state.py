@@ -7,10 +7,11 @@ Keys written by the two parallel branches (``retrieve`` and ``draft``) are disjo
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict  # pydantic reads it on 3.11 (Studio's schemas)
 
 DraftStatus = Literal["ok", "truncated", "timeout", "failed", "off", "empty"]
 """ok: finished; truncated: cut by its budget or by retrieval; the rest: no usable text."""
