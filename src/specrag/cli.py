@@ -24,6 +24,7 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
 from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
+from specrag.graph.context import validate_question  # noqa: E402
 from specrag.runner import preload, result_json, run_graph, unfinished_run  # noqa: E402
 
 err = Console(stderr=True)
@@ -43,16 +44,6 @@ def quiet_libraries() -> None:
         transformers.utils.logging.disable_progress_bar()
     except Exception:  # noqa: BLE001
         pass
-
-
-def validate_question(question: str, max_chars: int) -> str:
-    """Reject empty and over-long questions with one clear line."""
-    cleaned = "".join(ch for ch in question if ch.isprintable() or ch in "\n\t").strip()
-    if not cleaned:
-        raise InputError("the question is empty")
-    if len(cleaned) > max_chars:
-        raise InputError(f"the question is {len(cleaned)} characters long (max {max_chars})")
-    return cleaned
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:

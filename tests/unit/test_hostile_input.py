@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specrag import build_graph, prompts
-from specrag.cli import validate_question
 from specrag.errors import InputError
+from specrag.graph.context import validate_question
 from specrag.indexing.document_search import search_document
 from specrag.indexing.documents import read_text
 from tests.fakes import FakeLogprobChat, chunk, ctx, services
@@ -21,12 +21,18 @@ GRAPH = build_graph(services())
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(min_size=0, max_size=3000))
 def test_any_question_gets_an_answer_or_a_clear_error(question):
+    """The graph itself refuses what the CLI refuses (empty, over-long), with the same line."""
     try:
-        cleaned = validate_question(question, 2000)
+        expected = validate_question(question, 2000)
     except InputError as exc:
+        expected = exc
+    try:
+        result = asyncio.run(GRAPH.ainvoke({"question": question}, context=ctx()))
+    except InputError as exc:
+        assert isinstance(expected, InputError) and str(exc) == str(expected)
         assert str(exc) and "\n" not in str(exc)
         return
-    result = asyncio.run(GRAPH.ainvoke({"question": cleaned}, context=ctx()))
+    assert not isinstance(expected, InputError), expected
     assert result["route"] in ROUTES and isinstance(result["answer"], str) and result["answer"]
 
 

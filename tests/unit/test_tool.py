@@ -85,3 +85,26 @@ def test_text_output_is_one_line_with_sources():
     assert format_text(verified) == "Rollo. [sources: a.md, b.md]"
     unverified = {"answer": "Maybe Rollo.", "verified": False, "reason": "retrieval timed out"}
     assert format_text(unverified) == "Maybe Rollo. [unverified: retrieval timed out]"
+
+
+async def test_tool_tells_its_agent_why_a_question_is_refused():
+    """An agent that sends an empty or over-long question reads why, not a "verified" answer
+    to nothing (the graph answered both before: route generate, verified true)."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from specrag.errors import InputError
+
+    svc = services()
+    tool = make_specrag_tool(ctx(max_question_chars=10), graph=build_graph(svc))
+    assert await tool.ainvoke({"question": "   "}) == "specrag: error: the question is empty"
+    assert tool.invoke({"question": "x" * 50}) == (
+        "specrag: error: the question is 50 characters long (max 10)"
+    )
+    graph = build_graph(svc)
+    long = [AIMessage("hi"), HumanMessage("y" * 11)]  # the chat interface is checked too
+    try:
+        await graph.ainvoke({"messages": long}, context=ctx(max_question_chars=10))
+    except InputError as exc:
+        assert str(exc) == "the question is 11 characters long (max 10)"
+    else:
+        raise AssertionError("an over-long question in messages was answered")

@@ -366,3 +366,17 @@ class SpecRagContext:
             (f.name, getattr(self, f.name), f.metadata.get("description", ""))
             for f in dataclasses.fields(self)
         ]
+
+
+def validate_question(question: str, max_chars: int) -> str:
+    """The question without control characters, or a one-line :class:`InputError`.
+
+    Raised when it is empty or longer than ``max_chars`` (the CLI, the graph's ``prepare``
+    and the tool check it alike).
+    """
+    cleaned = "".join(ch for ch in question if ch.isprintable() or ch in "\n\t").strip()
+    if not cleaned:
+        raise InputError("the question is empty")
+    if len(cleaned) > max_chars:
+        raise InputError(f"the question is {len(cleaned)} characters long (max {max_chars})")
+    return cleaned

@@ -7,7 +7,9 @@
   ``document`` is moved to ``run_document`` and cleared, so the next question on the thread
   does not inherit it. The checkpoints keep the thread's history for ``--resume``.
 * **The question**: the ``question`` key, or with the chat interface the last human message of
-  ``messages`` (earlier turns become ``history`` for the prompts, bounded by tokens).
+  ``messages`` (earlier turns become ``history`` for the prompts, bounded by tokens). An empty
+  or over-long one raises a one-line :class:`~specrag.errors.InputError` before any model
+  loads.
 * **A long document** is chunked and embedded here (``document_index_s``), outside the
   retrieval budget, which then only covers the search.
 """
@@ -24,7 +26,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import Overwrite
 
-from specrag.graph.context import SpecRagContext
+from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import Services
 from specrag.graph.state import State
 from specrag.nodes.streaming import CLOCK_ID, emit, now
@@ -52,7 +54,7 @@ def question_and_history(
     """
     messages = state.get("messages") or []
     if not messages or messages[-1].type != "human":
-        return state.get("question", ""), [], False
+        return asked(state), [], False
     turns = [
         {"role": "user" if m.type == "human" else "assistant", "content": str(m.text).strip()}
         for m in messages[:-1]
@@ -66,7 +68,15 @@ def question_and_history(
             break
         history.insert(0, turn)
         used += cost
-    return str(messages[-1].text).strip(), history, True
+    return asked(state), history, True
+
+
+def asked(state: State) -> str:
+    """The question as given: the last human message of ``messages``, else ``question``."""
+    messages = state.get("messages") or []
+    if messages and messages[-1].type == "human":
+        return str(messages[-1].text).strip()
+    return state.get("question", "")
 
 
 def make_prepare(services: Services):  # noqa: ANN201
@@ -74,6 +84,9 @@ def make_prepare(services: Services):  # noqa: ANN201
 
     async def prepare(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
         ctx = runtime.context or SpecRagContext()
+        # an empty or over-long question is the caller's error, not a run: one clear line,
+        # before any model loads (the graph raises it; the tool returns it to its agent)
+        question = validate_question(asked(state), ctx.max_question_chars)
         document = state.get("document") or ""
         t0 = now()
         # A part that cannot load (bad model path, missing index) is not an error HERE: the
@@ -102,7 +115,7 @@ def make_prepare(services: Services):  # noqa: ANN201
             except Exception:  # noqa: BLE001 - a remote answer model: count words
                 return len(text.split())
 
-        question, history, from_messages = question_and_history(state, ctx, count)
+        _, history, from_messages = question_and_history(state, ctx, count)
         seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
         emit({"event": "prepared", "seed": seed, **timings})
         return {

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
+from specrag.errors import InputError
 from specrag.graph.context import SpecRagContext
 
 
@@ -89,7 +90,10 @@ def make_specrag_tool(
     ctx = context or SpecRagContext()
 
     async def arun(question: str) -> str:
-        result = await graph.ainvoke({"question": question}, context=ctx)
+        try:
+            result = await graph.ainvoke({"question": question}, context=ctx)
+        except InputError as exc:  # an empty or over-long question: the agent reads why
+            return f"specrag: error: {exc}"
         return fmt(result)
 
     def run(question: str) -> str:
