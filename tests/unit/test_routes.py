@@ -163,3 +163,15 @@ def test_router_rejects_unknown_route():
 
     with pytest.raises(ValueError):
         route_after_gate({"route": "nowhere"})
+
+
+def test_a_draft_stopped_by_retrieval_before_its_first_token_says_so():
+    from specrag.graph.routing import decide
+
+    state = {"retrieval_status": "ok", "draft": "", "draft_tokens": 0, "draft_status": "empty"}
+    route, reason = decide({**state, "draft_truncated": True}, ctx(draft_policy="until_retrieval"))
+    assert route == "generate" and reason.startswith(
+        "draft stopped before its first token (retrieval finished first)"
+    )
+    route, reason = decide({**state, "draft_truncated": False}, ctx())  # the model wrote nothing
+    assert route == "generate" and reason.startswith("draft empty")

@@ -81,6 +81,22 @@ async def test_rapid_generate_route_through_the_graph():
     assert result["timings"]["document_index_s"] >= 0
 
 
+async def test_a_document_whose_length_cannot_be_counted_says_why_rapid_was_not_taken():
+    import dataclasses
+
+    def broken(ctx, text):
+        raise RuntimeError("tokenizer missing")
+
+    svc = dataclasses.replace(services(), document_tokens=broken)
+    document = "Rollo led the Norse. " * 400
+    result = await run(svc, "Who led the Norse?", inputs={"document": document})
+    assert result["route"] != "rapid_generate"  # the run still answers ...
+    assert (  # ... and says why RAPID was not considered (silently skipped before)
+        "prepare: RuntimeError: tokenizer missing (the document's length is unknown: RAPID "
+        "not considered)"
+    ) in result["errors"]
+
+
 SCENARIOS = {
     "refine": {},
     "generate": {"draft_policy": "off"},

@@ -21,6 +21,8 @@ def draft_usable(state: dict[str, Any], ctx: SpecRagContext) -> tuple[bool, str]
     status = state.get("draft_status", "failed")
     tokens = int(state.get("draft_tokens") or 0)
     if status not in ("ok", "truncated") or not (state.get("draft") or "").strip():
+        if status == "empty" and state.get("draft_truncated"):  # stopped, not timed out
+            return False, "draft stopped before its first token (retrieval finished first)"
         return False, f"draft {status}"
     if tokens < ctx.min_draft_tokens:
         return False, f"draft too short ({tokens} < {ctx.min_draft_tokens} tokens)"

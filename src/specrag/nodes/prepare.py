@@ -29,17 +29,24 @@ from langgraph.types import Overwrite
 from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import Services
 from specrag.graph.state import State
+from specrag.nodes.answer import short_error
 from specrag.nodes.streaming import CLOCK_ID, emit, now
 
 log = logging.getLogger(__name__)
 
 
-async def _quietly(work: Callable[[], Any]) -> Any:
-    """Run blocking ``work`` in a thread; None if it raised (its node will report it)."""
+async def _quietly(work: Callable[[], Any], errors: list[str] | None = None) -> Any:
+    """Run blocking ``work`` in a thread; None if it raised.
+
+    The node that needs the part reports its failure; where none would (``errors`` given),
+    it is recorded there.
+    """
     try:
         return await asyncio.to_thread(work)
     except Exception as exc:  # noqa: BLE001
         log.debug("prepare: %s (left to the node that needs it)", exc)
+        if errors is not None:
+            errors.append(f"prepare: {short_error(exc)}")
         return None
 
 
@@ -98,8 +105,11 @@ def make_prepare(services: Services):  # noqa: ANN201
         origin = now()
         timings = {"load_s": round(origin - t0, 4)}
         document_tokens = 0
+        errors: list[str] = []
         if document:
-            n_tokens = await _quietly(lambda: services.document_tokens(ctx, document))
+            n_tokens = await _quietly(lambda: services.document_tokens(ctx, document), errors)
+            if n_tokens is None:  # say why the long-document route (RAPID) was not taken
+                errors[-1] += " (the document's length is unknown: RAPID not considered)"
             document_tokens = int(n_tokens or 0)
             if document_tokens > ctx.long_document_tokens:
                 await _quietly(lambda: services.warm(services.rapid_model(ctx)))
@@ -131,7 +141,7 @@ def make_prepare(services: Services):  # noqa: ANN201
             "marks": Overwrite({"origin": origin, "clock": CLOCK_ID}),
             "timings": Overwrite(timings),
             "stats": Overwrite({}),
-            "errors": Overwrite([]),
+            "errors": Overwrite(errors),
             "answer": "",
             "answer_error": "",
             "route": "",
