@@ -121,3 +121,36 @@ def test_a_batch_within_the_grace_joins_the_first_prompt():
     assert incremental["answer"] == serial["answer"]
     assert incremental["chunks"] == serial["chunks"]
     assert [b["source"] for b in incremental["batches"]] == ["dense", "hybrid"]
+
+
+def test_an_answer_ended_by_its_budget_stops_the_search_and_says_so():
+    """Batch 2 never comes within the answer budget: the answer (from batch 1) is final, the
+    search behind it is stopped, and the errors say its later batches were not woven in
+    (before, the search ran on to the retrieval deadline and the evidence was reported
+    complete)."""
+    never = threading.Event()
+    asked = []
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [MISLEADING])
+        asked.append("batch 2")
+        never.wait(8)  # past the 3 s answer budget (asyncio.run waits for this thread)
+        yield Batch("hybrid", RANKED[:2], RANKED)
+
+    ctx = SpecRagContext(
+        answer_policy="incremental",
+        retrieval_timeout_s=60,
+        answer_timeout_s=3.0,
+        draft_policy="off",
+    )
+    graph = build_graph(Services(batch_retriever=batches))
+    try:
+        result = asyncio.run(graph.ainvoke({"question": QUESTION}, context=ctx))
+    finally:
+        never.set()
+    assert result["route"] == "generate" and result["answer"], result["reason"]
+    assert asked == ["batch 2"] and [b["source"] for b in result["batches"]] == ["dense"]
+    assert (
+        "retrieve: later batches were not woven in: the answer budget ended the answer first"
+        in result["errors"]
+    )

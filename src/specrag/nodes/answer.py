@@ -140,11 +140,21 @@ async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s
 
 
 def evidence(stream: EvidenceStream, chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """State keys for the final evidence of an incremental run."""
+    """State keys for the final evidence of an incremental run.
+
+    A stream that has not ended (the answer budget ended the answer while the search went
+    on) is stopped here: the answer is final, the batches still to come would change nothing.
+    """
+    if not stream.ended:
+        if stream.task is not None:
+            stream.task.cancel()
+        stream.errors.append(
+            "retrieve: later batches were not woven in: the answer budget ended the answer first"
+        )
     return {
         "chunks": list(chunks),
         "batches": [dict(r) for r in stream.records],
-        "evidence_complete": True,
+        "evidence_complete": stream.ended,
     }
 
 
