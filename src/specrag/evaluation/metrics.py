@@ -9,7 +9,7 @@ import statistics
 import string
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TypeGuard, TypeVar
+from typing import TypeGuard, TypeVar, cast
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -75,18 +75,19 @@ def mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def json_ready(value: object) -> object:
+def json_ready(value: T) -> T:
     """``value`` with every non-finite float (a mean of no values) replaced by None.
 
-    ``json.dumps`` writes nan as ``NaN``, which is not JSON.
+    ``json.dumps`` writes nan as ``NaN``, which is not JSON. Tuples come back as lists.
     """
+    out: object = value
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_ready(v) for v in value]
-    return value
+        out = value if math.isfinite(value) else None
+    elif isinstance(value, dict):
+        out = {k: json_ready(v) for k, v in value.items()}
+    elif isinstance(value, list | tuple):
+        out = [json_ready(v) for v in value]
+    return cast(T, out)
 
 
 def _defined(value: float | None) -> TypeGuard[float]:
