@@ -111,3 +111,17 @@ async def test_a_failing_search_without_evidence_still_ends_in_fallback():
     result, _ = await timed(svc, draft_policy="off")
     assert result["route"] == "fallback" and "retrieval failed" in result["reason"]
     assert "retrieve: RuntimeError: store down" in result["errors"]
+
+
+def test_a_hanging_index_open_does_not_gather_a_stuck_thread_per_run():
+    """A store that hangs while it opens holds the index lock; each later run's retrieval
+    thread gives up after its budget (the budget ended the run's wait, never its thread)."""
+    import pytest
+
+    from specrag.graph import services as services_module
+
+    with services_module._INDEX_LOCK:  # another run, stuck inside open_index
+        start = time.perf_counter()
+        with pytest.raises(TimeoutError, match="the index is busy"):
+            services_module.open_index(ctx(retrieval_timeout_s=0.2))
+        assert time.perf_counter() - start < 1.0

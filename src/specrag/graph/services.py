@@ -58,15 +58,27 @@ _INDEX_LOCK = threading.Lock()
 
 
 def open_index(ctx: SpecRagContext) -> VectorIndex:
-    """The context's persistent index (one client per directory and collection)."""
+    """The context's persistent index (one client per directory and collection).
+
+    Waits at most ``retrieval_timeout_s`` for another thread opening an index: a store that
+    hangs while it opens would otherwise gather one stuck thread per run behind it (a run's
+    budget ends its wait, not its thread) until a server's thread pool is full.
+    """
     directory = str(Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir())
     key = (ctx.index_url or directory, ctx.collection, ctx.embedding_model)
-    with _INDEX_LOCK:
+    if not _INDEX_LOCK.acquire(timeout=ctx.retrieval_timeout_s):
+        raise TimeoutError(
+            f"the index is busy: another run has been opening one for over "
+            f"{ctx.retrieval_timeout_s}s"
+        )
+    try:
         if key not in _INDEXES:
             _INDEXES[key] = VectorIndex(
                 directory, load_embeddings(ctx.embedding_model), ctx.collection, url=ctx.index_url
             )
         return _INDEXES[key]
+    finally:
+        _INDEX_LOCK.release()
 
 
 @lru_cache(maxsize=4)
