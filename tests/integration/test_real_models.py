@@ -126,3 +126,19 @@ def test_local_chat_model_streams_logprobs_and_stops_at_max_time(smol):
     )
     assert "Paris" in answer.content
     assert answer.usage_metadata["output_tokens"] > 0
+
+
+def test_a_loaded_model_is_keyed_by_its_weights(smol):
+    """KV caches (on disk too) are keyed by the weights, not only by the name a user gave."""
+    import dataclasses
+
+    assert smol.weights.startswith(str(smol_dir(smol))) and "@" in smol.weights
+    assert smol.weights in smol.key
+    other = dataclasses.replace(smol, weights=smol.weights + "-finetuned")
+    assert other.key != smol.key
+
+
+def smol_dir(loaded):
+    from pathlib import Path
+
+    return Path(loaded.model.name_or_path).resolve()

@@ -83,3 +83,56 @@ def test_a_shorter_partial_prefix_never_replaces_a_longer_one(tmp_path):
     state = PrefixCache(disk_dir=tmp_path).get(key, model)
     assert state is not None and len(state) == 60
     assert torch.equal(state.kv_tensors()[0][0], prefilled(model, prefix[:60]).kv_tensors()[0][0])
+
+
+def test_an_entry_of_another_shape_is_dropped_and_a_placement_failure_keeps_it(
+    tmp_path, monkeypatch
+):
+    """A file whose cache has another model's shape (a reused model name) is removed; a sound
+    file that cannot be placed now (device memory) is a miss but stays for the next process."""
+    prefix = list(range(3, 40))
+    key = prefix_key("m", prefix)
+    writer = PrefixCache(disk_dir=tmp_path)
+    writer.put(key, prefilled(tiny_llama(layers=2), prefix))
+    writer.flush()
+    (path,) = tmp_path.glob("*.kv")
+    assert PrefixCache(disk_dir=tmp_path).get(key, tiny_llama(layers=3)) is None
+    assert not path.exists()  # 2 cached layers for a 3-layer model: dropped
+
+    writer.put(key + "x", prefilled(tiny_llama(layers=2), prefix))
+    writer.flush()
+    (path,) = tmp_path.glob("*.kv")
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(LMState, "from_kv", out_of_memory)
+    assert PrefixCache(disk_dir=tmp_path).get(key + "x", tiny_llama(layers=2)) is None
+    assert path.exists()  # sound: kept
+
+
+def test_a_failed_write_leaves_no_temporary_file_and_old_ones_are_pruned(tmp_path, monkeypatch):
+    import os
+    import time
+
+    model = tiny_llama()
+    stale = tmp_path / "0123.kv.tmp999.1"  # left by a process killed while writing
+    stale.write_bytes(b"x" * 100)
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    live = tmp_path / "4567.kv.tmp998.1"  # another process writing now
+    live.write_bytes(b"x")
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(prefix_key("m", [1, 2, 3]), prefilled(model, [1, 2, 3]))
+    cache.flush()
+    assert not stale.exists() and live.exists()
+
+    def disk_full(obj, path):
+        with open(path, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    cache.put(prefix_key("m", [4, 5, 6]), prefilled(model, [4, 5, 6]))
+    cache.flush()
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name) == [live.name]

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,27 @@ import torch
 from specrag.decoding.state import LMState
 
 log = logging.getLogger(__name__)
+
+
+TMP = ".tmp"  # a file being written is <entry>.kv.tmp<pid>.<thread>
+
+
+def _check_shapes(
+    model: Any, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    """Raise ValueError unless ``kv`` is a cache of ``model``'s shape holding ``tokens``."""
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_key_value_heads", None) or getattr(
+        config, "num_attention_heads", None
+    )
+    if layers is not None and len(kv) != layers:
+        raise ValueError(f"{len(kv)} cached layers for a model of {layers}")
+    for keys, values in kv:
+        if keys.shape[-2] != len(tokens) or values.shape[-2] != len(tokens):
+            raise ValueError("KV tensors do not match the token count")
+        if heads is not None and keys.shape[1] != heads:
+            raise ValueError(f"{keys.shape[1]} cached KV heads for a model of {heads}")
 
 
 def prefix_key(model_key: str, prefix: list[int]) -> str:
@@ -127,9 +149,12 @@ class PrefixCache:
                 except Exception:  # noqa: BLE001 - unreadable: overwrite it
                     pass
             kv = [(k.cpu(), v.cpu()) for k, v in state.kv_tensors()]
-            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-            torch.save({"key": key, "tokens": state.tokens, "kv": kv}, tmp)
-            os.replace(tmp, path)  # atomic: a reader never sees half a file
+            tmp = path.with_name(f"{path.name}{TMP}{os.getpid()}.{threading.get_ident()}")
+            try:
+                torch.save({"key": key, "tokens": state.tokens, "kv": kv}, tmp)
+                os.replace(tmp, path)  # atomic: a reader never sees half a file
+            finally:
+                tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
             self._prune_disk()
         except Exception as exc:  # noqa: BLE001 - a cache must never fail a run
             log.warning("prefix cache: could not write to %s: %s", self.disk_dir, exc)
@@ -144,18 +169,33 @@ class PrefixCache:
             data = torch.load(path, map_location="cpu", weights_only=True)
             if data.get("key") != key:
                 return None
-            state = LMState.from_kv(model, data["tokens"], data["kv"])
-            os.utime(path)  # most recently used
-            return state
+            _check_shapes(model, data["tokens"], data["kv"])
         except Exception as exc:  # noqa: BLE001 - a corrupt entry is a miss, and removed
             log.warning("prefix cache: dropping unreadable %s: %s", path.name, exc)
             path.unlink(missing_ok=True)
             return None
+        try:  # a sound entry that cannot be placed now (device memory) is a miss, and kept
+            state = LMState.from_kv(model, data["tokens"], data["kv"])
+        except Exception as exc:  # noqa: BLE001 - a cache must never fail a run
+            log.warning("prefix cache: could not load %s: %s", path.name, exc)
+            return None
+        try:
+            os.utime(path)  # most recently used
+        except OSError:  # pruned by another process meanwhile: the state is still good
+            pass
+        return state
 
     def _prune_disk(self) -> None:
         """Remove least recently used files until the directory fits ``disk_max_bytes``."""
         directory = self.disk_dir
         assert directory is not None
+        stale = time.time() - 3600  # a writer's temporary file, left by a killed process
+        for tmp in directory.glob(f"*.kv{TMP}*"):
+            try:
+                if tmp.stat().st_mtime < stale:
+                    tmp.unlink(missing_ok=True)
+            except FileNotFoundError:
+                continue
         files = []
         for path in directory.glob("*.kv"):
             try:

@@ -61,11 +61,16 @@ class LoadedLM:
     from_cache: bool
     step_s: float = 0.0  # measured: one single-token decode step on a short cache
     layout: str = ""  # its linear weights' layout(s), and why (:mod:`specrag.models.layout`)
+    weights: str = ""  # which weights these are (:func:`_weights_id`): a name may be reused
 
     @property
     def key(self) -> str:
-        """Stable identity of this model instance (used to key KV caches)."""
-        return f"{self.name}|{self.device}|{self.dtype}"
+        """Stable identity of this model instance (keys KV caches, on disk too).
+
+        The weights' identity is part of it: a folder name reused for a fine-tune, or a hub id
+        at a newer revision, must not meet the KV cache another model's weights wrote.
+        """
+        return f"{self.name}|{self.weights}|{self.device}|{self.dtype}"
 
     @property
     def max_context(self) -> int:
@@ -81,8 +86,16 @@ def resolve_device(device: str = "auto") -> torch.device:
         dev = torch.device(device)
     except RuntimeError as exc:
         raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ModelLoadError(f"device {device!r}: this machine has {count} CUDA device(s)")
+        # one name per GPU: "cuda" and "cuda:0" share loaded models and KV caches
+        return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {device!r} requested but MPS is not available here")
     return dev
 
 
@@ -269,6 +282,9 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             f"{_weights_id(source)}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
         )
     step_s = _measure_step(model, device)
+    weights = _weights_id(source)
+    if (commit := getattr(model.config, "_commit_hash", None)) and not Path(source).is_dir():
+        weights += f"@{commit}"  # a hub id: the revision it resolved to
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
@@ -277,7 +293,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     log.info("loaded %s on %s/%s in %.1fs (cached=%s)", name, device, dtype, elapsed, from_cache)
     log.info("%s: %s; %s", name, layout, attention_note)
     return LoadedLM(
-        name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s, layout
+        name, model, tokenizer, device, dtype, eos_ids, elapsed, from_cache, step_s, layout, weights
     )
 
 
