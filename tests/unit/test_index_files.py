@@ -109,3 +109,16 @@ def test_ask_json_sources_carry_the_page():
     sources = result_json({"citations": cites})["sources"]
     assert sources[0] == {"n": 1, "source": "/d/spec.pdf#page=3", "score": 0.5, "page": 3}
     assert "page" not in sources[1]
+
+
+def test_an_embedding_model_under_home_is_found_for_its_tokenizer_too(tmp_path, monkeypatch):
+    """`--set embedding_model=~/models/minilm`: the embeddings expanded ~, the chunker's
+    tokenizer took the path for a hub id and indexing failed."""
+    from specrag.indexing.pipeline import embedding_token_length
+    from specrag.models.loading import embedded_embeddings_path
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "minilm").symlink_to(embedded_embeddings_path())
+    monkeypatch.setenv("HOME", str(tmp_path))
+    count = embedding_token_length("~/models/minilm")
+    assert count("Rollo led the Norse.") == embedding_token_length()("Rollo led the Norse.") > 0

@@ -22,7 +22,11 @@ def embedding_token_length(name: str = EMBEDDED_LM) -> Callable[[str], int]:
     """Token counter of the embedding model (chunks must fit its window)."""
     from transformers import AutoTokenizer
 
-    path = str(embedded_embeddings_path()) if name == EMBEDDED_LM else name
+    if name == EMBEDDED_LM:
+        path = str(embedded_embeddings_path())
+    else:  # a local folder as load_embeddings reads it ("~/models/minilm"), else a hub id
+        local = Path(name).expanduser()
+        path = str(local) if local.exists() else name
     tok = AutoTokenizer.from_pretrained(path)
     return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -35,7 +37,18 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed non-optional
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    for left in target.parent.glob(target.name + ".tmp*"):  # a killed conversion's (GBs)
+        if left.stat().st_mtime < time.time() - 3600:
+            shutil.rmtree(left, ignore_errors=True)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(str(tmp))
-    tok.save_pretrained(str(tmp))
-    os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
+    try:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        try:
+            os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
+        except OSError:
+            # another process finished the same conversion first: its copy is as good
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
