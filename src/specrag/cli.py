@@ -120,12 +120,12 @@ def index_with_progress(
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
-    from specrag.indexing.pipeline import folder_roots, load_files
+    from specrag.indexing.pipeline import load_files, prune_prefixes
 
     ctx = make_context(args)
     directory = index_dir_of(ctx)
     loaded = load_files(args.paths)  # validates every input before the index is opened
-    report = index_with_progress(loaded.records, ctx, "indexing files", folder_roots(args.paths))
+    report = index_with_progress(loaded.records, ctx, "indexing files", prune_prefixes(args.paths))
     summary = {
         "index_dir": ctx.index_url or str(directory),
         "files": len(loaded.files),

@@ -122,3 +122,25 @@ def test_an_embedding_model_under_home_is_found_for_its_tokenizer_too(tmp_path, 
     monkeypatch.setenv("HOME", str(tmp_path))
     count = embedding_token_length("~/models/minilm")
     assert count("Rollo led the Norse.") == embedding_token_length()("Rollo led the Norse.") > 0
+
+
+def test_re_indexing_a_named_pdf_drops_the_pages_it_no_longer_has(tmp_path, monkeypatch, capsys):
+    """Each page is a source: re-indexing a PDF named on the command line after it shrank left
+    the old pages' chunks in the index (retrieved and cited) until this change."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    pdf = tmp_path / "report.pdf"
+    write_pdf(pdf, ["Page one text.", "Page two text.", "Page three text."])
+    other = tmp_path / "other.pdf"  # another PDF indexed before is left alone
+    write_pdf(other, ["Another file."])
+    assert main(["index", str(pdf), str(other), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sources"] == 4
+    write_pdf(pdf, ["Page one text.", "Page two, rewritten."])
+    assert main(["index", str(pdf), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["files_removed"] == 1  # page 3; page 2's old chunk is replaced with its text
+
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+
+    sources = open_index(SpecRagContext()).sources()
+    assert sorted(sources) == sorted([f"{pdf}#page=1", f"{pdf}#page=2", f"{other}#page=1"]), sources

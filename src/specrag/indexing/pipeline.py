@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from specrag.errors import InputError
-from specrag.indexing.documents import Skipped, collect_files_report, read_records
+from specrag.indexing.documents import PAGE_MARK, Skipped, collect_files_report, read_records
 from specrag.indexing.store import IndexReport, VectorIndex, index_documents
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
 
@@ -87,9 +87,21 @@ def load_files(paths: Iterable[str]) -> Loaded:
     return out
 
 
-def folder_roots(paths: Iterable[str]) -> list[str]:
-    """The folders among ``paths`` (their vanished files are pruned on re-index)."""
-    return [str(Path(p).expanduser().resolve()) for p in paths if Path(p).expanduser().is_dir()]
+def prune_prefixes(paths: Iterable[str]) -> list[str]:
+    """Source prefixes whose sources a re-index of ``paths`` replaces.
+
+    A folder's files (those gone from it are dropped), and a named PDF's pages (``x.pdf#page=``:
+    pages it no longer has, or that lost their text, are dropped). A named text file is one
+    source, replaced whole.
+    """
+    out = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if path.is_dir():
+            out.append(str(path.resolve()).rstrip(os.sep) + os.sep)
+        elif path.suffix.lower() == ".pdf":
+            out.append(f"{path.resolve()}{PAGE_MARK}")
+    return out
 
 
 def index_records(
@@ -102,9 +114,13 @@ def index_records(
     prune_roots: Iterable[str] = (),
     url: str = "",
 ) -> IndexReport:
-    """Index ``(source, text)`` records; drop sources under ``prune_roots`` that are gone."""
+    """Index ``(source, text)`` records.
+
+    Sources that start with a ``prune_roots`` prefix (:func:`prune_prefixes`) and are not
+    among the records are dropped.
+    """
     index = open_for_writing(directory, collection, embedding_model, url)
-    roots = [r.rstrip(os.sep) + os.sep for r in prune_roots]
+    roots = list(prune_roots)
     removed: list[str] = []
     if roots:
         present = {source for source, _ in records}
