@@ -125,3 +125,21 @@ def test_a_hanging_index_open_does_not_gather_a_stuck_thread_per_run():
         with pytest.raises(TimeoutError, match="the index is busy"):
             services_module.open_index(ctx(retrieval_timeout_s=0.2))
         assert time.perf_counter() - start < 1.0
+
+
+def test_embeddings_never_wait_behind_a_model_load():
+    """Another run loading a language model (minutes for a large one) held the lock the
+    embeddings needed too, so a concurrent run's retrieval spent its budget waiting."""
+    import threading
+
+    from specrag.models import loading
+
+    loading.load_embeddings()  # loaded once per process
+    got = []
+    with loading._LM_CACHE_LOCK:  # a model load in progress elsewhere
+        worker = threading.Thread(target=lambda: got.append(loading.load_embeddings()))
+        worker.start()
+        worker.join(5.0)
+        waited = worker.is_alive()  # still blocked while the model load holds its lock
+    worker.join()
+    assert got and not waited

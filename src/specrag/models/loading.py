@@ -520,11 +520,13 @@ def embedded_embeddings_path() -> Path:
 
 
 _EMB_CACHE: dict[str, Any] = {}
+# apart from _LM_CACHE_LOCK: a run's embeddings never wait behind another run's model load
+_EMB_LOCK = threading.Lock()
 
 
 def load_embeddings(name: str = EMBEDDED_LM) -> Any:
     """Load (once per process) a LangChain embeddings object; normalised vectors."""
-    with _LM_CACHE_LOCK:
+    with _EMB_LOCK:
         if name in _EMB_CACHE:
             return _EMB_CACHE[name]
         from langchain_huggingface import HuggingFaceEmbeddings
