@@ -66,6 +66,12 @@ def test_ratio_ci_resamples_questions_paired():
     assert point == pytest.approx(2.0) and ci[0] <= point <= ci[1]
     assert metrics.ratio_ci({"a": 1.0}, {"a": 0.0}, metrics.mean) == (None, None)
     assert metrics.ratio_ci({}, {"a": 1.0}, metrics.mean) == (None, None)
+    # a question only one side has (the other had no value for it) is left out of both: a
+    # system whose fast question dropped out must not compare its slow ones with all of ours
+    point, ci = metrics.ratio_ci(
+        {"a": 2.0, "b": 4.0}, {"a": 1.0, "b": 2.0, "c": 100.0}, metrics.mean
+    )
+    assert point == pytest.approx(2.0) and ci == pytest.approx([2.0, 2.0])
 
 
 def test_per_token_pools_seconds_and_tokens():
@@ -112,6 +118,11 @@ def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
     decoded = res["new_tokens"] - res["first_step_tokens"]
     if decoded and res["decode_s"] > 0:
         assert res["tokens_per_s"] == pytest.approx(decoded / res["decode_s"])
+    # the graph-comparable decode time: all but the target's own prefill pass, so the
+    # assistant's prefill and first drafts (HF's first step) are in it
+    assert 0 < res["target_prefill_s"] < res["total_s"]
+    assert res["decode_all_s"] == pytest.approx(res["total_s"] - res["target_prefill_s"])
+    assert res["decode_all_s"] > res["decode_s"]
     plain = hf_generate(loaded, list(range(1, 20)), max_new_tokens=8)
     assert plain["forward_passes"] == 8 and plain["assistant_forward_passes"] == 0
     assert plain["first_step_tokens"] == 1
@@ -257,6 +268,20 @@ def test_bench_rapid_resumes_after_the_rapid_cases_were_recorded(fake_rapid, tmp
     assert "e2e speedup vs target [95% CI]" in table
 
 
+def test_bench_rapid_never_resumes_records_of_another_dtype_or_device(fake_rapid, tmp_path):
+    """`auto` is fp32 on a CPU and bf16 on a GPU: a results folder carried between machines
+    must not pass one's records off as the other's."""
+    calls, _ = fake_rapid
+    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    loaded = bench_rapid.load_lm()  # the fixture's one fake model, as loaded
+    calls.clear()
+    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    assert calls == []  # resumed: every case was recorded
+    loaded.device, loaded.dtype = "cuda", torch.bfloat16  # the same folder on a GPU
+    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    assert len([c for c in calls if c[1] > LONG]) > 0  # measured again, not resumed
+
+
 def test_bench_rapid_speedups_decode_and_end_to_end_with_intervals():
     rows = []
     for i in range(6):
@@ -341,7 +366,8 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
         }
 
     monkeypatch.setattr(bench_rag, "build_datasets", lambda *a, **k: items)
-    monkeypatch.setattr(bench_rag, "load_lm", lambda *a, **k: None)
+    model = types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+    monkeypatch.setattr(bench_rag, "load_lm", lambda *a, **k: model)
     monkeypatch.setattr(bench_rag, "build_graph", lambda *a, **k: object())
     monkeypatch.setattr(bench_rag, "open_index", lambda ctx: FakeIndex(ctx.collection))
     monkeypatch.setattr(bench_rag, "run_one", fake_run_one)

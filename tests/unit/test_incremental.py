@@ -53,6 +53,8 @@ def drive(model, prompts, n, put_after, *, sampler=None, generator=None, eos=(),
         generator=generator,
     )
     for item in gen:
+        if not hasattr(stats, "first_prefill_s"):  # the first prompt's prefill, done by now
+            stats.first_prefill_s = stats.segment.prefill_s
         if isinstance(item, Revise):
             revises.append(item)
             del shown[item.keep :]
@@ -121,6 +123,11 @@ def test_three_batches_and_an_unchanged_answer():
     assert shown == greedy(model, p3, 10)
     assert len(stats.rebuilds) == 2
     assert len(revises) == 2 and all(r.keep > 0 and r.dropped > 0 for r in revises)
+    # a rebuild's prefill+verify pass is decode time (a cost only incremental answers add),
+    # not the answer's prefill, which stays the first prompt's
+    rebuilt = sum(r["verify_s"] for r in stats.rebuilds)
+    assert rebuilt > 0 and stats.decode_s >= rebuilt
+    assert stats.prefill_s == stats.first_prefill_s
     same, _, revises = drive(model, [P1, P1], 10, 3)
     assert same == greedy(model, P1, 10) and not revises
 

@@ -93,8 +93,10 @@ def absorb(total: DecodeStats, part: DecodeStats, first: bool) -> None:
         into = getattr(total, name)
         for key, value in getattr(part, name).items():
             into[key] = into.get(key, 0) + value
-    total.prefill_s += part.prefill_s
-    total.decode_s += part.decode_s
+    # the first prompt's prefill is the answer's prefill; a rebuild's prefill+verify pass is a
+    # cost of decoding incrementally, paid while the answer is decoded: decode time
+    total.prefill_s += part.prefill_s if first else 0.0
+    total.decode_s += part.decode_s + (0.0 if first else part.prefill_s)
     total.plain_steps += part.plain_steps
     total.plain_step_s += part.plain_step_s
     total.widest = max(total.widest, part.widest)

@@ -33,7 +33,7 @@ from specrag import prompts
 from specrag.data.datasets import sample, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _cell, _qkey, _values, build_datasets, run_one
-from specrag.evaluation.store import RunLog
+from specrag.evaluation.store import RunLog, setup_tag
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import open_index
@@ -83,10 +83,9 @@ LONG_PROMPT = "Explain in detail: {question}"
 MAX_TOKENS = {"squad": 64, "hotpot": 64, "long": 96}
 
 
-def case_key(item: dict[str, Any], system: str, dtype: str = "auto") -> str:
-    """Run-log key of one system on one question (a dtype other than auto is part of it)."""
-    tag = "" if dtype == "auto" else f"|{dtype}"
-    return f"pair|{item['dataset']}|{item['id']}|{system}|p{PROTOCOL[item['dataset']]}{tag}"
+def case_key(item: dict[str, Any], system: str, setup: str) -> str:
+    """Run-log key of one system on one question with the models as loaded (:func:`setup_tag`)."""
+    return f"pair|{item['dataset']}|{item['id']}|{system}|p{PROTOCOL[item['dataset']]}|{setup}"
 
 
 def long_items(n: int, squad_item: dict[str, Any]) -> list[dict[str, Any]]:
@@ -244,7 +243,8 @@ def run(
     drafter = load_lm(base.draft_spec, base.device, base.draft_dtype)
     graph = build_graph()
     work = [(item, system) for item in items for system in SYSTEMS]
-    keys = {case_key(item, s, dtype) for item, s in work}
+    setup = setup_tag(target, drafter)
+    keys = {case_key(item, s, setup) for item, s in work}
 
     def ctx_for(item: dict[str, Any]) -> SpecRagContext:
         ctx = replace(
@@ -270,7 +270,7 @@ def run(
         with progress_bar(log) as bar:
             task = bar.add_task("bench rag (pair)", total=len(work))
             for item, system in work:
-                key = case_key(item, system, dtype)
+                key = case_key(item, system, setup)
                 if not runlog.done(key):
                     runlog.add(key, await run_one(item, system, 0.0, graph, ctx_for(item)))
                 bar.advance(task)

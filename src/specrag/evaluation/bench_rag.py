@@ -47,7 +47,7 @@ from specrag import prompts
 from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
-from specrag.evaluation.store import RunLog
+from specrag.evaluation.store import RunLog, setup_tag
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import open_index
@@ -91,9 +91,9 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 PROTOCOL = 6
 
 
-def case_key(item: dict[str, Any], system: str, latency: float) -> str:
-    """Run-log key of one system on one question at one added latency."""
-    return f"{item['dataset']}|{item['id']}|{system}|{latency}|p{PROTOCOL}"
+def case_key(item: dict[str, Any], system: str, latency: float, setup: str = "") -> str:
+    """Run-log key of one system on one question at one added latency, model as loaded."""
+    return f"{item['dataset']}|{item['id']}|{system}|{latency}|p{PROTOCOL}|{setup}"
 
 
 def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Path:
@@ -216,8 +216,9 @@ async def run_one(
             passes_per_token=res["passes_per_token"],
             new_tokens=res["new_tokens"],
             ttft_s=(rec["retrieve_s"] + res["ttft_s"]) if res["ttft_s"] else None,
-            # decode time after the first token, like the graph's decoding stats
-            decode_s=res["decode_s"],
+            # everything after the target's prefill pass, as the graph's decoding stats count
+            # it (a drafter's prefill included); HF's own first step also carries drafts
+            decode_s=res["decode_all_s"],
             assistant_passes=res["assistant_forward_passes"],
         )
     else:
@@ -658,12 +659,12 @@ def run(
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     items = build_datasets(n_squad, n_hotpot, log)
     base = SpecRagContext(refine_temperature=0.0, answer_max_tokens=64)
-    load_lm(base.answer_spec, base.device, base.dtype)
+    setup = setup_tag(load_lm(base.answer_spec, base.device, base.dtype))
     graph = build_graph()
     work = [(item, "no_rag", 0.0) for item in items]
     work += [(item, s, lat) for lat in LATENCIES for item in items for s in SYSTEMS[1:]]
     work += [(item, s, 0.0) for item in items for s in STYLE_SYSTEMS]
-    keys = {case_key(item, s, lat) for item, s, lat in work}
+    keys = {case_key(item, s, lat, setup) for item, s, lat in work}
 
     async def go() -> None:
         if any(not runlog.done(k) for k in keys):
@@ -672,7 +673,7 @@ def run(
         with progress_bar(log) as bar:
             task = bar.add_task("bench rag", total=len(work))
             for item, system, latency in work:
-                key = case_key(item, system, latency)
+                key = case_key(item, system, latency, setup)
                 if not runlog.done(key):
                     runlog.add(key, await run_one(item, system, latency, graph, base))
                 bar.advance(task)

@@ -48,7 +48,7 @@ from specrag.data.datasets import QAExample, hotpot_questions, sample
 from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
-from specrag.evaluation.store import RunLog
+from specrag.evaluation.store import RunLog, setup_tag
 from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
 from specrag.models.loading import LoadedLM, drafter_dtype, dtype_name, load_lm
@@ -89,10 +89,9 @@ def rapid_tokens_per_s(new_tokens: int, decode_s: float) -> float | None:
     return (new_tokens - 1) / decode_s if decode_s and new_tokens > 1 else None
 
 
-def case_key(qid: str, length: int, method: str, dtype: str = "auto") -> str:
-    """Run-log key of one method on one (question, context length), with its dtype if set."""
-    tag = "" if dtype == "auto" else f"|{dtype}"
-    return f"{qid}|{length}|{method}|p{PROTOCOL}{tag}"
+def case_key(qid: str, length: int, method: str, setup: str) -> str:
+    """Run-log key of one method on one (question, context length), models as loaded."""
+    return f"{qid}|{length}|{method}|p{PROTOCOL}|{setup}"
 
 
 def build_document(
@@ -412,7 +411,8 @@ def run(
     distractor_pool = sample(pool, 300, SEED + 1)
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
     work = [(ex, length) for length in lengths for ex in picked]
-    keys = {case_key(ex.id, length, m, dtype) for ex, length in work for m in METHODS}
+    setup = setup_tag(loaded, drafter)
+    keys = {case_key(ex.id, length, m, setup) for ex, length in work for m in METHODS}
     if any(not runlog.done(k) for k in keys):
         log.print("bench rapid: warming up (one short untimed case through every method)")
         warm_up(picked[0], distractor_pool, loaded, eta, drafter)
@@ -423,7 +423,7 @@ def run(
             document = build_document(ex, distractor_pool, length, loaded, rng)
             n_tokens = len(loaded.tokenizer(document, add_special_tokens=False)["input_ids"])
             for method in ORDER:
-                key = case_key(ex.id, length, method, dtype)
+                key = case_key(ex.id, length, method, setup)
                 bar.update(task, description=f"{length} tokens: {method}")
                 if not runlog.done(key):
                     rec = run_case(ex, document, loaded, eta, method, drafter=drafter)

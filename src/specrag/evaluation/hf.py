@@ -43,6 +43,10 @@ def hf_generate(
     the time after it and ``tokens_per_s`` the tokens emitted after it over that time - the
     same definition as the local decoders' (tokens after the prefill pass / time after it).
 
+    ``decode_all_s`` is the whole call but the target's own prefill pass (timed by hooks): with
+    speculation HF's first step also holds the assistant's prefill and first drafts, and the
+    tokens they carried, which ``decode_s`` leaves out.
+
     Forward hooks count the forward passes: ``forward_passes`` are the target's own,
     ``assistant_forward_passes`` those of ``assistant_model`` (counted apart even when the
     assistant is the same model object: its passes are the ones made inside the assistant's
@@ -53,13 +57,23 @@ def hf_generate(
     passes = {"target": 0, "assistant": 0}
     nested = [0]  # > 0 while HF runs the assistant's generate
 
+    first_pass: list[float] = []  # start and end of the target's first (prefill) pass
+
     def count(*_: Any) -> None:
         passes["assistant" if nested[0] else "target"] += 1
+        if not nested[0] and not first_pass:
+            first_pass.append(time.perf_counter())
+
+    def counted(*_: Any) -> None:
+        if not nested[0] and len(first_pass) == 1:
+            if loaded.device.type == "cuda":  # the pass has run, not only been launched
+                torch.cuda.synchronize(loaded.device)
+            first_pass.append(time.perf_counter())
 
     model = loaded.model
     generate = model.generate  # the outer call never goes through the wrapper below
     assistant: Any = kwargs.get("assistant_model")
-    handles = [model.register_forward_pre_hook(count)]
+    handles = [model.register_forward_pre_hook(count), model.register_forward_hook(counted)]
     if assistant is not None and assistant is not model:
         handles.append(assistant.register_forward_pre_hook(count))
     patched = assistant is not None and "generate" not in vars(assistant)
@@ -113,6 +127,7 @@ def hf_generate(
     ttft = steps[0][0] - start if steps else None
     decode_s = steps[-1][0] - steps[0][0] if steps else 0.0
     decode_tokens = new - steps[0][1] if steps else 0
+    prefill_s = first_pass[1] - first_pass[0] if len(first_pass) == 2 else None
     return {
         "answer": text.strip(),
         "new_tokens": new,
@@ -120,6 +135,11 @@ def hf_generate(
         "total_s": total,
         "decode_s": decode_s,
         "first_step_tokens": steps[0][1] if steps else 0,
+        # everything but the target's own prefill pass: an assistant's prefill and the drafts
+        # that the prefill pass already verified included (as a drafter's are in the graph's
+        # decode time); None when the pass was not timed
+        "target_prefill_s": prefill_s,
+        "decode_all_s": total - prefill_s if prefill_s is not None else None,
         "forward_passes": passes["target"],
         "assistant_forward_passes": passes["assistant"],
         "tokens_per_s": decode_tokens / decode_s if decode_s > 0 and decode_tokens > 0 else None,

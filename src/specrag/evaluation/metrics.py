@@ -146,14 +146,16 @@ def ratio_ci(
 ) -> tuple[float | None, list[float] | None]:
     """``agg(num) / agg(den)`` and its bootstrap interval, resampling the keys (questions).
 
-    ``num`` and ``den`` map a question to its value under two systems; a resample draws
-    questions and both sides use the drawn questions they have (paired when both have all).
-    Returns ``(None, None)`` when the ratio is undefined (no values, zero or nan denominator).
+    ``num`` and ``den`` map a question to its value under two systems. Only questions both
+    have count (paired): a question one system has no value for (an answer decoded entirely in
+    its first step, a failed run) would otherwise leave one side only and bias the ratio.
+    Returns ``(None, None)`` when the ratio is undefined (no shared question, zero or nan
+    denominator).
     """
 
     def ratio(keys: Sequence[K]) -> float | None:
-        top = [num[k] for k in keys if k in num]
-        bottom = [den[k] for k in keys if k in den]
+        top = [num[k] for k in keys]
+        bottom = [den[k] for k in keys]
         if not top or not bottom:
             return None
         b = agg(bottom)
@@ -162,7 +164,7 @@ def ratio_ci(
         value = agg(top) / b
         return value if _defined(value) else None
 
-    keys = sorted(set(num) | set(den), key=repr)
+    keys = sorted(set(num) & set(den), key=repr)
     point = ratio(keys)
     if point is None:
         return None, None

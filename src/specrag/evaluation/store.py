@@ -34,3 +34,15 @@ class RunLog:
         self.records[key] = rec
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+def setup_tag(*models: Any) -> str:
+    """Where and in which dtype each loaded model ran (``cpu:float32``), for run-log keys.
+
+    ``auto`` resolves per machine (fp32 on a CPU, bf16 on a GPU; a drafter int8 or bf16 by CPU
+    features), so a results folder carried to another machine must not resume its records.
+    """
+    return "+".join(
+        f"{getattr(m.device, 'type', m.device)}:{str(m.dtype).removeprefix('torch.')}"
+        for m in models
+    )
