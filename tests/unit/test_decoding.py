@@ -580,3 +580,29 @@ def test_rapid_caches_after_rejections_equal_fresh_forward(model, eta):
     cached = target.extend([out[-1]])[-1]
     fresh = LMState(model).extend(target_prompt + out)[-1]
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_timing_waits_for_a_gpu_to_finish_the_pass(model, monkeypatch):
+    """On CUDA a pass returns before it has run: the prefill's end is read after a sync, or
+    the rest of the prefill would be charged to decode time (RAPID's and decode's). Recorded
+    here through the sync call itself: a CPU tensor never syncs, a CUDA one does, once per
+    prefill, before the decode clock starts."""
+    from types import SimpleNamespace
+
+    import specrag.decoding.state as state_module
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    assert state_module.settle(torch.zeros(2)) is not None and synced == []
+    fake = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    assert state_module.settle(fake) is fake and synced == [fake.device]
+    calls = []
+    real = state_module.settle
+    monkeypatch.setattr("specrag.decoding.rapid.settle", lambda t: calls.append("rapid") or real(t))
+    monkeypatch.setattr(
+        "specrag.decoding.speculative.settle", lambda t: calls.append("decode") or real(t)
+    )
+    doc = list(range(1, 30))
+    rapid_greedy(LMState(model), LMState(model), doc, doc[-10:], 5, RapidConfig(eta=0.0))
+    greedy(model, doc, 5)
+    assert calls == ["rapid", "rapid", "decode"]  # target and drafter prefills, then decode's

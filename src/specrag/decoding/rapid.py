@@ -34,7 +34,7 @@ import torch
 
 from specrag.decoding.sampling import Sampler, token_logprob
 from specrag.decoding.speculative import Token, prefill, prefill_stop
-from specrag.decoding.state import LMState, Stopped
+from specrag.decoding.state import LMState, Stopped, settle
 from specrag.decoding.vocab import fit_rows
 
 Transfer = Literal["shift", "mixture", "none"]
@@ -170,14 +170,14 @@ def rapid_decode(
     before = prefill_stop(should_stop)
     try:  # budgets apply to both prefills
         t0 = time.perf_counter()
-        z0 = prefill(target, target_prompt, before)  # [vocab]
+        z0 = settle(prefill(target, target_prompt, before))  # [vocab]
         rows = z0.shape[-1]
         st.target_prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if cfg.drafter_vocab and cfg.lossless:  # with transfer q shapes the answer: all rows
             # counted in the drafter's prefill: it copies the kept rows
             st.drafter_vocab_rows = drafter.restrict(cfg.drafter_vocab, [*drafter_prompt, *eos_ids])
-        d0 = prefill(drafter, drafter_prompt, before)
+        d0 = settle(prefill(drafter, drafter_prompt, before))
         st.drafter_prefill_s = time.perf_counter() - t0
     except Stopped as stop:
         return finish(stop.reason)

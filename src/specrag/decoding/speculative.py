@@ -24,7 +24,7 @@ import torch
 
 from specrag.decoding.candidates import Proposal, Proposer
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.state import LMState, Stopped
+from specrag.decoding.state import LMState, Stopped, settle
 
 
 @dataclass
@@ -240,7 +240,7 @@ def decode(
         stats.decode_s = time.perf_counter() - t1
 
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
-        logits_all = prefill_verify(lm, prompt, before, prefill_stop(should_stop))
+        logits_all = settle(prefill_verify(lm, prompt, before, prefill_stop(should_stop)))
     except Stopped as stop:
         stats.prefill_s = time.perf_counter() - t0
         if before:  # nothing was verified: what was shown stays as it is

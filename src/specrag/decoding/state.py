@@ -17,6 +17,17 @@ from specrag.decoding.vocab import VocabSubset, scoring
 PREFILL_CHUNK = 2048
 
 
+def settle(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` once its device has computed it (CUDA runs ahead of the host's clock).
+
+    Timings taken right after a pass - a prefill's, before decode time starts - would
+    otherwise charge the rest of that pass to what comes next. A no-op on a CPU.
+    """
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
+    return tensor
+
+
 def shared_prefix(a: Sequence[object], b: Sequence[object]) -> int:
     """Length of the longest common prefix of two sequences (token ids, or text)."""
     n, limit = 0, min(len(a), len(b))
