@@ -335,8 +335,8 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
         def __init__(self, collection):
             self.collection = collection
 
-        def search(self, question, k):
-            events.append(("search", self.collection))
+        def search(self, question, k, mode="dense"):
+            events.append(("search", self.collection, mode))
             return []
 
     async def fake_run_one(item, system, latency, graph, base):
@@ -377,8 +377,13 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     n_work = len(items) + len(items) * len(bench_rag.LATENCIES) * (len(bench_rag.SYSTEMS) - 1)
     n_work += len(items) * len(bench_rag.STYLE_SYSTEMS)
     first_run = events.index(runs[0])
-    # both indexes opened and searched, then one question through every system, all untimed
-    assert {e[1] for e in events[:first_run]} == {"bench_squad", "bench_hotpot"}
+    # both indexes opened and searched in every retrieval mode (BM25's copy loads on its first
+    # search), then one question through every system, all untimed
+    assert set(events[:first_run]) == {
+        ("search", c, m)
+        for c in ("bench_squad", "bench_hotpot")
+        for m in ("dense", "bm25", "hybrid")
+    }
     assert runs[: len(bench_rag.SYSTEMS)] == [("run", "q0", s, 0.0) for s in bench_rag.SYSTEMS]
     assert len(runs) == len(bench_rag.SYSTEMS) + n_work
     log_file = tmp_path / "bench_rag" / "runs-quick.jsonl"

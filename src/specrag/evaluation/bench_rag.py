@@ -622,12 +622,14 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
 async def warm_up(items: list[dict[str, Any]], graph: Any, base: SpecRagContext) -> None:
     """Warm every component before anything is timed (untimed, unrecorded).
 
-    Opens and searches every index (Chroma, the embedding model), then runs one question
-    through every system (both models, the graph, HF's prompt-lookup path).
+    Opens and searches every index in every retrieval mode the systems use (Chroma, the
+    embedding model, each index's BM25 copy), then runs one question through every system
+    (both models, the graph, HF's prompt-lookup path).
     """
     for index_dir, collection in sorted({(i["index_dir"], i["collection"]) for i in items}):
         index = open_index(replace(base, index_dir=index_dir, collection=collection))
-        await asyncio.to_thread(index.search, "warm-up", 1)
+        for mode in ("dense", "bm25", "hybrid"):
+            await asyncio.to_thread(index.search, "warm-up", 1, mode)
     for system in SYSTEMS:
         await run_one(items[0], system, 0.0, graph, base)
 
