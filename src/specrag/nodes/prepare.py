@@ -108,7 +108,7 @@ def make_prepare(services: Services):  # noqa: ANN201
         errors: list[str] = []
         if document:
             n_tokens = await _quietly(lambda: services.document_tokens(ctx, document), errors)
-            if n_tokens is None:  # say why the long-document route (RAPID) was not taken
+            if n_tokens is None and errors:  # say why the long-document route was not taken
                 errors[-1] += " (the document's length is unknown: RAPID not considered)"
             document_tokens = int(n_tokens or 0)
             if document_tokens > ctx.long_document_tokens:
