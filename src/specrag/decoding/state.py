@@ -17,14 +17,22 @@ from specrag.decoding.vocab import VocabSubset, scoring
 PREFILL_CHUNK = 2048
 
 
+def sync(device: torch.device) -> None:
+    """Wait until ``device`` has run what was queued on it; a no-op on a CPU.
+
+    CUDA runs ahead of the host's clock: every timing of device work reads it after this.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def settle(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` once its device has computed it (CUDA runs ahead of the host's clock).
+    """``tensor`` once its device has computed it (:func:`sync`).
 
     Timings taken right after a pass - a prefill's, before decode time starts - would
-    otherwise charge the rest of that pass to what comes next. A no-op on a CPU.
+    otherwise charge the rest of that pass to what comes next.
     """
-    if tensor.device.type == "cuda":
-        torch.cuda.synchronize(tensor.device)
+    sync(tensor.device)
     return tensor
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from specrag.decoding.state import sync
 from specrag.models.loading import LoadedLM
 from specrag.models.worker import MODEL_THREAD
 
@@ -66,8 +67,7 @@ def hf_generate(
 
     def counted(*_: Any) -> None:
         if not nested[0] and len(first_pass) == 1:
-            if loaded.device.type == "cuda":  # the pass has run, not only been launched
-                torch.cuda.synchronize(loaded.device)
+            sync(loaded.device)  # the pass has run, not only been launched
             first_pass.append(time.perf_counter())
 
     model = loaded.model

@@ -37,7 +37,7 @@ from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedPropo
 from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, Token, decode, prefill
-from specrag.decoding.state import LMState
+from specrag.decoding.state import LMState, sync
 from specrag.evaluation import metrics
 from specrag.models.gguf import convert_gguf, converted_dir
 
@@ -154,11 +154,6 @@ def load_model(source: str, dtype: torch.dtype, device: torch.device) -> Any:
     return model.to(device).eval()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _collect(steps: Iterator[Step] | Iterator[list[Token]], device: torch.device) -> Decoded:
     """The tokens, and the time from the first emitted step to the end (device synced).
 
@@ -172,7 +167,7 @@ def _collect(steps: Iterator[Step] | Iterator[list[Token]], device: torch.device
         out.extend(step)
         if not first_n:
             first_t, first_n = time.perf_counter(), len(out)
-    _sync(device)
+    sync(device)
     return Decoded(out, time.perf_counter() - first_t if first_n else 0.0, len(out) - first_n)
 
 
@@ -264,7 +259,7 @@ def _rapid_case(
     lm = LMState(target)
     lm.extend(hay["prefix"], all_logits=False)
     device = next(target.parameters()).device
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     rs = RapidStats()
     steps: Any

@@ -30,6 +30,7 @@ import torch
 from langchain_core.embeddings import Embeddings
 
 from specrag.decoding.drafter import PairCosts
+from specrag.decoding.state import sync
 from specrag.errors import ModelLoadError
 from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
@@ -357,12 +358,10 @@ def _timed_extend(
     lm: Any, device: torch.device, tokens: list[int], all_logits: bool = True
 ) -> float:
     """Seconds of one ``lm.extend(tokens)`` pass (a GPU synchronised on both sides)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     t0 = time.perf_counter()
     lm.extend(tokens, all_logits=all_logits)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -497,12 +496,10 @@ def _measure_step(model: Any, device: torch.device) -> float:
         lm.extend(list(range(1, 33)), all_logits=False)
         times = []
         for i in range(4):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            sync(device)
             t0 = time.perf_counter()
             lm.extend([40 + i])
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
     return sorted(times[1:])[1]
 
