@@ -91,7 +91,7 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 PROTOCOL = 6
 
 
-def case_key(item: dict[str, Any], system: str, latency: float, setup: str = "") -> str:
+def case_key(item: dict[str, Any], system: str, latency: float, setup: str) -> str:
     """Run-log key of one system on one question at one added latency, model as loaded."""
     return f"{item['dataset']}|{item['id']}|{system}|{latency}|p{PROTOCOL}|{setup}"
 

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specrag.models.loading import dtype_name
+
 
 class RunLog:
     """Append-only JSONL; a re-run skips the keys already recorded (resume after Ctrl-C)."""
@@ -42,7 +44,4 @@ def setup_tag(*models: Any) -> str:
     ``auto`` resolves per machine (fp32 on a CPU, bf16 on a GPU; a drafter int8 or bf16 by CPU
     features), so a results folder carried to another machine must not resume its records.
     """
-    return "+".join(
-        f"{getattr(m.device, 'type', m.device)}:{str(m.dtype).removeprefix('torch.')}"
-        for m in models
-    )
+    return "+".join(f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}" for m in models)

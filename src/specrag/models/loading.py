@@ -35,7 +35,7 @@ from specrag.errors import ModelLoadError
 from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
-from specrag.models.options import INT8_NAMES
+from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.paths import cache_dir, package_dir
 
@@ -126,19 +126,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         if device.type != "cpu":
             raise ModelLoadError(f"dtype {dtype!r} (int8 dynamic quantization) runs on CPU only")
         return torch.qint8
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in table:
+    if dtype not in FLOAT_DTYPES:
         raise ModelLoadError(
             f"unknown dtype {dtype!r} (use auto, float32, bfloat16, float16 or int8)"
         )
-    return table[dtype]
+    return getattr(torch, FLOAT_DTYPES[dtype])  # type: ignore[no-any-return]
 
 
 def check_local_model(name: str) -> Path | None:

@@ -17,8 +17,17 @@ from specrag.errors import InputError
 
 Speculation = Literal["none", "prompt", "draft+prompt"]
 INT8_NAMES = ("int8", "qint8")  # the dtype of a drafter with int8 layers (specrag.models.int8)
-# the float dtypes a local model may load in (specrag.models.loading.resolve_dtype)
-FLOAT_NAMES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# the float dtypes a local model may load in, by name: the torch dtype each one is
+# (specrag.models.loading.resolve_dtype reads it; "auto" resolves per device)
+FLOAT_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+FLOAT_NAMES = ("auto", *FLOAT_DTYPES)
 DEVICE_FORMS = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # where it may run
 
 
