@@ -32,24 +32,6 @@ log = logging.getLogger(__name__)
 TMP = ".tmp"  # a file being written is <entry>.kv.tmp<pid>.<thread>
 
 
-def _check_shapes(
-    model: Any, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]
-) -> None:
-    """Raise ValueError unless ``kv`` is a cache of ``model``'s shape holding ``tokens``."""
-    config = getattr(model, "config", None)
-    layers = getattr(config, "num_hidden_layers", None)
-    heads = getattr(config, "num_key_value_heads", None) or getattr(
-        config, "num_attention_heads", None
-    )
-    if layers is not None and len(kv) != layers:
-        raise ValueError(f"{len(kv)} cached layers for a model of {layers}")
-    for keys, values in kv:
-        if keys.shape[-2] != len(tokens) or values.shape[-2] != len(tokens):
-            raise ValueError("KV tensors do not match the token count")
-        if heads is not None and keys.shape[1] != heads:
-            raise ValueError(f"{keys.shape[1]} cached KV heads for a model of {heads}")
-
-
 def prefix_key(model_key: str, prefix: list[int]) -> str:
     """Cache key of a token prefix for one model."""
     digest = hashlib.sha256(",".join(map(str, prefix)).encode()).hexdigest()
@@ -169,7 +151,7 @@ class PrefixCache:
             data = torch.load(path, map_location="cpu", weights_only=True)
             if data.get("key") != key:
                 return None
-            _check_shapes(model, data["tokens"], data["kv"])
+            LMState.check_kv(model, data["tokens"], data["kv"])
         except Exception as exc:  # noqa: BLE001 - a corrupt entry is a miss, and removed
             log.warning("prefix cache: dropping unreadable %s: %s", path.name, exc)
             path.unlink(missing_ok=True)

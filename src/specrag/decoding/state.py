@@ -160,14 +160,38 @@ class LMState:
     def from_kv(
         cls, model: Any, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> LMState:
-        """A state holding ``tokens`` whose KV cache is ``kv`` (see :meth:`kv_tensors`)."""
+        """A state holding ``tokens`` whose KV cache is ``kv`` (see :meth:`kv_tensors`).
+
+        Raises ValueError (:meth:`check_kv`) before placing anything on the device when ``kv``
+        is not a cache of ``model``'s shape holding ``tokens``.
+        """
+        cls.check_kv(model, tokens, kv)
         state = cls(model)
         for i, (keys, values) in enumerate(kv):
-            if keys.shape[-2] != len(tokens) or values.shape[-2] != len(tokens):
-                raise ValueError("KV tensors do not match the token count")
             state.cache.update(keys.to(state.device), values.to(state.device), i)
         state.tokens = list(tokens)
         return state
+
+    @staticmethod
+    def check_kv(
+        model: Any, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """Raise ValueError unless ``kv`` is a cache of ``model``'s shape holding ``tokens``.
+
+        Its layers and KV heads per the model's config (where it says), its length per tokens.
+        """
+        config = getattr(model, "config", None)
+        layers = getattr(config, "num_hidden_layers", None)
+        heads = getattr(config, "num_key_value_heads", None) or getattr(
+            config, "num_attention_heads", None
+        )
+        if layers is not None and len(kv) != layers:
+            raise ValueError(f"{len(kv)} cached layers for a model of {layers}")
+        for keys, values in kv:
+            if keys.shape[-2] != len(tokens) or values.shape[-2] != len(tokens):
+                raise ValueError("KV tensors do not match the token count")
+            if heads is not None and keys.shape[1] != heads:
+                raise ValueError(f"{keys.shape[1]} cached KV heads for a model of {heads}")
 
     def nbytes(self) -> int:
         """Memory held by the KV cache."""
