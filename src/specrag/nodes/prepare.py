@@ -50,40 +50,40 @@ async def _quietly(work: Callable[[], Any], errors: list[str] | None = None) -> 
         return None
 
 
-def question_and_history(
-    state: State, ctx: SpecRagContext, count: Callable[[str], int]
-) -> tuple[str, list[dict[str, str]], bool]:
-    """The run's question, the history the prompts get, and whether it came from messages.
-
-    With ``messages`` ending in a human message, that message is the question and the earlier
-    human/AI turns (text only; tool traffic left out) are history, newest kept first, up to
-    ``history_tokens``. Otherwise the ``question`` key is the question and there is no history.
-    """
+def _last_human(state: State) -> Any:
+    """The chat interface's question: ``messages``' last message if a human's, else None."""
     messages = state.get("messages") or []
-    if not messages or messages[-1].type != "human":
-        return asked(state), [], False
+    return messages[-1] if messages and messages[-1].type == "human" else None
+
+
+def asked(state: State) -> str:
+    """The question as given: the last human message of ``messages``, else ``question``."""
+    human = _last_human(state)
+    return str(human.text).strip() if human is not None else state.get("question", "")
+
+
+def history(state: State, ctx: SpecRagContext, count: Callable[[str], int]) -> list[dict[str, str]]:
+    """The earlier turns the prompts get when the question came from ``messages``.
+
+    The human/AI turns before the last human message (text only; tool traffic left out),
+    newest kept first, up to ``history_tokens``; none for a ``question`` key.
+    """
+    if _last_human(state) is None:
+        return []
     turns = [
         {"role": "user" if m.type == "human" else "assistant", "content": str(m.text).strip()}
-        for m in messages[:-1]
+        for m in (state.get("messages") or [])[:-1]
         if m.type in ("human", "ai") and str(m.text).strip()
     ]
-    history: list[dict[str, str]] = []
+    kept: list[dict[str, str]] = []
     used = 0
     for turn in reversed(turns):
         cost = count(turn["content"]) + 4  # + the turn's chat-template tags
         if used + cost > ctx.history_tokens:
             break
-        history.insert(0, turn)
+        kept.insert(0, turn)
         used += cost
-    return asked(state), history, True
-
-
-def asked(state: State) -> str:
-    """The question as given: the last human message of ``messages``, else ``question``."""
-    messages = state.get("messages") or []
-    if messages and messages[-1].type == "human":
-        return str(messages[-1].text).strip()
-    return state.get("question", "")
+    return kept
 
 
 def make_prepare(services: Services):  # noqa: ANN201
@@ -125,14 +125,13 @@ def make_prepare(services: Services):  # noqa: ANN201
             except Exception:  # noqa: BLE001 - a remote answer model: count words
                 return len(text.split())
 
-        _, history, from_messages = question_and_history(state, ctx, count)
         seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
         emit({"event": "prepared", "seed": seed, **timings})
         return {
             "question": question,
             "query": question,
-            "history": history,
-            "from_messages": from_messages,
+            "history": history(state, ctx, count),
+            "from_messages": _last_human(state) is not None,
             "run_id": uuid.uuid4().hex,
             "document": "",
             "run_document": document,
