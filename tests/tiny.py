@@ -20,3 +20,23 @@ def tiny_llama(vocab=64, seed=0, layers=2, sharpen=40.0, **config):
     with torch.no_grad():  # sharpen the output layer: peaked, non-tied distributions
         model.lm_head.weight.mul_(sharpen)
     return model
+
+
+def padded_drafter(target, rows, layers=1, seed=1, shared=64):
+    """A drafter with ``rows`` output rows sharing ``target``'s first ``shared`` tokens (its
+    embeddings and output rows) and its first ``layers`` blocks.
+
+    Models of one family pad their output layers differently (Qwen2.5-0.5B: 151,936 rows,
+    7B: 152,064) around one tokenizer. The drafter's padding rows (``shared`` and up) are made
+    to win its argmax where they exist: a drafter laid out wrongly proposes them.
+    """
+    drafter = tiny_llama(rows, seed, layers, 40.0)
+    source = target.state_dict()
+    with torch.no_grad():
+        drafter.model.embed_tokens.weight[:shared] = source["model.embed_tokens.weight"][:shared]
+        drafter.lm_head.weight[:shared] = source["lm_head.weight"][:shared]
+        drafter.lm_head.weight[shared:] = source["lm_head.weight"][: rows - shared] * 3
+        for k, v in drafter.state_dict().items():
+            if k.startswith("model.layers.") and int(k.split(".")[2]) < layers:
+                v.copy_(source[k])
+    return drafter

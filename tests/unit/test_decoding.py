@@ -13,7 +13,7 @@ from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode, transf
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
-from tests.tiny import tiny_llama
+from tests.tiny import padded_drafter, tiny_llama
 
 
 def tiny(vocab=64, seed=0, layers=2, sharpen=40.0):
@@ -370,24 +370,6 @@ def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma, cut):
         unsure += stats.unsure_stops
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
     assert (unsure > 0) == (cut > 0), unsure  # the cut-off cut some rounds (gamma adapts up)
-
-
-def padded_drafter(target, rows):
-    """A drafter with ``rows`` output rows sharing ``target``'s 64 tokens and first layer.
-
-    Qwen2.5-0.5B has 151,936 output rows, Qwen2.5-7B 152,064: one tokenizer, padded heads.
-    The drafter's padding rows (64 and up) are made to win its argmax where they exist.
-    """
-    drafter = tiny_llama(rows, 1, 1, 40.0)
-    source = target.state_dict()
-    with torch.no_grad():
-        for k, v in drafter.state_dict().items():
-            if k.startswith("model.layers.0.") or k == "model.norm.weight":
-                v.copy_(source[k])
-        drafter.model.embed_tokens.weight[:64] = source["model.embed_tokens.weight"][:64]
-        drafter.lm_head.weight[:64] = source["lm_head.weight"][:64]
-        drafter.lm_head.weight[64:] = source["lm_head.weight"][: rows - 64] * 3
-    return drafter
 
 
 @pytest.mark.parametrize(

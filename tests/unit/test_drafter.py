@@ -18,7 +18,7 @@ from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
 from specrag.decoding.vocab import VocabSubset
-from tests.tiny import tiny_llama
+from tests.tiny import padded_drafter, tiny_llama
 from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
     exact_conditionals,
@@ -446,15 +446,7 @@ def test_a_drafter_with_a_padded_output_layer_proposes_only_shared_tokens(pair):
     the target's embedding lookup of it fails.
     """
     target, _ = pair
-    drafter = tiny_llama(72, 1, 2, 40.0)
-    with torch.no_grad():
-        state = {k: v for k, v in target.state_dict().items() if "layers." not in k}
-        drafter.model.embed_tokens.weight[:64] = state["model.embed_tokens.weight"]
-        drafter.lm_head.weight[:64] = state["lm_head.weight"]
-        drafter.lm_head.weight[64:] = state["lm_head.weight"][:8] * 3  # padding that wins
-        for k, v in target.state_dict().items():
-            if k.startswith("model.layers.") and int(k.split(".")[2]) < 2:
-                drafter.state_dict()[k].copy_(v)
+    drafter = padded_drafter(target, 72, layers=2)  # 8 padding rows that win its argmax
     prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     plain, _ = greedy_run(target, prompt)
 
