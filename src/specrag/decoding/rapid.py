@@ -77,6 +77,7 @@ class RapidStats:
     drafter_passes: int = 0
     drafter_vocab_rows: int = 0  # output rows the drafter scored (0: all)
     unsure_stops: int = 0  # rounds that stopped drafting at an unsure position
+    cache_refills: int = 0  # crops of either model done by re-reading (LMState.refills)
     target_prefill_s: float = 0.0
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -108,6 +109,7 @@ class RapidStats:
             "drafter_prefill_s": round(self.drafter_prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "finish_reason": self.finish_reason,
+            **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
         }
 
 
@@ -166,6 +168,7 @@ def rapid_decode(
         st.finish_reason = reason
         st.new_tokens = len(generated)
         st.decode_s = time.perf_counter() - t_start
+        st.cache_refills = target.refills + drafter.refills
 
     before = prefill_stop(should_stop)
     try:  # budgets apply to both prefills

@@ -51,6 +51,7 @@ class DecodeStats:
     plain_steps: int = 0  # passes with no candidate: plain decode steps, timed
     plain_step_s: float = 0.0  # their total time
     widest: int = 0  # the most candidates one pass verified
+    cache_refills: int = 0  # crops done by re-reading the answer's context (LMState.refills)
     # an incremental decode (:mod:`specrag.decoding.incremental`): the final answer's tokens
     # by source, and one record per prompt rebuild
     sources: dict[str, int] | None = None
@@ -87,6 +88,7 @@ class DecodeStats:
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "finish_reason": self.finish_reason,
+            **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
             **({"rebuilds": list(self.rebuilds)} if self.rebuilds else {}),
         }
 
@@ -238,6 +240,7 @@ def decode(
         stats.finish_reason = reason
         stats.new_tokens = len(generated)
         stats.decode_s = time.perf_counter() - t1
+        stats.cache_refills = lm.refills
 
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
         logits_all = settle(prefill_verify(lm, prompt, before, prefill_stop(should_stop)))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
 from specrag.decoding.vocab import VocabSubset, scoring
 
@@ -58,6 +59,35 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def rollback_cache(model: Any) -> DynamicCache:
+    """An empty KV cache for ``model`` that can be cropped back to any earlier length.
+
+    Transformers gives sliding-window and chunked-attention layers (Mistral, Gemma 2/3, Qwen2
+    with ``use_sliding_window``, ...) a cache that keeps only the last window of positions and
+    cannot be cropped once the window is full - and speculative decoding crops rejected
+    candidates after every verify pass. Those layers get a plain layer here, holding every
+    position (their memory is that of full attention); the model's attention mask still applies
+    the window, so the outputs are unchanged. Layers with other state (linear attention's
+    convolution and recurrent states) are kept as they are: :meth:`LMState.crop` re-reads the
+    kept tokens for such a cache (:func:`croppable`).
+    """
+    cache = DynamicCache(config=model.config)
+    cache.layers = [
+        DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
+        for layer in cache.layers
+    ]
+    return cache
+
+
+def croppable(cache: Any) -> bool:
+    """Whether ``cache`` can be cropped back to any earlier length (plain key/value layers).
+
+    Transformers' own ``is_croppable`` is not enough: a linear-attention layer recording its
+    past reports True but can only roll back the tokens fed since its last crop.
+    """
+    return all(type(layer) in (DynamicLayer, DummyLayer) for layer in cache.layers)
+
+
 class LMState:
     """A model plus the tokens it has consumed and their KV cache.
 
@@ -68,9 +98,10 @@ class LMState:
     def __init__(self, model: Any, device: torch.device | None = None) -> None:
         self.model = model
         self.device = device or next(model.parameters()).device
-        self.cache: Any = DynamicCache(config=model.config)
+        self.cache: Any = rollback_cache(model)
         self.tokens: list[int] = []
         self.forward_passes = 0
+        self.refills = 0  # crops done by re-reading the kept tokens (a cache that cannot crop)
         self._kw = _cache_kwarg(model)
         self.vocab: VocabSubset | None = None  # a drafter's output rows (None: all of them)
 
@@ -134,9 +165,18 @@ class LMState:
         drop = len(self.tokens) - length
         if drop < 0:
             raise ValueError(f"cannot crop to {length}: only {len(self.tokens)} cached")
-        if drop:
+        if not drop:
+            return
+        if croppable(self.cache):
             self.cache.crop(-drop)  # transformers 5.x: negative = number of tokens to remove
             del self.tokens[length:]
+            return
+        # convolution/recurrent state (linear attention) cannot be rolled back: re-read the rest
+        kept = self.tokens[:length]
+        self.cache, self.tokens = rollback_cache(self.model), []
+        self.refills += 1
+        if kept:
+            self.extend(kept, all_logits=False)
 
     def sync(self, committed: list[int]) -> None:
         """Crop to the longest common prefix of the cache and ``committed``."""
@@ -149,12 +189,20 @@ class LMState:
         other.vocab = self.vocab
         other.cache = copy.deepcopy(self.cache)
         other.tokens = list(self.tokens)
-        other.forward_passes = 0
+        other.forward_passes = other.refills = 0
         return other
 
     def kv_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The cache's (keys, values) per layer, each ``[batch, kv_heads, tokens, head_dim]``."""
-        return [(layer.keys, layer.values) for layer in getattr(self.cache, "layers", [])]
+        """The cache's (keys, values) per layer, each ``[batch, kv_heads, tokens, head_dim]``.
+
+        Raises ValueError for a cache with other state (recurrent, shared or indexed layers):
+        only plain key/value layers are saved and restored.
+        """
+        layers = getattr(self.cache, "layers", [])
+        if not croppable(self.cache) or any(type(layer) is DummyLayer for layer in layers):
+            kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
+            raise ValueError(f"cache layers {', '.join(kinds)} hold more than keys and values")
+        return [(layer.keys, layer.values) for layer in layers]
 
     @classmethod
     def from_kv(

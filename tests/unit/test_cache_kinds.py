@@ -1,0 +1,226 @@
+"""Speculative decoding on models whose caches are not plain key/value stores.
+
+Transformers keeps only the last window of positions for sliding-window and chunked layers
+(Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``) and cannot crop such a cache once the
+window is full; linear-attention layers (LFM2's convolutions) keep a rolling state. Every
+verify pass crops rejected candidates, so before ``specrag.decoding.state.rollback_cache`` a
+sliding-window model crashed at its first rejection past the window. Each test runs prompts
+longer than the window, asserts proposals were made AND some rejected, and compares with the
+model's own greedy answer (each token from a forward over the whole text, no cache).
+"""
+
+import pytest
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Lfm2Config,
+    Lfm2ForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from specrag.decoding.candidates import NgramProposer
+from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
+from specrag.decoding.rapid import RapidConfig
+from specrag.decoding.sampling import Sampler
+from specrag.decoding.speculative import DecodeStats, decode
+from specrag.decoding.state import LMState
+from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
+    counts_msg,
+    one_thread,
+    rapid_greedy,
+    run,
+)
+
+WINDOW = 8
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+KINDS = {
+    # every layer sliding
+    "mistral": lambda w, n: (MistralForCausalLM, MistralConfig(sliding_window=w, **n)),
+    # sliding layers after the first max_window_layers (a hybrid cache)
+    "qwen2": lambda w, n: (
+        Qwen2ForCausalLM,
+        Qwen2Config(use_sliding_window=True, sliding_window=w, max_window_layers=1, **n),
+    ),
+    # alternating sliding and full layers
+    "gemma2": lambda w, n: (
+        Gemma2ForCausalLM,
+        Gemma2Config(
+            sliding_window=w,
+            head_dim=8,
+            final_logit_softcapping=None,
+            tie_word_embeddings=False,
+            **n,
+        ),
+    ),
+}
+
+
+def build(kind, window=WINDOW, layers=2, seed=0):
+    """A tiny random model of ``kind`` (``window`` past every position: no window at all)."""
+    cls, config = KINDS[kind](window, {**SIZES, "num_hidden_layers": layers})
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():  # peaked distributions: drafts are often right, sometimes not
+        model.lm_head.weight.mul_(40.0)
+    return model
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt, n):
+    """The model's own greedy answer: each token from a forward over the whole text, no cache."""
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(model(torch.tensor([prompt + out])).logits[0, -1].argmax()))
+    return out
+
+
+class Corrupted:
+    """Proposes ``ref``'s continuation, its last candidate wrong in every other proposal."""
+
+    def __init__(self, ref):
+        self.ref, self.calls = ref, 0
+
+    def propose(self, generated, k):
+        self.calls += 1
+        cands = self.ref[len(generated) : len(generated) + k]
+        if self.calls % 2 and cands:
+            cands = [*cands[:-1], (cands[-1] + 1) % 64]
+        return cands, "prompt"
+
+
+def prompt_of(n, seed=1):
+    return torch.randint(1, 64, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_verify_passes_crop_a_sliding_window_cache_and_keep_greedy_output(kind):
+    model = build(kind)
+    prompt = prompt_of(5 * WINDOW)
+    ref = hf_greedy(model, prompt, 30)
+    unwindowed = build(kind, window=512)
+    assert hf_greedy(unwindowed, prompt, 30) != ref  # the window shapes this answer
+    stats = DecodeStats()
+    out = run(
+        decode(
+            LMState(model),
+            prompt,
+            max_new_tokens=30,
+            sampler=Sampler(0.0),
+            proposer=Corrupted(ref),
+            stats=stats,
+        )
+    )
+    proposed, accepted = stats.proposed["prompt"], stats.accepted.get("prompt", 0)
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert out == ref
+    assert stats.cache_refills == 0  # cropped in place, not re-read
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_a_sliding_window_drafter_crops_back_after_rejections(kind):
+    """The drafter feeds its proposals one pass each and is cropped back over several."""
+    target = build(kind, layers=2)
+    drafter = build(kind, layers=1)
+    drafter.load_state_dict(
+        {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.1.")}
+    )
+    prompt = prompt_of(4 * WINDOW, seed=2)
+    ref = hf_greedy(target, prompt, 40)
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
+    proposer = MergedProposer(
+        NgramProposer({}), DrafterProposer(LMState(drafter), prompt, Sampler(0.0)), policy
+    )
+    stats = DecodeStats()
+    out = run(
+        decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=40,
+            sampler=Sampler(0.0),
+            proposer=proposer,
+            stats=stats,
+        )
+    )
+    proposed, accepted = stats.proposed["drafter"], stats.accepted.get("drafter", 0)
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert out == ref
+    assert stats.cache_refills == proposer.drafter.lm.refills == 0  # both cropped in place
+
+
+def test_rapid_lossless_on_sliding_window_models():
+    target = build("mistral", layers=2)
+    drafter = build("mistral", layers=2, seed=3)
+    doc = prompt_of(6 * WINDOW, seed=4)
+    target_prompt, drafter_prompt = doc + [5, 6, 7], doc[-12:] + [5, 6, 7]
+    ref = hf_greedy(target, target_prompt, 30)
+    proposed = accepted = 0
+    for d in (target, drafter):  # the target itself drafts well, the other model poorly
+        out, stats = rapid_greedy(
+            LMState(target), LMState(d), target_prompt, drafter_prompt, 30, RapidConfig(eta=0.0)
+        )
+        assert out == ref
+        assert stats.cache_refills == 0
+        proposed, accepted = proposed + stats.draft_tokens, accepted + stats.accepted_tokens
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+
+
+def test_a_sliding_window_cache_round_trips_through_its_tensors():
+    """What the disk prefix cache saves and restores: every position, so it continues right."""
+    model = build("gemma2")
+    prompt = prompt_of(5 * WINDOW, seed=5)
+    state = LMState(model)
+    state.extend(prompt, all_logits=False)
+    kv = state.kv_tensors()
+    assert all(k.shape[-2] == len(prompt) for k, _ in kv)
+    restored = LMState.from_kv(model, prompt, [(k.clone(), v.clone()) for k, v in kv])
+    restored.crop(len(prompt) - 3)  # a shorter shared prefix, as a new question would use
+    fresh = LMState(model)
+    fresh.extend(prompt[:-3], all_logits=False)
+    tail = prompt[-3:] + [9, 10]
+    torch.testing.assert_close(restored.extend(tail), fresh.extend(tail))
+
+
+def tiny_lfm2():
+    torch.manual_seed(0)
+    config = Lfm2Config(**{**SIZES, "num_hidden_layers": 2}, layer_types=["conv", "full_attention"])
+    model = Lfm2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    return model
+
+
+def test_a_cache_with_convolution_state_is_re_read_on_rejection():
+    """LFM2's convolution layers cannot roll back: a crop re-reads the kept tokens (slow,
+    counted in ``cache_refills``), the output stays the model's, and nothing is saved to disk."""
+    model = tiny_lfm2()
+    prompt = prompt_of(20, seed=6)
+    ref = hf_greedy(model, prompt, 20)
+    stats = DecodeStats()
+    lm = LMState(model)
+    out = run(
+        decode(
+            lm,
+            prompt,
+            max_new_tokens=20,
+            sampler=Sampler(0.0),
+            proposer=Corrupted(ref),
+            stats=stats,
+        )
+    )
+    proposed, accepted = stats.proposed["prompt"], stats.accepted.get("prompt", 0)
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert out == ref
+    assert stats.cache_refills > 0 and stats.as_dict()["cache_refills"] == stats.cache_refills
+    with pytest.raises(ValueError, match="LinearAttentionLayer"):
+        lm.kv_tensors()
