@@ -136,3 +136,43 @@ def test_a_failed_write_leaves_no_temporary_file_and_old_ones_are_pruned(tmp_pat
     cache.put(prefix_key("m", [4, 5, 6]), prefilled(model, [4, 5, 6]))
     cache.flush()
     assert sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name) == [live.name]
+
+
+def test_memory_and_disk_budgets_bound_what_is_kept(tmp_path):
+    """LRU within the budget; a prefix larger than the budget is not kept; 0 keeps nothing."""
+    model = tiny_llama()
+    states = [prefilled(model, [i + 1] + list(range(2, 40))) for i in range(3)]
+    size = states[0].nbytes()
+    keys = [prefix_key("m", s.tokens) for s in states]
+
+    cache = PrefixCache(max_bytes=int(size * 2.5))
+    for key, state in zip(keys, states, strict=True):
+        cache.put(key, state)
+    assert cache.get(keys[0]) is None and cache.get(keys[2]) is not None  # LRU went first
+    assert cache.nbytes() == 2 * size
+
+    small = PrefixCache(max_bytes=size - 1, disk_dir=tmp_path, disk_max_bytes=size - 1)
+    small.put(keys[0], states[0])
+    small.flush()
+    assert small.nbytes() == 0 and not list(tmp_path.iterdir())
+
+    cache = PrefixCache(max_bytes=0, disk_dir=tmp_path)  # disk only
+    cache.put(keys[1], states[1])
+    cache.flush()
+    assert cache.nbytes() == 0 and len(list(tmp_path.glob("*.kv"))) == 1
+    again = cache.get(keys[1], model)  # served from disk, still not kept in memory
+    assert again is not None and again.tokens == states[1].tokens and cache.nbytes() == 0
+
+    cache.limit(max_bytes=size, disk_max_bytes=0)  # no disk: saved prefixes are pruned
+    assert not list(tmp_path.glob("*.kv"))
+    cache.put(keys[2], states[2])
+    cache.flush()
+    assert cache.nbytes() == size and not list(tmp_path.glob("*.kv"))
+
+
+def test_the_context_sets_the_process_wide_prefix_cache_budgets():
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import default_rapid_model
+
+    model = default_rapid_model(SpecRagContext(prefix_cache_mib=0, prefix_cache_disk_mib=64))
+    assert (model.prefix_cache_bytes, model.prefix_cache_disk_bytes) == (0, 64 * 2**20)

@@ -3,7 +3,9 @@
 Prompts are laid out document-first, so every question about the same document shares the
 token prefix ``[chat head + document]``. The first question pays the prefill; later ones clone
 the cached prefix and prefill only the question. Entries are keyed by model identity and a hash
-of the prefix tokens, and bounded by total bytes (least recently used goes first).
+of the prefix tokens, and bounded by total bytes (least recently used goes first; an entry
+larger than the whole budget is not kept, a budget of 0 keeps nothing). In memory an entry
+lives on its model's device (GPU memory on CUDA), beside the copy the running answer extends.
 
 With ``disk_dir`` the entries also persist on disk (one file per entry, written atomically in a
 background thread that the interpreter waits for at exit; LRU-bounded by bytes), so a repeated
@@ -57,6 +59,16 @@ class PrefixCache:
         self.disk_max_bytes = disk_max_bytes
         self._writers: list[threading.Thread] = []
 
+    def limit(self, max_bytes: int, disk_max_bytes: int) -> None:
+        """Set both budgets (bytes; 0 = keep nothing there) and evict down to them now."""
+        if max_bytes < 0 or disk_max_bytes < 0:
+            raise ValueError("prefix cache budgets must be >= 0 bytes")
+        with self._lock:
+            self.max_bytes, self.disk_max_bytes = max_bytes, disk_max_bytes
+            self._evict()
+        if self.disk_dir is not None and self.disk_dir.is_dir():
+            self._prune_disk()
+
     def get(self, key: str, model: Any = None) -> LMState | None:
         """A private clone of the cached prefix, or None.
 
@@ -70,10 +82,12 @@ class PrefixCache:
                 return entry.clone()
         if model is not None and (state := self._read(key, model)) is not None:
             with self._lock:
-                self._entries[key] = state
-                self._evict()
                 self.disk_hits += 1
                 self.hits += 1
+                if state.nbytes() > self.max_bytes:  # not kept in memory: the caller's own
+                    return state
+                self._entries[key] = state
+                self._evict()
             return state.clone()
         with self._lock:
             self.misses += 1
@@ -84,12 +98,17 @@ class PrefixCache:
 
         A partial prefix (a budget stopped its prefill) is continued by the next caller.
         """
+        size = state.nbytes()
+        to_disk = self.disk_dir is not None and 0 < size <= self.disk_max_bytes
+        if size > self.max_bytes and not to_disk:
+            return
         snapshot = state.clone()
-        with self._lock:
-            self._entries[key] = snapshot
-            self._entries.move_to_end(key)
-            self._evict()
-        if self.disk_dir is not None:  # the snapshot is never mutated: safe to write meanwhile
+        if size <= self.max_bytes:
+            with self._lock:
+                self._entries[key] = snapshot
+                self._entries.move_to_end(key)
+                self._evict()
+        if to_disk:  # the snapshot is never mutated: safe to write meanwhile
             writer = threading.Thread(
                 target=self._write, args=(key, snapshot), name="specrag-prefix-write"
             )
@@ -109,7 +128,7 @@ class PrefixCache:
             writer.join()
 
     def _evict(self) -> None:
-        while len(self._entries) > 1 and self.nbytes() > self.max_bytes:
+        while self._entries and self.nbytes() > self.max_bytes:
             self._entries.popitem(last=False)
 
     def _path(self, key: str) -> Path:
@@ -186,7 +205,7 @@ class PrefixCache:
                 continue
             files.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files)[:-1]:  # never the newest
+        for _, size, path in sorted(files):
             if total <= self.disk_max_bytes:
                 break
             path.unlink(missing_ok=True)

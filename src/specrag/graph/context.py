@@ -262,6 +262,20 @@ class SpecRagContext:
         768, "Token budget of retrieved chunks given to the RAPID drafter.", ge=1
     )
     rapid_chunk_tokens: int = _f(128, "Chunk size (tokens) for splitting a long document.", ge=8)
+    prefix_cache_mib: int = _f(
+        4096,
+        "RAPID: memory (MiB) for long documents' KV prefixes kept across questions in this "
+        "process, on the answer model's device (GPU memory on CUDA), least recently used "
+        "dropped first; a prefix larger than this is not kept; 0 = none.",
+        ge=0,
+    )
+    prefix_cache_disk_mib: int = _f(
+        8192,
+        "RAPID: disk (MiB) for the same prefixes in the cache dir (`prefix-kv/`), so a new "
+        "process skips a repeated document's prefill; least recently used pruned first; 0 = "
+        "none (and prunes every saved prefix).",
+        ge=0,
+    )
     seed: int = _f(
         -1, "Sampling seed; -1 draws a new one per run (reported in the output as `seed`).", ge=-1
     )

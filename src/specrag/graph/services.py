@@ -148,6 +148,8 @@ def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
         eta=ctx.rapid_eta,
         min_draft_confidence=ctx.rapid_drafter_confidence,
         drafter_vocab=ctx.drafter_vocab,
+        prefix_cache_bytes=ctx.prefix_cache_mib * 2**20,
+        prefix_cache_disk_bytes=ctx.prefix_cache_disk_mib * 2**20,
     )
 
 

@@ -142,6 +142,9 @@ class ChatRapid(LocalChatBase):
     use_prefix_cache: bool = True
     seed: int | None = None
     prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
+    # the process-wide default's budgets (a given prefix_cache keeps its own)
+    prefix_cache_bytes: int = 4 * 2**30
+    prefix_cache_disk_bytes: int = 8 * 2**30
 
     @property
     def _llm_type(self) -> str:
@@ -229,6 +232,8 @@ class ChatRapid(LocalChatBase):
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(target.device, sampler, seed)
         cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
+        if self.prefix_cache is None:
+            cache.limit(self.prefix_cache_bytes, self.prefix_cache_disk_bytes)
         stats = RapidStats()
         hit = {"value": False}
 
