@@ -150,6 +150,8 @@ def test_memory_and_disk_budgets_bound_what_is_kept(tmp_path):
         cache.put(key, state)
     assert cache.get(keys[0]) is None and cache.get(keys[2]) is not None  # LRU went first
     assert cache.nbytes() == 2 * size
+    cache.limit(max_bytes=size - 1, disk_max_bytes=0)  # a smaller budget now: none fits
+    assert cache.nbytes() == 0 and cache.get(keys[2]) is None
 
     small = PrefixCache(max_bytes=size - 1, disk_dir=tmp_path, disk_max_bytes=size - 1)
     small.put(keys[0], states[0])
