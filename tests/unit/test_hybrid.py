@@ -75,3 +75,24 @@ def test_search_batches_best_dense_hit_first_then_the_fused_ranking(tmp_path):
     assert first.source == "dense" and second.source == "hybrid"
     assert first.chunks[0].id == index.search(question, 1, "dense")[0].id
     assert second.ranked is not None and first.chunks[0].id not in {c.id for c in second.chunks}
+
+
+def test_a_kept_chunk_takes_its_new_position_when_text_is_inserted_above_it(tmp_path):
+    """Chunk ids hash the text, so a chunk below an insertion is kept as it was - it used to
+    keep its old position too (a source's third chunk reported as its first)."""
+    directory = tmp_path / "index"
+    paragraphs = [" ".join(f"word{i}x{n}" for n in range(150)) for i in range(3)]
+    index_records([("a.md", "\n\n".join(paragraphs))], directory)
+    before = set(open_for_writing(directory, "specrag", "embedded")._collection.get()["ids"])
+    text = "\n\n".join([" ".join(f"new{n}" for n in range(150)), *paragraphs])
+    index_records([("a.md", text)], directory)
+    got = open_for_writing(directory, "specrag", "embedded")._collection.get(
+        include=["documents", "metadatas"]
+    )
+    assert before & set(got["ids"])  # some chunks were kept, not re-added
+    ranked = sorted(
+        zip(got["metadatas"], got["documents"], strict=True), key=lambda m: m[0]["position"]
+    )
+    assert [m["position"] for m, _ in ranked] == list(range(len(ranked)))
+    starts = [text.index(doc) for _, doc in ranked]
+    assert starts == sorted(starts), starts  # positions follow the new text

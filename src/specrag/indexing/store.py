@@ -133,12 +133,28 @@ class VectorIndex:
         return {str(m.get("source")) for m in got["metadatas"] or [] if m}
 
     def upsert_source(self, source: str, chunks: Sequence[Chunk]) -> tuple[int, int]:
-        """Make the stored chunks of ``source`` exactly ``chunks``. Returns (added, removed)."""
+        """Make the stored chunks of ``source`` exactly ``chunks``. Returns (added, removed).
+
+        A chunk kept from before (same text, same id) takes its new position in the source:
+        text inserted above it moves it down.
+        """
         wanted = {c.id: c for c in chunks}
-        existing = self.ids_for_source(source)
+        got = self._collection.get(where={"source": source}, include=["metadatas"])
+        stored = dict(zip(got["ids"], got["metadatas"] or [{}] * len(got["ids"]), strict=True))
+        existing = set(stored)
         stale = sorted(existing - wanted.keys())
         if stale:
             self._collection.delete(ids=stale)
+        moved = [
+            c
+            for c in chunks
+            if c.id in stored and (stored[c.id] or {}).get("position") != c.position
+        ]
+        if moved:
+            self._collection.update(
+                ids=[c.id for c in moved],
+                metadatas=[{**(stored[c.id] or {}), "position": c.position} for c in moved],
+            )
         missing = [c for c in chunks if c.id not in existing]
         for start in range(0, len(missing), EMBED_BATCH):
             batch = missing[start : start + EMBED_BATCH]
