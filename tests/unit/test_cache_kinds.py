@@ -24,6 +24,7 @@ from transformers import (
 
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
+from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
@@ -200,7 +201,7 @@ def tiny_lfm2():
     return model
 
 
-def test_a_cache_with_convolution_state_is_re_read_on_rejection():
+def test_a_cache_with_convolution_state_is_re_read_on_rejection(tmp_path):
     """LFM2's convolution layers cannot roll back: a crop re-reads the kept tokens (slow,
     counted in ``cache_refills``), the output stays the model's, and nothing is saved to disk."""
     model = tiny_lfm2()
@@ -224,3 +225,7 @@ def test_a_cache_with_convolution_state_is_re_read_on_rejection():
     assert stats.cache_refills > 0 and stats.as_dict()["cache_refills"] == stats.cache_refills
     with pytest.raises(ValueError, match="LinearAttentionLayer"):
         lm.kv_tensors()
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(prefix_key("lfm2", lm.tokens), lm)
+    cache.flush()
+    assert not list(tmp_path.iterdir())  # nothing written, nothing half-written

@@ -178,3 +178,20 @@ def test_the_context_sets_the_process_wide_prefix_cache_budgets():
 
     model = default_rapid_model(SpecRagContext(prefix_cache_mib=0, prefix_cache_disk_mib=64))
     assert (model.prefix_cache_bytes, model.prefix_cache_disk_bytes) == (0, 64 * 2**20)
+
+
+def test_a_full_prefix_kept_on_disk_only_replaces_its_partial_start_in_memory(tmp_path):
+    """A budget stopped the document's prefill: its start fits in memory, the whole prefix
+    only on disk - the next question must get the whole one, not re-read the rest."""
+    model = tiny_llama()
+    tokens = list(range(3, 60))
+    part, whole = prefilled(model, tokens[:20]), prefilled(model, tokens)
+    key = prefix_key("m", tokens)
+    cache = PrefixCache(max_bytes=whole.nbytes() - 1, disk_dir=tmp_path)
+    cache.put(key, part)
+    cache.flush()
+    assert len(cache.get(key)) == 20
+    cache.put(key, whole)
+    cache.flush()
+    got = cache.get(key, model)
+    assert got is not None and got.tokens == tokens and cache.disk_hits == 1

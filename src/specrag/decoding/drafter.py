@@ -77,6 +77,7 @@ class DrafterStats:
     draft_s: float = 0.0  # time in drafter calls, prefill included
     unsure_stops: int = 0  # proposals ended early at a token the drafter gave < min_confidence
     vocab_rows: int = 0  # output rows the drafter scores (0: all; see specrag.decoding.vocab)
+    cache_refills: int = 0  # crops done by re-reading its context (LMState.refills)
 
     def as_dict(self) -> dict[str, float | int]:
         """JSON-friendly summary."""
@@ -88,6 +89,7 @@ class DrafterStats:
             "drafter_s": round(self.draft_s, 4),
             "drafter_unsure_stops": self.unsure_stops,
             "drafter_vocab_rows": self.vocab_rows,
+            **({"drafter_cache_refills": self.cache_refills} if self.cache_refills else {}),
         }
 
 
@@ -175,6 +177,7 @@ class DrafterProposer:
                 break
             logits = self._fit(self.lm.extend([token])[-1])
         self.stats.passes = self.lm.forward_passes  # the drafter's own counter (slices included)
+        self.stats.cache_refills = self.lm.refills
         self.stats.proposed += len(tokens)
         self.stats.draft_s += time.perf_counter() - t0
         return Proposal(tokens, "drafter", None if self.sampler.greedy else torch.stack(rows))

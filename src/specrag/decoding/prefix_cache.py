@@ -63,6 +63,8 @@ class PrefixCache:
         """Set both budgets (bytes; 0 = keep nothing there) and evict down to them now."""
         if max_bytes < 0 or disk_max_bytes < 0:
             raise ValueError("prefix cache budgets must be >= 0 bytes")
+        if (max_bytes, disk_max_bytes) == (self.max_bytes, self.disk_max_bytes):
+            return
         with self._lock:
             self.max_bytes, self.disk_max_bytes = max_bytes, disk_max_bytes
             self._evict()
@@ -94,23 +96,30 @@ class PrefixCache:
         return None
 
     def put(self, key: str, state: LMState) -> None:
-        """Store a clone of ``state``: the prefix of ``key``, or a start of it.
+        """Keep ``state`` as the prefix of ``key`` (or a start of it), where it fits a budget.
 
-        A partial prefix (a budget stopped its prefill) is continued by the next caller.
+        A clone in memory, its tensors on disk. A partial prefix (a budget stopped its prefill) is continued by the next caller. A
+        cache holding more than keys and values (linear-attention state) is not saved to disk.
         """
         size = state.nbytes()
-        to_disk = self.disk_dir is not None and 0 < size <= self.disk_max_bytes
-        if size > self.max_bytes and not to_disk:
-            return
-        snapshot = state.clone()
-        if size <= self.max_bytes:
-            with self._lock:
+        keep = len(state) > 0 and 0 < size <= self.max_bytes
+        kv = None
+        if self.disk_dir is not None and len(state) > 0 and 0 < size <= self.disk_max_bytes:
+            try:  # references: a plain cache layer replaces its tensors, never writes in them
+                kv = state.kv_tensors()
+            except ValueError as exc:
+                log.debug("prefix cache: not saving %s: %s", key, exc)
+        snapshot = state.clone() if keep else None
+        with self._lock:
+            if snapshot is not None:
                 self._entries[key] = snapshot
                 self._entries.move_to_end(key)
                 self._evict()
-        if to_disk:  # the snapshot is never mutated: safe to write meanwhile
+            else:  # an earlier, shorter start of this prefix must not hide this one on disk
+                self._entries.pop(key, None)
+        if kv is not None:
             writer = threading.Thread(
-                target=self._write, args=(key, snapshot), name="specrag-prefix-write"
+                target=self._write, args=(key, list(state.tokens), kv), name="specrag-prefix-write"
             )
             writer.start()  # not a daemon: a CLI process waits for it at exit
             self._writers = [w for w in self._writers if w.is_alive()] + [writer]
@@ -136,7 +145,9 @@ class PrefixCache:
         assert directory is not None
         return directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".kv")
 
-    def _write(self, key: str, state: LMState) -> None:
+    def _write(
+        self, key: str, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
         try:
             path = self._path(key)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,15 +155,17 @@ class PrefixCache:
                 try:
                     # mmap: only the token list is read, not the (hundreds of MB of) tensors
                     old = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-                    if len(old["tokens"]) >= len(state.tokens):
+                    if len(old["tokens"]) >= len(tokens):
                         os.utime(path)
                         return
                 except Exception:  # noqa: BLE001 - unreadable: overwrite it
                     pass
-            kv = [(k.cpu(), v.cpu()) for k, v in state.kv_tensors()]
+            kv = [(k.cpu(), v.cpu()) for k, v in kv]
             tmp = path.with_name(f"{path.name}{TMP}{os.getpid()}.{threading.get_ident()}")
             try:
-                torch.save({"key": key, "tokens": state.tokens, "kv": kv}, tmp)
+                torch.save({"key": key, "tokens": tokens, "kv": kv}, tmp)
+                if tmp.stat().st_size > self.disk_max_bytes:  # the file's own bytes: no room
+                    return
                 os.replace(tmp, path)  # atomic: a reader never sees half a file
             finally:
                 tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind

@@ -232,7 +232,7 @@ class ChatRapid(LocalChatBase):
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(target.device, sampler, seed)
         cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
-        if self.prefix_cache is None:
+        if self.prefix_cache is None and self.use_prefix_cache:
             cache.limit(self.prefix_cache_bytes, self.prefix_cache_disk_bytes)
         stats = RapidStats()
         hit = {"value": False}
