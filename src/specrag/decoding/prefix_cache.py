@@ -98,8 +98,9 @@ class PrefixCache:
     def put(self, key: str, state: LMState) -> None:
         """Keep ``state`` as the prefix of ``key`` (or a start of it), where it fits a budget.
 
-        A clone in memory, its tensors on disk. A partial prefix (a budget stopped its prefill) is continued by the next caller. A
-        cache holding more than keys and values (linear-attention state) is not saved to disk.
+        A clone in memory, its tensors on disk. A partial prefix (a budget stopped its
+        prefill) is continued by the next caller. A cache holding more than keys and values
+        (linear-attention state) is not saved to disk.
         """
         size = state.nbytes()
         keep = len(state) > 0 and 0 < size <= self.max_bytes
