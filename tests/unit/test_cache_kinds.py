@@ -100,6 +100,24 @@ class Corrupted:
         return cands, "prompt"
 
 
+def corrupted_run(lm, prompt, ref):
+    """Greedy decode of ``len(ref)`` tokens with :class:`Corrupted` proposals: (tokens, stats),
+    after asserting that proposals were made and some rejected."""
+    stats = DecodeStats()
+    gen = decode(
+        lm,
+        prompt,
+        max_new_tokens=len(ref),
+        sampler=Sampler(0.0),
+        proposer=Corrupted(ref),
+        stats=stats,
+    )
+    out = run(gen)
+    proposed, accepted = stats.proposed["prompt"], stats.accepted.get("prompt", 0)
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    return out, stats
+
+
 def prompt_of(n, seed=1):
     return torch.randint(1, 64, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -111,19 +129,7 @@ def test_verify_passes_crop_a_sliding_window_cache_and_keep_greedy_output(kind):
     ref = hf_greedy(model, prompt, 30)
     unwindowed = build(kind, window=512)
     assert hf_greedy(unwindowed, prompt, 30) != ref  # the window shapes this answer
-    stats = DecodeStats()
-    out = run(
-        decode(
-            LMState(model),
-            prompt,
-            max_new_tokens=30,
-            sampler=Sampler(0.0),
-            proposer=Corrupted(ref),
-            stats=stats,
-        )
-    )
-    proposed, accepted = stats.proposed["prompt"], stats.accepted.get("prompt", 0)
-    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    out, stats = corrupted_run(LMState(model), prompt, ref)
     assert out == ref
     assert stats.cache_refills == 0  # cropped in place, not re-read
 
@@ -207,20 +213,8 @@ def test_a_cache_with_convolution_state_is_re_read_on_rejection(tmp_path):
     model = tiny_lfm2()
     prompt = prompt_of(20, seed=6)
     ref = hf_greedy(model, prompt, 20)
-    stats = DecodeStats()
     lm = LMState(model)
-    out = run(
-        decode(
-            lm,
-            prompt,
-            max_new_tokens=20,
-            sampler=Sampler(0.0),
-            proposer=Corrupted(ref),
-            stats=stats,
-        )
-    )
-    proposed, accepted = stats.proposed["prompt"], stats.accepted.get("prompt", 0)
-    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    out, stats = corrupted_run(lm, prompt, ref)
     assert out == ref
     assert stats.cache_refills > 0 and stats.as_dict()["cache_refills"] == stats.cache_refills
     with pytest.raises(ValueError, match="LinearAttentionLayer"):
