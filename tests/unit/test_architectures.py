@@ -1,0 +1,69 @@
+"""The decoding engines on tiny random models of other architectures than Llama.
+
+specrag promises "any Hugging Face causal LM". Each architecture here brings a cache or an
+attention of its own kind: learned positions (GPT-2), ALiBi (BLOOM), mixture of experts
+(Qwen3-MoE), sliding-window layers beside full ones (Gemma 3, gpt-oss with attention sinks),
+and state-space or linear-attention layers whose state cannot be cropped (Mamba, Jamba,
+Qwen3-Next: re-read on a rejection, ``cache_refills``). Every model decodes
+speculatively (proposals made and some rejected) and with lossless RAPID, and both must give
+the model's own greedy answer (a forward over the whole text per token, no cache).
+"""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from specrag.decoding.rapid import RapidConfig
+from specrag.decoding.state import LMState
+from tests.unit.test_cache_kinds import corrupted_run, hf_greedy, prompt_of
+from tests.unit.test_decoding import one_thread, rapid_greedy  # noqa: F401 - autouse fixture
+
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+    n_embd=32,
+    n_layer=4,
+    n_head=4,
+    n_positions=256,
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=8,
+    attn_layer_period=2,  # Jamba: attention in every other layer
+    attn_layer_offset=1,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+REROLLED = {"mamba", "jamba", "qwen3_next"}  # state that cannot be cropped
+
+
+@pytest.mark.parametrize(
+    "arch",
+    ["gpt2", "bloom", "phi3", "qwen3_moe", "gemma3_text", "gpt_oss", *sorted(REROLLED)],
+)
+def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **SIZES)).eval()
+    head = model.get_output_embeddings()
+    if head is not None and not model.config.tie_word_embeddings:
+        with torch.no_grad():  # peaked distributions
+            head.weight.mul_(40.0)
+    prompt = prompt_of(30)
+    ref = hf_greedy(model, prompt, 16)
+
+    out, stats = corrupted_run(LMState(model), prompt, ref)
+    assert out == ref
+    assert (stats.cache_refills > 0) == (arch in REROLLED), stats.cache_refills
+
+    rapid, _ = rapid_greedy(
+        LMState(model), LMState(model), prompt, prompt[-10:], 16, RapidConfig(eta=0.0)
+    )
+    assert rapid == ref
