@@ -1,0 +1,65 @@
+"""``hf:<path>`` models through the chat model: a local sliding-window pair (a Mistral-shaped
+target and a one-layer drafter sharing its tokenizer) answers exactly as the target alone."""
+
+import torch
+from langchain_core.messages import HumanMessage, SystemMessage
+from transformers import MistralConfig, MistralForCausalLM
+
+from specrag.models.loading import load_lm
+from specrag.models.registry import chat_model_from_spec, local_model_name
+
+
+def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monkeypatch):
+    tokenizer = load_lm().tokenizer  # the embedded model's (loaded before the cache dir moves)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))  # layout verdicts
+    config = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        sliding_window=16,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    target = MistralForCausalLM(MistralConfig(num_hidden_layers=2, **config)).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    drafter = MistralForCausalLM(MistralConfig(num_hidden_layers=1, **config)).eval()
+    drafter.load_state_dict(
+        {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.1.")}
+    )
+    paths = {}
+    for name, model in (("target", target), ("drafter", drafter)):
+        paths[name] = tmp_path / name
+        model.save_pretrained(paths[name])
+        tokenizer.save_pretrained(paths[name])
+    messages = [
+        SystemMessage("Answer from the evidence."),
+        HumanMessage(
+            "Evidence: Rollo led the Norse settlers of Normandy; the treaty of 911 gave them "
+            "land along the Seine, and his descendants ruled the duchy for centuries.\n"
+            "Question: Who led the Norse settlers?"
+        ),
+    ]
+    spec = f"hf:{paths['target']}"
+    alone = chat_model_from_spec(spec, speculation="none", max_new_tokens=40)
+    pair = chat_model_from_spec(
+        spec,
+        drafter_model=local_model_name(f"hf:{paths['drafter']}"),
+        max_new_tokens=40,
+        drafter_max_cost_ratio=1.0,  # tiny models: the output layer costs most of a step
+        drafter_after_tokens=0,
+        drafter_join_factor=0.0,
+        drafter_pay_check=False,
+    )
+    expected = alone.invoke(messages)
+    got = pair.invoke(messages)
+    decoding = got.response_metadata["decoding"]
+    proposed = decoding["candidates_proposed"].get("drafter", 0)
+    accepted = decoding["candidates_accepted"].get("drafter", 0)
+    assert proposed > accepted > 0, decoding
+    assert got.content == expected.content
+    assert "cache_refills" not in decoding  # the windowed layers were cropped in place
+    assert expected.response_metadata["decoding"]["new_tokens"] == 40  # past the window
