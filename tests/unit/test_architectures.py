@@ -15,33 +15,30 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.state import LMState
+from tests.unit import test_cache_kinds as cache_kinds
 from tests.unit.test_cache_kinds import corrupted_run, hf_greedy, prompt_of
 from tests.unit.test_decoding import one_thread, rapid_greedy  # noqa: F401 - autouse fixture
 
-SIZES = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=256,
-    n_embd=32,
-    n_layer=4,
-    n_head=4,
-    n_positions=256,
-    moe_intermediate_size=32,
-    num_experts=4,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    sliding_window=8,
-    attn_layer_period=2,  # Jamba: attention in every other layer
-    attn_layer_offset=1,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+SIZES = {
+    **cache_kinds.SIZES,
+    "num_hidden_layers": 4,
+    "head_dim": 8,
+    "max_position_embeddings": 256,
+    "n_embd": 32,  # GPT-2 and BLOOM name their sizes their own way
+    "n_layer": 4,
+    "n_head": 4,
+    "n_positions": 256,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 8,
+    "attn_layer_period": 2,  # Jamba: attention in every other layer
+    "attn_layer_offset": 1,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 REROLLED = {"mamba", "jamba", "qwen3_next"}  # state that cannot be cropped
 
 

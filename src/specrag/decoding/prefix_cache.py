@@ -102,10 +102,10 @@ class PrefixCache:
         prefill) is continued by the next caller. A cache holding more than keys and values
         (linear-attention state) is not saved to disk.
         """
-        size = state.nbytes()
-        keep = len(state) > 0 and 0 < size <= self.max_bytes
+        size = state.nbytes() if len(state) else 0  # 0: nothing worth keeping
+        keep = 0 < size <= self.max_bytes
         kv = None
-        if self.disk_dir is not None and len(state) > 0 and 0 < size <= self.disk_max_bytes:
+        if self.disk_dir is not None and 0 < size <= self.disk_max_bytes:
             try:  # references: a plain cache layer replaces its tensors, never writes in them
                 kv = state.kv_tensors()
             except ValueError as exc:

@@ -199,7 +199,7 @@ class LMState:
         only plain key/value layers are saved and restored.
         """
         layers = getattr(self.cache, "layers", [])
-        if not croppable(self.cache) or any(type(layer) is DummyLayer for layer in layers):
+        if any(type(layer) is not DynamicLayer for layer in layers):
             kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
             raise ValueError(f"cache layers {', '.join(kinds)} hold more than keys and values")
         return [(layer.keys, layer.values) for layer in layers]
