@@ -13,22 +13,36 @@ from specrag.models.loading import time_layouts
 from tests.unit.test_decoding import counts_msg, one_thread, run, tiny  # noqa: F401
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
-def test_dual_linear_computes_what_linear_does_at_every_row_count(bias):
+def test_dual_linear_computes_what_linear_does_at_every_row_count(bias, packed, monkeypatch):
+    """Packed by oneDNN, or transposed where this PyTorch has no oneDNN (``_packed`` None)."""
+    if not packed:
+        monkeypatch.setattr(layout, "_packed", lambda w: None)
     torch.manual_seed(0)
     plain = nn.Linear(48, 80, bias=bias)
     dual = nn.Linear(48, 80, bias=bias)
     dual.load_state_dict(plain.state_dict())
     assert layout.add(dual) == 48 * 80 * 4
     assert isinstance(dual, layout.DualLinear)
-    for rows in (1, 2, 3, 4, 5, 9, 17):
+    assert layout.wide_kind(dual) == ("oneDNN-packed" if packed else "transposed")
+    for rows in (1, 2, 3, 4, 5, 9, 17, layout.MAX_ROWS - 1, layout.MAX_ROWS):
         x = torch.randn(1, rows, 48)
         torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
-    dual.weight_t.zero_()  # which copy a call reads: 4+ rows the transposed one
-    x = torch.randn(1, 3, 48)
+    x = torch.randn(2, 3, 96)[..., ::2]  # 6 rows, not contiguous
     torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
-    x = torch.randn(1, 4, 48)
-    assert torch.equal(dual(x), (dual.bias if bias else torch.zeros(80)).expand(1, 4, 80))
+    # which copy a call reads: 4 to MAX_ROWS - 1 rows the second one (zeros here)
+    dual.weight_t = layout._wide_form(torch.zeros(80, 48))
+    assert layout.wide_kind(dual) == ("oneDNN-packed" if packed else "transposed")
+    zero = dual.bias if bias else torch.zeros(80)
+    for rows, reads_second in ((3, False), (4, True), (layout.MAX_ROWS - 1, True)):
+        x = torch.randn(1, rows, 48)
+        if reads_second:
+            assert torch.equal(dual(x), zero.expand(1, rows, 80)), rows
+        else:
+            torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+    x = torch.randn(1, layout.MAX_ROWS, 48)  # a prefill: the usual weight again
+    torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
 
 
 def test_add_and_remove_leave_the_saved_weights_as_they_were():
@@ -114,8 +128,25 @@ def test_a_kept_verdict_that_is_malformed_or_too_close_to_call_is_timed_again(tm
     assert verdicts.get(f"k|{layout.CHECK}")["dual_s"] == 0.5  # the new timing is kept
 
 
+def test_an_implausibly_slow_second_layout_is_not_kept_and_timed_again(tmp_path):
+    """Both layouts compute the same product: a wide pass timed 3.5x slower means something
+    else ran (it happened, short of memory); kept, it would turn the layout off for good."""
+    cpu = torch.device("cpu")
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    timings = iter([(0.66, 2.35), (0.66, 0.30)])
+    calls: list[int] = []
+    timer = lambda: calls.append(1) or next(timings)  # noqa: E731
+    model = tiny()
+    why = layout.apply(model, cpu, torch.float32, timer, verdicts, "k")
+    assert why.startswith("single layout") and "implausible" in why and not layout.has_dual(model)
+    assert verdicts.get(f"k|{layout.CHECK}") is None
+    why = layout.apply(tiny(), cpu, torch.float32, timer, verdicts, "k")
+    assert calls == [1, 1] and why.startswith("dual layout: a 9-token pass 0.300s")
+    assert verdicts.get(f"k|{layout.CHECK}")["dual"] is True
+
+
 def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():
-    """Wide verify passes read the transposed weights, single steps the usual ones."""
+    """Wide verify passes read the packed weights, single steps the usual ones."""
     target = tiny(seed=3)
     g = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, 64, (40,), generator=g).tolist()
@@ -138,4 +169,4 @@ def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():
     proposed, accepted = sum(stats.proposed.values()), sum(stats.accepted.values())
     assert out == plain
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
-    assert stats.widest >= layout.MIN_ROWS  # some passes went through the transposed weights
+    assert stats.widest >= layout.MIN_ROWS  # some passes went through the packed weights

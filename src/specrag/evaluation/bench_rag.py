@@ -87,8 +87,9 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # twice a step - fp32 on CPU cores - weak n-gram matches propose at most the narrow width that
 # measures about one step, 2 tokens for SmolLM2: ``narrow_cap``; 6: passes of several tokens
 # over the cache attend with native grouped-query attention, no copy of the keys and values -
-# ``specrag.models.attention``).
-PROTOCOL = 6
+# ``specrag.models.attention``; 7: the second weight layout of an fp32 model on CPU is packed
+# by oneDNN instead of transposed, kept where its timing pays - ``specrag.models.layout``).
+PROTOCOL = 7
 
 
 def case_key(item: dict[str, Any], system: str, latency: float, setup: str) -> str:

@@ -1,13 +1,15 @@
-"""Each linear layer's weight in two layouts, so verify passes of 4+ tokens cost less on CPU.
+"""Each linear layer's weight in a second layout, so verify passes of 4+ tokens cost less on CPU.
 
 In fp32 on CPU cores, a pass over a few tokens is a staircase (the 1.5B of the pair on 2 cores,
-400-token cache: 2-3 tokens ~1.05x a single-token step, 4-6 ~2x, 8-9 ~2.7x, 16 2.8x): MKL's
-GEMM for ``x @ W.T`` with 4-15 rows of ``x`` is slow for ``nn.Linear``'s ``[out, in]`` weight.
-With the weight stored transposed (``[in, out]``, contiguous) the same product costs 0.6-0.8x
-as much at 4-16 rows (8 tokens: 0.465 s vs 0.638 s) but ~1.6x at 2-3 rows, and the same at one
-row and at prefill sizes (benchmarks/verify_cost.py; docs/bench/2026-12-01-dual-layout/). No
-single layout wins everywhere, so :func:`apply` keeps both and picks per call by row count:
-the single-token steps and narrow passes stay as they were, wide verify passes get cheaper.
+2,000-token cache: 2-3 tokens ~1.05x a single-token step, 4-6 ~1.9x, 8 ~2.5x, 10-12 ~3x,
+16 ~2.7x): MKL's GEMM for ``x @ W.T`` with 4-15 rows of ``x`` is slow for ``nn.Linear``'s
+``[out, in]`` weight. The second layout is the weight as oneDNN packs it for its own GEMM
+(``torch.ops.mkldnn._reorder_linear_weight``, the form PyTorch's compiler uses on CPU): the
+same passes cost 1.0-1.5x a step there (4 tokens 1.02x, 8 1.25x, 16 1.5x; with the plain
+transposed copy used before 2026-12-02, 1.45x, 1.6x, 1.87x - docs/bench/2026-12-02-packed-
+layout/). Where oneDNN is missing the second layout is the transposed weight (``[in, out]``,
+contiguous). Single-token steps, narrow passes (< :data:`MIN_ROWS` tokens) and prefills
+(>= :data:`MAX_ROWS` tokens) keep the usual layout, which is as fast or faster there.
 
 It costs one more copy of the linear weights (the 1.5B in fp32: +5.8 GiB), so it is used only
 where it was measured to pay, on the loaded model itself (:func:`apply` times a 9-token pass
@@ -15,10 +17,9 @@ both ways and takes the copy back if it is not clearly faster), and only for mod
 weights fit a bound (:data:`MAX_EXTRA_BYTES`, and a quarter of the machine's memory). The
 verdict is kept per model weights and machine (:class:`Verdicts`, a JSON file in the cache
 dir), so later loads skip the timing, and a model that keeps one layout skips the copy too. It
-also costs load time (the 1.5B: 23-25 s instead of 5-6 s on 2 cores when timed - 12 s writing
-the copy, most of it first touch of fresh memory, 6 s timing), repaid by a process that
+also costs load time (writing the copy and 6 s of timing on 2 cores), repaid by a process that
 answers more than a few long questions, not by a single ``specrag ask``. The products differ
-from the single layout's in the last bits (summation order; max |logit difference| 2.5e-5 on
+from the single layout's in the last bits (summation order; max |logit difference| ~2e-5 on
 the 1.5B), as a k-token pass already differs from a 1-token one: greedy identity with plain
 decoding is what the tests and benchmarks check.
 """
@@ -37,20 +38,44 @@ import torch
 from torch import nn
 
 MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout is the faster one
+MAX_ROWS = 128  # this many rows or more (prefills): the usual layout again (packed: ~6% slower)
 MAX_EXTRA_BYTES = 8 << 30  # a second copy of a larger model's weights is too much memory
 PAYS = 0.9  # the dual layout is kept if a 9-token pass takes at most this fraction as long
-CHECK = f"9-token pass, 64-token cache, dual if <= {PAYS}x"  # part of a kept verdict's key
+CHECK = f"9-token pass, 64-token cache, dual if <= {PAYS}x, packed"  # in a kept verdict's key
 SURE = 0.05  # a kept verdict this close to PAYS (dual/single ratio) is timed again
+# A timing where the second layout took more than this many times as long is not kept: both
+# layouts compute the same product, and passes 3.5x slower were once timed while the machine
+# was short of memory - kept, that verdict turned the layout off for good.
+IMPLAUSIBLE = 1.5
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` as oneDNN packs it for its GEMM (None where this PyTorch has no oneDNN)."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, None)  # type: ignore[no-any-return]
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+
+
+def _wide_form(weight: torch.Tensor) -> torch.Tensor:
+    """The second layout of ``weight``: oneDNN-packed, else transposed and contiguous."""
+    packed = _packed(weight) if weight.device.type == "cpu" else None
+    return packed if packed is not None else weight.t().contiguous()
 
 
 class DualLinear(nn.Linear):
-    """``nn.Linear`` that also holds its weight transposed and uses it for 4+ input rows."""
+    """``nn.Linear`` that also holds its weight in a second layout, used for 4-127 input rows."""
 
-    weight_t: torch.Tensor  # [in_features, out_features], contiguous; not saved
+    weight_t: torch.Tensor  # oneDNN-packed [out, in] (``is_mkldnn``) or [in, out]; not saved
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        if x.numel() < MIN_ROWS * self.in_features:
+        rows = x.numel() // self.in_features
+        if rows < MIN_ROWS or rows >= MAX_ROWS:
             return super().forward(x)
+        if self.weight_t.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(  # type: ignore[no-any-return]
+                x.contiguous(), self.weight_t, self.bias, "none", [], ""
+            )
         y = torch.matmul(x, self.weight_t)  # [..., rows, out]
         return y if self.bias is None else y + self.bias
 
@@ -64,12 +89,12 @@ def linears(model: nn.Module) -> list[nn.Linear]:
 
 
 def add(model: nn.Module) -> int:
-    """Give every plain linear layer its transposed weight; returns the bytes added."""
+    """Give every plain linear layer its weight's second layout; returns the bytes added."""
     added = 0
     for layer in linears(model):
         if isinstance(layer, DualLinear):
             continue
-        weight_t = layer.weight.detach().t().contiguous()
+        weight_t = _wide_form(layer.weight.detach())
         layer.__class__ = DualLinear
         layer.register_buffer("weight_t", weight_t, persistent=False)
         added += weight_t.numel() * weight_t.element_size()
@@ -179,20 +204,24 @@ def apply(
         known = None  # too close to call once: timed again (and kept if it says otherwise)
     if known is None:
         add(model)
+        kind = wide_kind(model)
         single_s, dual_s = timer()
         dual = dual_s <= PAYS * single_s
+        source = ""
+        if dual_s > IMPLAUSIBLE * single_s:  # something else ran: not kept, timed next load
+            store, source = None, f"; over {IMPLAUSIBLE}x is implausible: not kept"
         if store is not None:
             when = time.strftime("%Y-%m-%d", time.gmtime())
             verdict = {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when}
             store.put(slot, verdict)
         if not dual:
             remove(model)
-        source = ""
     else:
         assert store is not None  # a kept verdict comes from the store
         dual, single_s, dual_s = known["dual"], known["single_s"], known["dual_s"]
         if dual:
             add(model)
+        kind = wide_kind(model)
         source = f"; timed {known.get('on', '?')}, kept in {store.path}"
     if not dual:
         return (
@@ -201,8 +230,16 @@ def apply(
         )
     return (
         f"dual layout: a 9-token pass {dual_s:.3f}s vs {single_s:.3f}s "
-        f"(+{extra / 2**30:.1f} GiB of transposed weights{source})"
+        f"(+{extra / 2**30:.1f} GiB of {kind} weights{source})"
     )
+
+
+def wide_kind(model: nn.Module) -> str:
+    """Which second layout ``model`` holds: "oneDNN-packed", "transposed" or "no"."""
+    for layer in linears(model):
+        if "weight_t" in layer._buffers:
+            return "oneDNN-packed" if layer.weight_t.is_mkldnn else "transposed"
+    return "no"
 
 
 def has_dual(model: nn.Module) -> bool:
