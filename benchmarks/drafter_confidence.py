@@ -105,13 +105,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import open_index
     from specrag.models.chat import encode_chat
-    from specrag.models.loading import load_lm, on_model_thread, pair_costs
+    from specrag.models.loading import drafter_dtype, load_lm, on_model_thread, pair_costs
     from specrag.progress import progress_bar
 
     log = Console(stderr=True)
     base = SpecRagContext(models="pair")
     target = load_lm(base.answer_spec, args.device, args.dtype)
-    drafter = load_lm(base.draft_spec, args.device, args.dtype)
+    same = base.draft_spec == base.answer_spec
+    # the drafter in the dtype the package gives it (int8 beside an fp32 target on x86)
+    ddtype = drafter_dtype(args.drafter_dtype, args.dtype, args.device, same)
+    drafter = load_lm(base.draft_spec, args.device, ddtype)
     items = long_items(args.questions, build_datasets(1, 0, log)[0])
     index = open_index(SpecRagContext(index_dir=items[0]["index_dir"], collection="bench_squad"))
     positions: list[tuple[float, bool]] = []
@@ -189,6 +192,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "models": {"target": target.name, "drafter": drafter.name},
         "device": str(target.device),
         "dtype": str(target.dtype),
+        "drafter_dtype": str(drafter.dtype),
         "answers": answers,
         "positions": len(positions),
         "argmax_agrees": round(sum(m for _, m in positions) / len(positions), 3),
@@ -240,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=10, help="long-set questions")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--drafter-dtype", default="auto", help="auto: as the package loads it")
     parser.add_argument("--verify-cost", type=Path, default=VERIFY_COST)
     parser.add_argument("--out", type=Path, default=Path("results/drafter_confidence"))
     parser.add_argument("--json", action="store_true", help="print one JSON document")

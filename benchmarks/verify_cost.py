@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", choices=["embedded", "pair"], default="pair")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--drafter-dtype", default="auto", help="auto: as the package loads it")
     parser.add_argument("--caches", type=ints, default=[400, 4000], help="cache lengths")
     parser.add_argument("--widths", type=ints, default=[1, 2, 4, 5, 8, 12, 16])
     parser.add_argument("--reps", type=int, default=3)
@@ -83,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     from specrag.errors import ModelLoadError
     from specrag.graph.context import MODEL_PRESETS
     from specrag.models import layout
-    from specrag.models.loading import load_lm, on_model_thread, pair_costs
+    from specrag.models.loading import drafter_dtype, load_lm, on_model_thread, pair_costs
 
     drafter_name, target_name = MODEL_PRESETS[args.models]
     try:
         target = load_lm(target_name, args.device, args.dtype)
-        drafter = load_lm(drafter_name, args.device, args.dtype)
+        same = drafter_name == target_name
+        # the drafter in the dtype the package gives it (int8 beside an fp32 target on x86)
+        ddtype = drafter_dtype(args.drafter_dtype, args.dtype, args.device, same)
+        drafter = load_lm(drafter_name, args.device, ddtype)
     except ModelLoadError as exc:
         print(f"verify_cost: error: {exc}", file=sys.stderr)
         return 2
@@ -99,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": {role: m.name for role, m in models.items()},
         "device": str(target.device),
         "dtype": str(target.dtype),
+        "drafter_dtype": str(drafter.dtype),
         "reps": args.reps,
         "seconds_by_width": {},
         "relative_to_width_1": {},
