@@ -215,6 +215,7 @@ def fake_rapid(monkeypatch):
         device="cpu",
         dtype=torch.float32,
         name="fake",
+        layout="single layout (fake)",
     )
     monkeypatch.setattr(bench_rapid, "load_lm", lambda *a, **k: loaded)
     monkeypatch.setattr(bench_rapid, "hotpot_questions", _hotpot_pool)
@@ -253,6 +254,8 @@ def test_bench_rapid_resumes_after_the_rapid_cases_were_recorded(fake_rapid, tmp
     warm = [c for c in calls if c[1] <= LONG]
     assert calls[: len(warm)] == warm and len(warm) == 3 + 3  # rapid kt x2, eta0; 3 HF paths
     json.dumps(result, allow_nan=False)  # one strict JSON document
+    assert set(result["layouts"]) == {"target", "drafter"}  # which layout each model ran with
+    assert result["layouts"]["target"].startswith(("single layout", "dual layout"))
     per = result["per_context_length"]["2048"]
     for method in bench_rapid.METHODS:
         assert per["decode_speedup_vs_target"][method] is not None
@@ -301,9 +304,15 @@ def test_bench_rapid_speedups_decode_and_end_to_end_with_intervals():
                     "contains": 1.0,
                     "f1": 1.0,
                     "document_tokens": 2000,
+                    # RAPID returns the text unstripped, HF's paths stripped; q5 differs
+                    "answer": f"Answer {i}"
+                    + (" " if method == "rapid_kt" else "")
+                    + ("!" if method == "rapid_kt" and i == 5 else ""),
                 }
             )
     per = bench_rapid.summarize(rows)["2048"]
+    assert per["same_answer_as_target"] == {"target_only": 1.0, "rapid_kt": pytest.approx(5 / 6)}
+    assert "same answer as target" in bench_rapid.markdown({"2048": per})
     # decode twice as fast, yet slower end to end once RAPID's own costs count
     assert per["decode_speedup_vs_target"]["rapid_kt"] == pytest.approx(2.0)
     assert per["decode_speedup_vs_target_ci95"]["rapid_kt"] == pytest.approx([2.0, 2.0])

@@ -276,10 +276,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "accuracy",
                 "f1",
                 "acceptance_rate",
+                "same_answer_as_target",
             )
         }
         by_method = {m: [r for r in rows if r["method"] == m] for m in METHODS}
         base = by_method["target_only"]
+        # greedy: the answer target-only gives, as text (HF's paths strip what they return)
+        reference = {r["qid"]: str(r["answer"]).strip() for r in base}
         for method, rs in by_method.items():
             if not rs:
                 continue
@@ -297,6 +300,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             acc = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
             if acc:
                 per["acceptance_rate"][method] = metrics.mean(acc)
+            same = [
+                str(r["answer"]).strip() == reference[r["qid"]] for r in rs if r["qid"] in reference
+            ]
+            if same:
+                per["same_answer_as_target"][method] = sum(same) / len(same)
             if base:  # tokens/s: method over target; seconds: target over method
                 point, ci = ratio(
                     _by_question([r for r in rs if r.get("tokens_per_s")], "tokens_per_s"),
@@ -346,6 +354,7 @@ def markdown(summary: dict[str, Any]) -> str:
         "acceptance",
         "accuracy (contains)",
         "F1",
+        "same answer as target",
     ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for length, per in summary.items():
@@ -367,6 +376,7 @@ def markdown(summary: dict[str, Any]) -> str:
                 _f(get("acceptance_rate")),
                 _f(get("accuracy")),
                 _f(get("f1")),
+                _f(get("same_answer_as_target")),
             ]
             lines.append("| " + " | ".join(cells) + " |")
         speedup = _with_ci(per["repeat_question_speedup"], per["repeat_question_speedup_ci95"])
@@ -448,6 +458,8 @@ def run(
     return {
         "benchmark": "rapid",
         "models": {"preset": models, "target": loaded.name, "drafter": drafter.name},
+        # which weight layout each model ran with (specrag.models.layout; int8 for a drafter)
+        "layouts": {"target": loaded.layout, "drafter": drafter.layout},
         "dtype": str(loaded.dtype),
         "drafter_dtype": str(drafter.dtype),
         "quick": quick,
