@@ -15,6 +15,7 @@ from tests.unit.test_decoding import counts_msg, one_thread, run, tiny  # noqa: 
 
 @pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
+@torch.inference_mode()  # as decoding runs (gradients on: the next test)
 def test_dual_linear_computes_what_linear_does_at_every_row_count(bias, packed, monkeypatch):
     """Packed by oneDNN, or transposed where this PyTorch has no oneDNN (``_packed`` None)."""
     if not packed:
@@ -43,6 +44,20 @@ def test_dual_linear_computes_what_linear_does_at_every_row_count(bias, packed, 
             torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
     x = torch.randn(1, layout.MAX_ROWS, 48)  # a prefill: the usual weight again
     torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_with_gradients_on_a_dual_linear_backpropagates_as_linear_does():
+    """oneDNN's packed product has no gradient: a pass that records one reads the usual weight."""
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80)
+    dual = nn.Linear(48, 80)
+    dual.load_state_dict(plain.state_dict())
+    layout.add(dual)
+    x = torch.randn(1, 6, 48)
+    plain(x).square().sum().backward()
+    dual(x).square().sum().backward()
+    assert dual.weight.grad is not None
+    torch.testing.assert_close(dual.weight.grad, plain.weight.grad)
 
 
 def test_add_and_remove_leave_the_saved_weights_as_they_were():

@@ -5,11 +5,12 @@ In fp32 on CPU cores, a pass over a few tokens is a staircase (the 1.5B of the p
 16 ~2.7x): MKL's GEMM for ``x @ W.T`` with 4-15 rows of ``x`` is slow for ``nn.Linear``'s
 ``[out, in]`` weight. The second layout is the weight as oneDNN packs it for its own GEMM
 (``torch.ops.mkldnn._reorder_linear_weight``, the form PyTorch's compiler uses on CPU): the
-same passes cost 1.0-1.5x a step there (4 tokens 1.02x, 8 1.25x, 16 1.5x; with the plain
-transposed copy used before 2026-12-02, 1.45x, 1.6x, 1.87x - docs/bench/2026-12-02-packed-
-layout/). Where oneDNN is missing the second layout is the transposed weight (``[in, out]``,
-contiguous). Single-token steps, narrow passes (< :data:`MIN_ROWS` tokens) and prefills
-(>= :data:`MAX_ROWS` tokens) keep the usual layout, which is as fast or faster there.
+same passes cost 1.0-1.6x a step there (4 tokens 1.05x, 8 1.3x, 16 1.56x; with the plain
+transposed copy used before 2026-12-02, 1.43x, 1.6x, 1.84x - see
+``docs/bench/2026-12-02-packed-layout``). Passes with gradients on use the usual weight
+(oneDNN's op has none). Where oneDNN is missing the second layout is the transposed weight
+(``[in, out]``, contiguous). Single-token steps, narrow passes (< :data:`MIN_ROWS` tokens)
+and prefills (>= :data:`MAX_ROWS` tokens) keep the usual layout, as fast or faster there.
 
 It costs one more copy of the linear weights (the 1.5B in fp32: +5.8 GiB), so it is used only
 where it was measured to pay, on the loaded model itself (:func:`apply` times a 9-token pass
@@ -73,6 +74,8 @@ class DualLinear(nn.Linear):
         if rows < MIN_ROWS or rows >= MAX_ROWS:
             return super().forward(x)
         if self.weight_t.is_mkldnn:
+            if torch.is_grad_enabled():  # oneDNN's op has no gradient: the usual weight does
+                return super().forward(x)
             return torch.ops.mkldnn._linear_pointwise(  # type: ignore[no-any-return]
                 x.contiguous(), self.weight_t, self.bias, "none", [], ""
             )
