@@ -255,7 +255,7 @@ def test_bench_rapid_resumes_after_the_rapid_cases_were_recorded(fake_rapid, tmp
     assert calls[: len(warm)] == warm and len(warm) == 3 + 3  # rapid kt x2, eta0; 3 HF paths
     json.dumps(result, allow_nan=False)  # one strict JSON document
     assert set(result["layouts"]) == {"target", "drafter"}  # which layout each model ran with
-    assert result["layouts"]["target"].startswith(("single layout", "dual layout"))
+    assert result["layouts"]["target"] == "single layout (fake)"
     per = result["per_context_length"]["2048"]
     for method in bench_rapid.METHODS:
         assert per["decode_speedup_vs_target"][method] is not None
@@ -450,3 +450,16 @@ def test_answer_settings_are_compared_paired_by_question():
     assert row["contains_diff"] == 0.0 and row["new_tokens_ratio"] == 0.25
     assert row["e2e_s_ratio"] == 0.5 and row["f1_diff_ci95"][0] <= 0.3 <= row["f1_diff_ci95"][1]
     assert "serial_brief | 6 |" in bench_rag.settings_markdown({"serial_brief": row})
+
+
+def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
+    """A run whose target came up with one layout (a timing that went the other way) must not
+    resume records made with both, nor records of another dtype or device."""
+    from specrag.evaluation.store import setup_tag
+
+    cpu = torch.device("cpu")
+    target = types.SimpleNamespace(device=cpu, dtype=torch.float32, layout="dual layout: ...")
+    drafter = types.SimpleNamespace(device=cpu, dtype=torch.qint8, layout="int8 linear layers")
+    single = types.SimpleNamespace(device=cpu, dtype=torch.float32, layout="single layout (x)")
+    assert setup_tag(target, drafter) == "cpu:float32:dual+cpu:qint8"
+    assert setup_tag(single, drafter) == "cpu:float32+cpu:qint8"

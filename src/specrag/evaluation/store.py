@@ -39,9 +39,17 @@ class RunLog:
 
 
 def setup_tag(*models: Any) -> str:
-    """Where and in which dtype each loaded model ran (``cpu:float32``), for run-log keys.
+    """Where, in which dtype and weight layout each loaded model ran, for run-log keys.
 
-    ``auto`` resolves per machine (fp32 on a CPU, bf16 on a GPU; a drafter int8 or bf16 by CPU
-    features), so a results folder carried to another machine must not resume its records.
+    ``cpu:float32``, ``cpu:float32:dual`` for a model given its second weight layout
+    (:mod:`specrag.models.layout`). ``auto`` resolves per machine (fp32 on a CPU, bf16 on a
+    GPU; a drafter int8 or bf16 by CPU features) and the layout by a timing kept per machine, so
+    a results folder carried to another machine, or a load whose timing went the other way,
+    must not resume its records.
     """
-    return "+".join(f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}" for m in models)
+
+    def tag(m: Any) -> str:
+        dual = ":dual" if str(getattr(m, "layout", "")).startswith("dual layout") else ""
+        return f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}{dual}"
+
+    return "+".join(tag(m) for m in models)

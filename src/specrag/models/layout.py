@@ -44,28 +44,42 @@ MAX_EXTRA_BYTES = 8 << 30  # a second copy of a larger model's weights is too mu
 PAYS = 0.9  # the dual layout is kept if a 9-token pass takes at most this fraction as long
 CHECK = f"9-token pass, 64-token cache, dual if <= {PAYS}x, packed"  # in a kept verdict's key
 SURE = 0.05  # a kept verdict this close to PAYS (dual/single ratio) is timed again
-# A timing where the second layout took more than this many times as long is not kept: both
-# layouts compute the same product, and passes 3.5x slower were once timed while the machine
-# was short of memory - kept, that verdict turned the layout off for good.
+# A timing where the second layout took more than this many times as long is taken again and
+# the second one kept: both layouts compute the same product, and passes 3.5x slower were once
+# timed while the machine was busy - kept, that verdict turned the layout off for good.
 IMPLAUSIBLE = 1.5
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` as oneDNN packs it for its GEMM (None where this PyTorch has no oneDNN)."""
+    """``weight`` as oneDNN packs it for its GEMM; None where this PyTorch cannot.
+
+    No oneDNN, or a packed product that fails on a small input - checked once here, not in the
+    middle of an answer.
+    """
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, None)  # type: ignore[no-any-return]
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        probe = weight.new_zeros(MIN_ROWS, weight.shape[1])
+        torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
     except (AttributeError, RuntimeError, NotImplementedError):
         return None
+    return packed  # type: ignore[no-any-return]
 
 
 def _wide_form(weight: torch.Tensor) -> torch.Tensor:
     """The second layout of ``weight``: oneDNN-packed, else transposed and contiguous."""
-    packed = _packed(weight) if weight.device.type == "cpu" else None
+    fp32_cpu = weight.device.type == "cpu" and weight.dtype == torch.float32
+    packed = _packed(weight) if fp32_cpu else None
     return packed if packed is not None else weight.t().contiguous()
 
 
 class DualLinear(nn.Linear):
-    """``nn.Linear`` that also holds its weight in a second layout, used for 4-127 input rows."""
+    """``nn.Linear`` that also holds its weight in a second layout, used for 4-127 input rows.
+
+    The packed form has no storage PyTorch can copy or cast, so ``model.to(...)`` or
+    ``.half()`` drops the second layout (a plain ``nn.Linear`` again, as :func:`apply` leaves
+    other devices and dtypes) unless the weight stays where and what it was, and a copy
+    (``copy.deepcopy``, pickling) makes it again from the copied weight.
+    """
 
     weight_t: torch.Tensor  # oneDNN-packed [out, in] (``is_mkldnn``) or [in, out]; not saved
 
@@ -74,13 +88,50 @@ class DualLinear(nn.Linear):
         if rows < MIN_ROWS or rows >= MAX_ROWS:
             return super().forward(x)
         if self.weight_t.is_mkldnn:
-            if torch.is_grad_enabled():  # oneDNN's op has no gradient: the usual weight does
+            # oneDNN's op has no gradient and ignores autocast: there the usual weight serves
+            if torch.is_grad_enabled() or _autocast():
                 return super().forward(x)
             return torch.ops.mkldnn._linear_pointwise(  # type: ignore[no-any-return]
                 x.contiguous(), self.weight_t, self.bias, "none", [], ""
             )
         y = torch.matmul(x, self.weight_t)  # [..., rows, out]
         return y if self.bias is None else y + self.bias
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DualLinear:
+        wide = self._buffers.pop("weight_t", None)
+        before = (self.weight.data_ptr(), self.weight.dtype, self.weight.device)
+        super()._apply(fn, recurse)
+        if wide is not None and before == (
+            self.weight.data_ptr(),
+            self.weight.dtype,
+            self.weight.device,
+        ):
+            self._buffers["weight_t"] = wide  # the weight did not change: neither does its copy
+        elif (
+            wide is not None
+            and self.weight.device.type == "cpu"
+            and self.weight.dtype == wide.dtype
+        ):
+            self._buffers["weight_t"] = _wide_form(self.weight.detach())
+        elif wide is not None:  # cast, or moved to a GPU: one layout (what apply() gives those)
+            self.__class__ = nn.Linear  # type: ignore[assignment]
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_buffers"] = {k: v for k, v in self._buffers.items() if k != "weight_t"}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.register_buffer("weight_t", _wide_form(self.weight.detach()), persistent=False)
+
+
+def _autocast() -> bool:
+    try:
+        return bool(torch.is_autocast_enabled("cpu"))
+    except TypeError:  # PyTorch before 2.4: no device argument
+        return bool(torch.is_autocast_cpu_enabled())
 
 
 _PLAIN: tuple[type, ...] = (nn.Linear, DualLinear)
@@ -105,7 +156,7 @@ def add(model: nn.Module) -> int:
 
 
 def remove(model: nn.Module) -> None:
-    """Undo :func:`add`: plain ``nn.Linear`` layers again, the transposed copies freed."""
+    """Undo :func:`add`: plain ``nn.Linear`` layers again, the second copies freed."""
     for layer in linears(model):
         if "weight_t" in layer._buffers:  # switched to one layout by set_dual, or not
             del layer._buffers["weight_t"]
@@ -209,10 +260,11 @@ def apply(
         add(model)
         kind = wide_kind(model)
         single_s, dual_s = timer()
-        dual = dual_s <= PAYS * single_s
         source = ""
-        if dual_s > IMPLAUSIBLE * single_s:  # something else ran: not kept, timed next load
-            store, source = None, f"; over {IMPLAUSIBLE}x is implausible: not kept"
+        if dual_s > IMPLAUSIBLE * single_s:  # the same product this much slower: timed again
+            single_s, dual_s = timer()
+            source = f"; timed twice, the first over {IMPLAUSIBLE}x"
+        dual = dual_s <= PAYS * single_s
         if store is not None:
             when = time.strftime("%Y-%m-%d", time.gmtime())
             verdict = {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when}
