@@ -27,6 +27,7 @@ decoding is what the tests and benchmarks check.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -50,19 +51,25 @@ SURE = 0.05  # a kept verdict this close to PAYS (dual/single ratio) is timed ag
 IMPLAUSIBLE = 1.5
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` as oneDNN packs it for its GEMM; None where this PyTorch cannot.
+@functools.cache
+def _onednn() -> bool:
+    """Whether this PyTorch packs weights for oneDNN and multiplies with them.
 
-    No oneDNN, or a packed product that fails on a small input - checked once here, not in the
-    middle of an answer.
+    Checked once per process on a small product, so no layer fails in the middle of an answer.
     """
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        probe = weight.new_zeros(MIN_ROWS, weight.shape[1])
-        torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8), None)
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(MIN_ROWS, 8), packed, None, "none", [], "")
     except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` as oneDNN packs it for its GEMM; None where this PyTorch cannot."""
+    if not _onednn():
         return None
-    return packed  # type: ignore[no-any-return]
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)  # type: ignore[no-any-return]
 
 
 def _wide_form(weight: torch.Tensor) -> torch.Tensor:
@@ -99,21 +106,19 @@ class DualLinear(nn.Linear):
 
     def _apply(self, fn: Any, recurse: bool = True) -> DualLinear:
         wide = self._buffers.pop("weight_t", None)
-        before = (self.weight.data_ptr(), self.weight.dtype, self.weight.device)
+        if wide is None:
+            return super()._apply(fn, recurse)  # type: ignore[return-value]
+
+        def where() -> tuple[int, torch.dtype, torch.device]:
+            return self.weight.data_ptr(), self.weight.dtype, self.weight.device
+
+        before = where()
         super()._apply(fn, recurse)
-        if wide is not None and before == (
-            self.weight.data_ptr(),
-            self.weight.dtype,
-            self.weight.device,
-        ):
-            self._buffers["weight_t"] = wide  # the weight did not change: neither does its copy
-        elif (
-            wide is not None
-            and self.weight.device.type == "cpu"
-            and self.weight.dtype == wide.dtype
-        ):
+        if where() == before:  # the weight did not change: neither does its copy
+            self._buffers["weight_t"] = wide
+        elif self.weight.device.type == "cpu" and self.weight.dtype == wide.dtype:
             self._buffers["weight_t"] = _wide_form(self.weight.detach())
-        elif wide is not None:  # cast, or moved to a GPU: one layout (what apply() gives those)
+        else:  # cast, or moved to a GPU: one layout (what apply() gives those)
             self.__class__ = nn.Linear  # type: ignore[assignment]
         return self
 
@@ -258,7 +263,6 @@ def apply(
         known = None  # too close to call once: timed again (and kept if it says otherwise)
     if known is None:
         add(model)
-        kind = wide_kind(model)
         single_s, dual_s = timer()
         source = ""
         if dual_s > IMPLAUSIBLE * single_s:  # the same product this much slower: timed again
@@ -276,7 +280,6 @@ def apply(
         dual, single_s, dual_s = known["dual"], known["single_s"], known["dual_s"]
         if dual:
             add(model)
-        kind = wide_kind(model)
         source = f"; timed {known.get('on', '?')}, kept in {store.path}"
     if not dual:
         return (
@@ -285,7 +288,7 @@ def apply(
         )
     return (
         f"dual layout: a 9-token pass {dual_s:.3f}s vs {single_s:.3f}s "
-        f"(+{extra / 2**30:.1f} GiB of {kind} weights{source})"
+        f"(+{extra / 2**30:.1f} GiB of {wide_kind(model)} weights{source})"
     )
 
 
@@ -299,7 +302,7 @@ def wide_kind(model: nn.Module) -> str:
 
 def has_dual(model: nn.Module) -> bool:
     """Whether :func:`add` gave ``model`` both layouts (in use or switched off by set_dual)."""
-    return any("weight_t" in m._buffers for m in linears(model))
+    return wide_kind(model) != "no"
 
 
 def set_dual(model: nn.Module, on: bool) -> None:
