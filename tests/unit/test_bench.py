@@ -456,10 +456,14 @@ def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
     """A run whose target came up with one layout (a timing that went the other way) must not
     resume records made with both, nor records of another dtype or device."""
     from specrag.evaluation.store import setup_tag
+    from specrag.models import layout
 
     cpu = torch.device("cpu")
-    target = types.SimpleNamespace(device=cpu, dtype=torch.float32, layout="dual layout: ...")
-    drafter = types.SimpleNamespace(device=cpu, dtype=torch.qint8, layout="int8 linear layers")
-    single = types.SimpleNamespace(device=cpu, dtype=torch.float32, layout="single layout (x)")
+    dual_model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    layout.add(dual_model)
+    target = types.SimpleNamespace(model=dual_model, device=cpu, dtype=torch.float32)
+    int8 = torch.nn.Sequential(torch.nn.Identity())  # no plain linear layers
+    drafter = types.SimpleNamespace(model=int8, device=cpu, dtype=torch.qint8)
     assert setup_tag(target, drafter) == "cpu:float32:dual+cpu:qint8"
-    assert setup_tag(single, drafter) == "cpu:float32+cpu:qint8"
+    layout.set_dual(dual_model, False)  # a timing that went the other way: one layout in use
+    assert setup_tag(target, drafter) == "cpu:float32+cpu:qint8"

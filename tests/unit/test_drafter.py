@@ -629,7 +629,7 @@ def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):
         assert proposed > accepted > 0, (source, counts_msg(proposed, accepted))
 
 
-def test_drafter_dtype_auto_is_int8_only_beside_an_fp32_target_on_an_x86_cpu(monkeypatch):
+def test_drafter_dtype_auto_is_int8_beside_an_fp32_or_bf16_target_on_an_x86_cpu(monkeypatch):
     from specrag.models import loading
     from specrag.models.loading import drafter_dtype
 
@@ -637,7 +637,8 @@ def test_drafter_dtype_auto_is_int8_only_beside_an_fp32_target_on_an_x86_cpu(mon
     assert drafter_dtype("auto", "auto", "cpu", same_model=False) == "int8"
     assert drafter_dtype("auto", "float32", "cpu", same_model=False) == "int8"
     assert drafter_dtype("auto", "auto", "cpu", same_model=True) == "auto"  # one copy
-    assert drafter_dtype("auto", "bfloat16", "cpu", same_model=False) == "bfloat16"
+    assert drafter_dtype("auto", "bfloat16", "cpu", same_model=False) == "int8"
+    assert drafter_dtype("auto", "float16", "cpu", same_model=False) == "float16"
     assert drafter_dtype("float32", "auto", "cpu", same_model=False) == "float32"  # explicit
     assert drafter_dtype("float32", "bfloat16", "cpu", same_model=True) == "bfloat16"  # one copy
     monkeypatch.setattr(loading, "x86_int8", lambda: False)

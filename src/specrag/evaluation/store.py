@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specrag.models import layout
 from specrag.models.loading import dtype_name
 
 
@@ -49,7 +50,7 @@ def setup_tag(*models: Any) -> str:
     """
 
     def tag(m: Any) -> str:
-        dual = ":dual" if str(getattr(m, "layout", "")).startswith("dual layout") else ""
+        dual = ":dual" if layout.in_use(getattr(m, "model", None)) else ""
         return f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}{dual}"
 
     return "+".join(tag(m) for m in models)

@@ -77,7 +77,8 @@ class SpecRagContext:
     drafter_dtype: str = _f(
         "auto",
         "dtype of a drafter that is not the answer model: auto (int8 where the answer model "
-        "runs fp32 on an x86 CPU - it only proposes, the answer model verifies - else dtype), "
+        "runs fp32 or bf16 on an x86 CPU - it only proposes, the answer model verifies - else "
+        "dtype), "
         "float32, bfloat16, float16, int8 (CPU only).",
     )
     embedding_model: str = _f(

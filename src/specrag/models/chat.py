@@ -81,8 +81,8 @@ class ChatLocalLM(LocalChatBase):
     )
     drafter_dtype: str = Field(
         default="auto",
-        description="the drafter's dtype (auto: int8 for an fp32 target on an x86 CPU, else "
-        "the model's dtype; see specrag.models.loading.drafter_dtype)",
+        description="the drafter's dtype (auto: int8 for an fp32 or bf16 target on an x86 "
+        "CPU, else the model's dtype; see specrag.models.loading.drafter_dtype)",
     )
     drafter_max_cost_ratio: float = 0.5
     drafter_after_tokens: int = 8

@@ -305,6 +305,13 @@ def has_dual(model: nn.Module) -> bool:
     return wide_kind(model) != "no"
 
 
+def in_use(model: nn.Module) -> bool:
+    """Whether ``model``'s passes of 4-127 rows now read a second layout (not set_dual off)."""
+    if not isinstance(model, nn.Module):  # e.g. a remote or stand-in model: one layout
+        return False
+    return any(isinstance(layer, DualLinear) for layer in linears(model))
+
+
 def set_dual(model: nn.Module, on: bool) -> None:
     """Switch a model given both layouts by :func:`add` between them (benchmarks, timing)."""
     for layer in linears(model):

@@ -153,8 +153,8 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
 
     Otherwise ``choice``, or for ``auto`` from the answer model's ``dtype``.
 
-    ``auto``: ``int8`` where the answer model runs in fp32 on a CPU with PyTorch's x86 int8
-    kernels and the drafter is another model (:mod:`specrag.models.int8`: int8 weights for
+    ``auto``: ``int8`` where the answer model runs on a CPU (fp32 or bf16) with PyTorch's x86
+    int8 kernels and the drafter is another model (:mod:`specrag.models.int8`: int8 weights for
     decode steps, a bf16 copy for wide passes where the CPU has native bf16) - the drafter's
     numerics only shape proposals, which the target verifies in its own dtype, so greedy
     answers stay identical to the target alone and sampling stays exact (RAPID: at eta 0;
@@ -163,16 +163,18 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
     before, which int8 beats at both there (1.83 s fp32 vs 0.97 s int8 for a 600-token
     prefill without the bf16 copy; not measured on such a CPU). RAPID on 3 HotpotQA haystacks
     at 2K decoded 1.03-1.40x faster with the int8 drafter than with the bf16 one, same
-    answers. Otherwise (a GPU, a bf16 target, the same model in both roles) the answer
-    model's dtype.
+    answers. Beside a bf16 target on a CPU with AMX the bf16 0.5B's step costs 0.44x the
+    1.5B's (it does not speed up in bf16) and the int8 one's about half that (measured in
+    docs/bench/2026-12-02-rag-pair-long-bf16-int8/). Otherwise (a GPU, the same model in both
+    roles) the answer model's dtype.
     """
     if same_model:  # one copy: the answer model's
         return dtype
     if choice not in ("", "auto"):
         return choice
     dev = resolve_device(device)
-    fp32 = resolve_dtype(dtype, dev) == torch.float32
-    return "int8" if dev.type == "cpu" and fp32 and x86_int8() else dtype
+    wide = resolve_dtype(dtype, dev) in (torch.float32, torch.bfloat16)
+    return "int8" if dev.type == "cpu" and wide and x86_int8() else dtype
 
 
 def x86_int8() -> bool:
