@@ -152,3 +152,29 @@ def test_a_model_loads_in_int8_from_its_fp32_weights(tmp_path, monkeypatch):
     prompt = prompt_of(2, n=20, high=64)
     got, full = LMState(loaded.model).extend(prompt), LMState(plain.model).extend(prompt)
     assert (got.argmax(-1) == full.argmax(-1)).float().mean() > 0.8
+
+
+def test_an_int8_drafter_beside_a_bf16_target(pair):
+    """``drafter_dtype`` auto beside a bf16 target on a CPU: the int8 drafter's fp32 logits and
+    the bf16 target's meet in the merged proposer and in RAPID (eta 0) without a dtype error,
+    with proposals made and rejected; on these tiny models (no bf16 near-ties between a k-token
+    and a 1-token pass) the output equals the bf16 target's plain greedy decode."""
+    target, _, quantized = pair
+    target = copy.deepcopy(target).to(torch.bfloat16)
+    prompt = prompt_of(3, high=64)
+    plain, _ = greedy_run(target, prompt)
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
+    proposer = MergedProposer(
+        NgramProposer({}), DrafterProposer(LMState(quantized), prompt, Sampler(0.0)), policy
+    )
+    out, stats = greedy_run(target, prompt, proposer)
+    proposed, accepted = stats.proposed.get("drafter", 0), stats.accepted.get("drafter", 0)
+    assert out == plain
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    doc = prompt_of(5, n=120, high=64)
+    cfg = RapidConfig(gamma=4, eta=0.0)
+    out, rstats = rapid_greedy(
+        LMState(target), LMState(quantized), doc + [5, 6], doc[-15:] + [5, 6], 30, cfg
+    )
+    assert out == greedy(target, doc + [5, 6], 30)
+    assert rstats.draft_tokens > rstats.accepted_tokens > 0, rstats.as_dict()
