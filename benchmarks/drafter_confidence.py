@@ -112,7 +112,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     base = SpecRagContext(models="pair")
     target = load_lm(base.answer_spec, args.device, args.dtype)
     same = base.draft_spec == base.answer_spec
-    # the drafter in the dtype the package gives it (int8 beside an fp32 target on x86)
+    # the drafter in the dtype the package gives it (int8 beside an fp32 or bf16 target on x86)
     ddtype = drafter_dtype(args.drafter_dtype, args.dtype, args.device, same)
     drafter = load_lm(base.draft_spec, args.device, ddtype)
     items = long_items(args.questions, build_datasets(1, 0, log)[0])

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target = load_lm(target_name, args.device, args.dtype)
         same = drafter_name == target_name
-        # the drafter in the dtype the package gives it (int8 beside an fp32 target on x86)
+        # the drafter in the dtype the package gives it (int8 beside an fp32 or bf16 target on x86)
         ddtype = drafter_dtype(args.drafter_dtype, args.dtype, args.device, same)
         drafter = load_lm(drafter_name, args.device, ddtype)
     except ModelLoadError as exc:

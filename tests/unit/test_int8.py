@@ -155,10 +155,10 @@ def test_a_model_loads_in_int8_from_its_fp32_weights(tmp_path, monkeypatch):
 
 
 def test_an_int8_drafter_beside_a_bf16_target(pair):
-    """``drafter_dtype`` auto beside a bf16 target on a CPU: the int8 drafter's fp32 logits and
-    the bf16 target's meet in the merged proposer and in RAPID (eta 0) without a dtype error,
-    with proposals made and rejected; on these tiny models (no bf16 near-ties between a k-token
-    and a 1-token pass) the output equals the bf16 target's plain greedy decode."""
+    """``drafter_dtype`` auto beside a bf16 target on a CPU: the merged proposer and RAPID (eta
+    0) with the int8 drafter proposing for a bf16 target, proposals made and rejected; the
+    output equals the bf16 target's plain greedy decode on these tiny models (a bf16 k-token
+    pass can flip a near-tie against a 1-token one on real models; these have none here)."""
     target, _, quantized = pair
     target = copy.deepcopy(target).to(torch.bfloat16)
     prompt = prompt_of(3, high=64)

@@ -78,6 +78,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # system - they share the loaded models. 15 (squad, hotpot) and 16 (long): the target's second
 # weight layout is packed by oneDNN instead of transposed (``specrag.models.layout``: a pass of
 # 8 tokens 1.3x a step instead of 1.6x), for every system that uses the loaded target.
+# Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
+# int8 drafter too (``docs/bench/2026-12-02-rag-pair-long-bf16-int8/``); ``setup_tag`` keys
+# those records apart (``cpu:bfloat16+cpu:qint8``).
 PROTOCOL = {"squad": 15, "hotpot": 15, "long": 16}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0
@@ -229,7 +232,8 @@ def run(
     """Run (or resume) the pair benchmark; write JSON and markdown; return the summary.
 
     ``sets``: only these question sets (``squad``, ``hotpot``, ``long``; default all).
-    ``dtype``: the models' dtype (``auto``: fp32 on CPU); its runs are recorded apart.
+    ``dtype``: the answer model's dtype (``auto``: fp32 on CPU; the drafter's follows
+    :func:`specrag.models.loading.drafter_dtype`); its runs are recorded apart.
     """
     out_dir = out_dir / "bench_rag_pair"
     out_dir.mkdir(parents=True, exist_ok=True)

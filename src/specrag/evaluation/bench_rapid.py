@@ -83,6 +83,8 @@ WARMUP_NEW = 8
 # first draft token always proposed; ``ChatRapid.min_draft_confidence``; 0 before); 11: the
 # target's second weight layout is packed by oneDNN instead of transposed
 # (``specrag.models.layout``: a pass of 8 tokens 1.3x a step instead of 1.6x), every method.
+# Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
+# int8 drafter too; ``setup_tag`` keys those records apart (``cpu:bfloat16+cpu:qint8``).
 PROTOCOL = 11
 
 

@@ -305,7 +305,7 @@ def has_dual(model: nn.Module) -> bool:
     return wide_kind(model) != "no"
 
 
-def in_use(model: nn.Module) -> bool:
+def in_use(model: object) -> bool:
     """Whether ``model``'s passes of 4-127 rows now read a second layout (not set_dual off)."""
     if not isinstance(model, nn.Module):  # e.g. a remote or stand-in model: one layout
         return False

@@ -159,14 +159,16 @@ def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str
     numerics only shape proposals, which the target verifies in its own dtype, so greedy
     answers stay identical to the target alone and sampling stays exact (RAPID: at eta 0;
     with knowledge transfer the drafter's q shapes the answer by design). Step and prefill
-    times: :mod:`specrag.models.int8`; on a CPU without native bf16 the drafter was fp32
-    before, which int8 beats at both there (1.83 s fp32 vs 0.97 s int8 for a 600-token
-    prefill without the bf16 copy; not measured on such a CPU). RAPID on 3 HotpotQA haystacks
-    at 2K decoded 1.03-1.40x faster with the int8 drafter than with the bf16 one, same
-    answers. Beside a bf16 target on a CPU with AMX the bf16 0.5B's step costs 0.44x the
-    1.5B's (it does not speed up in bf16) and the int8 one's about half that (measured in
-    docs/bench/2026-12-02-rag-pair-long-bf16-int8/). Otherwise (a GPU, the same model in both
-    roles) the answer model's dtype.
+    times: :mod:`specrag.models.int8`; on a CPU without native bf16 the drafter beside an fp32
+    target was fp32 before, which int8 beats at both there (1.83 s fp32 vs 0.97 s int8 for a
+    600-token prefill without the bf16 copy; not measured on such a CPU; beside a bf16 target
+    there, int8 against an emulated-bf16 drafter was not measured either). RAPID on 3
+    HotpotQA haystacks at 2K decoded 1.03-1.40x faster with the int8 drafter than with the
+    bf16 one, same answers. Beside a bf16 target on a CPU with AMX the bf16 0.5B's step
+    costs 0.44x the 1.5B's (it does not speed up in bf16) and the int8 one's about half that
+    (measured in docs/bench/2026-12-02-rag-pair-long-bf16-int8/). Otherwise (a GPU or another
+    device, a non-x86 CPU, an fp16 target, the same model in both roles) the answer model's
+    dtype.
     """
     if same_model:  # one copy: the answer model's
         return dtype
