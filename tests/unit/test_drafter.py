@@ -587,6 +587,40 @@ def test_with_ngrams_first_the_drafter_takes_over_once_weak_matches_stop_paying(
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
 
 
+class MatchLengths(NgramProposer):
+    """n-gram lookups that record the length of each match they proposed after."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.lengths = []
+
+    def propose(self, generated, k, min_ngram=None):
+        out = super().propose(generated, k, min_ngram)
+        if out[0]:
+            self.lengths.append(self.last_match)
+        return out
+
+
+@pytest.mark.parametrize("cheap", [True, False])
+def test_one_token_matches_propose_only_where_wide_passes_are_cheap(pair, cheap):
+    """With ``ngrams_first`` (a wide pass costs about a step) and no drafter proposing, a match
+    of a single token proposes too, as HF's prompt lookup does; elsewhere matches start at 2
+    tokens. Greedy output == the target alone, with proposals made and rejected."""
+    target, _ = pair
+    prompt = list(range(3, 30))
+    plain, _ = greedy_run(target, prompt, max_new_tokens=60)
+    ngrams = MatchLengths({"prompt": wrong_after_every(plain, 4)})
+    proposer = MergedProposer(ngrams, None, DrafterPolicy(pay_check=False), ngrams_first=cheap)
+    out, stats = greedy_run(
+        target, prompt, proposer, max_new_tokens=60, max_candidates=12, shrink_k=not cheap
+    )
+    proposed, accepted = stats.proposed.get("prompt", 0), stats.accepted.get("prompt", 0)
+    print(f"{counts_msg(proposed, accepted)}; match lengths {Counter(ngrams.lengths)}")
+    assert out == plain
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert (1 in ngrams.lengths) == cheap
+
+
 def test_narrow_cap_picks_the_candidates_with_most_tokens_per_pass_cost():
     """fp32 on CPU cores is a staircase: 2 candidates win at acceptance 0.7; where wide passes
     cost about a step (bf16 with AMX, a GPU) no cap; a dear pass of 3 tokens leaves 1."""

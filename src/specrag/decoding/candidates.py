@@ -92,15 +92,21 @@ class NgramProposer:
         """
         return self.last_match >= self.max_ngram
 
-    def propose(self, generated: list[int], k: int) -> tuple[list[int], str]:
-        """Continuation of the longest n-gram match, or ``([], "")``."""
+    def propose(
+        self, generated: list[int], k: int, min_ngram: int | None = None
+    ) -> tuple[list[int], str]:
+        """Continuation of the longest n-gram match, or ``([], "")``.
+
+        ``min_ngram``: the shortest match taken (default: the proposer's own).
+        """
         self.last_match = 0
+        least = self.min_ngram if min_ngram is None else min_ngram
         if k <= 0 or not self.sources:
             return [], ""
         if not generated and "draft" in self.sources:
             self.last_match = self.max_ngram  # the answer starts where the draft does
             return self.sources["draft"][:k], "draft"
-        for n in range(min(self.max_ngram, len(generated)), self.min_ngram - 1, -1):
+        for n in range(min(self.max_ngram, len(generated)), least - 1, -1):
             key = tuple(generated[-n:])
             for name, toks in self.sources.items():
                 ends = self.index[name][n].get(key)

@@ -286,9 +286,9 @@ class MergedProposer:
 
     With ``ngrams_first`` (set where a wide verify pass costs about one step, so a rejected
     n-gram candidate costs nothing), an n-gram match of any length comes before the drafter,
-    whose own steps cost time. With ``narrow`` (set where a verify pass over a few more
-    tokens costs about twice a step: :func:`narrow_cap`) a drafter proposal has at most
-    ``narrow`` tokens.
+    whose own steps cost time, and where neither proposes a match of one token does. With
+    ``narrow`` (set where a verify pass over a few more tokens costs about twice a step:
+    :func:`narrow_cap`) a drafter proposal has at most ``narrow`` tokens.
 
     ``prefill_s`` (the target's prefill time in this run, known after the first token) and
     ``costs.prefill`` (the drafter's prefill over the target's on one block of tokens,
@@ -387,8 +387,12 @@ class MergedProposer:
             proposal = drafter.propose(generated, size, self.policy.min_confidence)
             self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
             self._last = (len(generated), list(proposal.tokens))
-        elif strong or not self._weak_off:
+        elif tokens and (strong or not self._weak_off):
             proposal = Proposal(tokens, source)
+        elif self.ngrams_first and not self._weak_off:
+            # no drafter now and no 2-gram match: where a rejected candidate costs ~nothing a
+            # single shared token is worth a try (HF's prompt lookup does the same)
+            proposal = Proposal(*self.ngrams.propose(generated, k, min_ngram=1))
         else:
             proposal = Proposal([], "")
         if proposal.tokens:

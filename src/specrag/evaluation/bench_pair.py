@@ -80,7 +80,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # 8 tokens 1.3x a step instead of 1.6x), for every system that uses the loaded target.
 # Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
 # int8 drafter too (``docs/bench/2026-12-02-rag-pair-long-bf16-int8/``); ``setup_tag`` keys
-# those records apart (``cpu:bfloat16+cpu:qint8``).
+# those records apart (``cpu:bfloat16+cpu:qint8``). Where wide passes are cheap (bf16 with AMX,
+# a GPU; not fp32 on CPU cores) a 1-token n-gram match proposes when nothing else does: bf16 or
+# GPU records made before that (2026-12-02 17:44) should be re-run with ``--fresh``.
 PROTOCOL = {"squad": 15, "hotpot": 15, "long": 16}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0

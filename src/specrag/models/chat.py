@@ -206,7 +206,8 @@ class ChatLocalLM(LocalChatBase):
                 "max_candidates": max(self.max_candidates, self.wide_candidates),
                 "narrow_candidates": 0,
                 "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
-                "candidates per pass, n-gram matches before the drafter",
+                "candidates per pass, n-gram matches before the drafter, 1-token matches "
+                "where neither proposes",
             }
         ratios = {c: wide_pass_ratio(loaded, c + 1) for c in NARROW}
         ratios[self.wide_candidates] = ratio
