@@ -467,3 +467,18 @@ def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
     assert setup_tag(target, drafter) == "cpu:float32:dual+cpu:qint8"
     layout.set_dual(dual_model, False)  # a timing that went the other way: one layout in use
     assert setup_tag(target, drafter) == "cpu:float32+cpu:qint8"
+
+
+def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():
+    """bf16 or GPU records made before 1-token n-gram matches proposed there are not resumed;
+    fp32 CPU records (whose decoding did not change) keep their keys."""
+    from specrag.evaluation import bench_pair
+
+    item = {"dataset": "long", "id": "q1"}
+    fp32 = bench_pair.case_key(item, "spec_verify", "cpu:float32:dual+cpu:qint8")
+    assert fp32 == "pair|long|q1|spec_verify|p16|cpu:float32:dual+cpu:qint8"
+    for setup in ("cpu:bfloat16+cpu:qint8", "cuda:bfloat16+cuda:bfloat16", "cuda:float32"):
+        assert bench_pair.case_key(item, "spec_verify", setup).endswith(f"|{setup}~ng1")
+    old = {"dataset": "squad", "id": "q2"}
+    assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1")
+    assert not bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("~ng1")

@@ -33,7 +33,7 @@ from specrag import prompts
 from specrag.data.datasets import sample, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _cell, _qkey, _values, build_datasets, run_one
-from specrag.evaluation.store import RunLog, setup_tag
+from specrag.evaluation.store import RunLog, proposer_rules, setup_tag
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import open_index
@@ -81,8 +81,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
 # int8 drafter too (``docs/bench/2026-12-02-rag-pair-long-bf16-int8/``); ``setup_tag`` keys
 # those records apart (``cpu:bfloat16+cpu:qint8``). Where wide passes are cheap (bf16 with AMX,
-# a GPU; not fp32 on CPU cores) a 1-token n-gram match proposes when nothing else does: bf16 or
-# GPU records made before that (2026-12-02 17:44) should be re-run with ``--fresh``.
+# a GPU; not fp32 on CPU cores) a 1-token n-gram match proposes when nothing else does;
+# ``proposer_rules`` marks those setups' keys ``~ng1``, so bf16 or GPU records made before that
+# (2026-12-02 17:44) are not resumed.
 PROTOCOL = {"squad": 15, "hotpot": 15, "long": 16}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0
@@ -92,7 +93,10 @@ MAX_TOKENS = {"squad": 64, "hotpot": 64, "long": 96}
 
 def case_key(item: dict[str, Any], system: str, setup: str) -> str:
     """Run-log key of one system on one question with the models as loaded (:func:`setup_tag`)."""
-    return f"pair|{item['dataset']}|{item['id']}|{system}|p{PROTOCOL[item['dataset']]}|{setup}"
+    protocol = PROTOCOL[item["dataset"]]
+    return (
+        f"pair|{item['dataset']}|{item['id']}|{system}|p{protocol}|{setup}{proposer_rules(setup)}"
+    )
 
 
 def long_items(n: int, squad_item: dict[str, Any]) -> list[dict[str, Any]]:

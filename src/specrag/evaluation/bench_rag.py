@@ -47,7 +47,7 @@ from specrag import prompts
 from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
-from specrag.evaluation.store import RunLog, setup_tag
+from specrag.evaluation.store import RunLog, proposer_rules, setup_tag
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import open_index
@@ -94,7 +94,8 @@ PROTOCOL = 7
 
 def case_key(item: dict[str, Any], system: str, latency: float, setup: str) -> str:
     """Run-log key of one system on one question at one added latency, model as loaded."""
-    return f"{item['dataset']}|{item['id']}|{system}|{latency}|p{PROTOCOL}|{setup}"
+    rules = proposer_rules(setup)
+    return f"{item['dataset']}|{item['id']}|{system}|{latency}|p{PROTOCOL}|{setup}{rules}"
 
 
 def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Path:

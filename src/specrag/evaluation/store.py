@@ -54,3 +54,13 @@ def setup_tag(*models: Any) -> str:
         return f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}{dual}"
 
     return "+".join(tag(m) for m in models)
+
+
+def proposer_rules(setup: str) -> str:
+    """A run-log key's mark for the merged proposer's rules under :func:`setup_tag`'s ``setup``.
+
+    Where wide passes are cheap (a target other than fp32 on CPU cores) a 1-token n-gram match
+    proposes since 2026-12-02 17:44 (``~ng1``); records made before that are not resumed.
+    fp32 CPU targets decode as before (no mark).
+    """
+    return "" if setup.startswith("cpu:float32") else "~ng1"
