@@ -3,8 +3,8 @@
 specrag promises "any Hugging Face causal LM". Each architecture here brings a cache or an
 attention of its own kind: learned positions (GPT-2), ALiBi (BLOOM), mixture of experts
 (Qwen3-MoE), sliding-window layers beside full ones (Gemma 3, gpt-oss with attention sinks),
-and state-space or linear-attention layers whose state cannot be cropped (Mamba, Jamba,
-Qwen3-Next: re-read on a rejection, ``cache_refills``). Every model decodes
+state-space or linear-attention layers whose state cannot be cropped (Mamba, Jamba, Falcon-H1,
+Qwen3-Next: restored from a snapshot on a rejection, ``cache_restores``). Every model decodes
 speculatively (proposals made and some rejected) and with lossless RAPID, and both must give
 the model's own greedy answer (a forward over the whole text per token, no cache).
 """
@@ -39,16 +39,20 @@ SIZES = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-REROLLED = {"mamba", "jamba", "qwen3_next"}  # state that cannot be cropped
+RESTORED = {"mamba", "jamba", "qwen3_next", "falcon_h1"}  # state that cannot be cropped
+OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every layer
+    "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16)
+}
 
 
 @pytest.mark.parametrize(
     "arch",
-    ["gpt2", "bloom", "phi3", "qwen3_moe", "gemma3_text", "gpt_oss", *sorted(REROLLED)],
+    ["gpt2", "bloom", "phi3", "qwen3_moe", "gemma3_text", "gpt_oss", *sorted(RESTORED)],
 )
 def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **SIZES)).eval()
+    config = AutoConfig.for_model(arch, **{**SIZES, **OWN_SIZES.get(arch, {})})
+    model = AutoModelForCausalLM.from_config(config).eval()
     head = model.get_output_embeddings()
     if head is not None and not model.config.tie_word_embeddings:
         with torch.no_grad():  # peaked distributions
@@ -58,9 +62,11 @@ def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
 
     out, stats = corrupted_run(LMState(model), prompt, ref)
     assert out == ref
-    assert (stats.cache_refills > 0) == (arch in REROLLED), stats.cache_refills
+    assert stats.cache_refills == 0  # never a re-read of the whole context
+    assert (stats.cache_restores > 0) == (arch in RESTORED), stats.cache_restores
 
-    rapid, _ = rapid_greedy(
+    rapid, rstats = rapid_greedy(
         LMState(model), LMState(model), prompt, prompt[-10:], 16, RapidConfig(eta=0.0)
     )
     assert rapid == ref
+    assert rstats.cache_refills == 0

@@ -12,6 +12,8 @@ model's own greedy answer (each token from a forward over the whole text, no cac
 import pytest
 import torch
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Lfm2Config,
@@ -22,6 +24,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from specrag.decoding import state as state_module
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
@@ -207,19 +210,59 @@ def tiny_lfm2():
     return model
 
 
-def test_a_cache_with_convolution_state_is_re_read_on_rejection(tmp_path):
-    """LFM2's convolution layers cannot roll back: a crop re-reads the kept tokens (slow,
-    counted in ``cache_refills``), the output stays the model's, and nothing is saved to disk."""
+def test_a_cache_with_convolution_state_is_restored_on_rejection(tmp_path):
+    """LFM2's convolution layers cannot crop: a rejection restores a snapshot of their state
+    taken before the verify pass (``cache_restores``) - never a re-read of the whole context -
+    the output stays the model's, and nothing is saved to disk."""
     model = tiny_lfm2()
     prompt = prompt_of(20, seed=6)
     ref = hf_greedy(model, prompt, 20)
     lm = LMState(model)
     out, stats = corrupted_run(lm, prompt, ref)
     assert out == ref
-    assert stats.cache_refills > 0 and stats.as_dict()["cache_refills"] == stats.cache_refills
+    assert stats.cache_refills == 0
+    assert stats.cache_restores > 0 and stats.as_dict()["cache_restores"] == stats.cache_restores
     with pytest.raises(ValueError, match="LinearAttentionLayer"):
         lm.kv_tensors()
     cache = PrefixCache(disk_dir=tmp_path)
     cache.put(prefix_key("lfm2", lm.tokens), lm)
     cache.flush()
     assert not list(tmp_path.iterdir())  # nothing written, nothing half-written
+
+
+def tiny_qwen3_next():
+    """Three gated-delta-rule layers (convolution and recurrent state), then full attention."""
+    torch.manual_seed(0)
+    sizes = dict(num_experts=4, moe_intermediate_size=32, num_experts_per_tok=2, pad_token_id=0)
+    config = AutoConfig.for_model(
+        "qwen3_next", **{**SIZES, "num_hidden_layers": 4, "head_dim": 8, **sizes}
+    )
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("build_model", [tiny_lfm2, tiny_qwen3_next])
+@pytest.mark.parametrize(("steps", "refills"), [(1, [0, 1, 1, 1]), (3, [0, 0, 0, 1])])
+def test_a_crop_restores_the_latest_snapshot_before_it_or_re_reads(
+    build_model, steps, refills, monkeypatch
+):
+    """Crops of a cache with convolution (LFM2) or also recurrent state (Qwen3-Next): into the
+    last forwards (restore the snapshot at or before the target, re-feed the rest), and back
+    past every snapshot kept (re-read all). Each leaves the cache as a fresh prefill of the
+    kept tokens would (next logits equal)."""
+    monkeypatch.setattr(state_module, "MARKS", 4)
+    model = build_model()
+    prompt, more = prompt_of(20, seed=7), prompt_of(12, seed=8)
+    lm = LMState(model)
+    lm.extend(prompt, all_logits=False)
+    for i in range(0, len(more), steps):  # a drafter's single steps, or verify passes of 3
+        lm.extend(more[i : i + steps])
+    assert [m.length for m in lm.marks] == list(range(32 - 4 * steps, 32, steps))
+    for length, refill in zip((30, 26, 24, 5), refills, strict=True):
+        before = (lm.refills, lm.restores)
+        lm.crop(length)
+        assert lm.tokens == (prompt + more)[:length]
+        assert (lm.refills - before[0], lm.restores - before[1]) == (refill, 1 - refill)
+        fresh = LMState(model)
+        fresh.extend(lm.tokens, all_logits=False)
+        torch.testing.assert_close(lm.extend([3, 4]), fresh.extend([3, 4]))
+        lm.crop(length)

@@ -78,6 +78,7 @@ class DrafterStats:
     unsure_stops: int = 0  # proposals ended early at a token the drafter gave < min_confidence
     vocab_rows: int = 0  # output rows the drafter scores (0: all; see specrag.decoding.vocab)
     cache_refills: int = 0  # crops done by re-reading its context (LMState.refills)
+    cache_restores: int = 0  # crops done from a snapshot of its states (LMState.restores)
 
     def as_dict(self) -> dict[str, float | int]:
         """JSON-friendly summary."""
@@ -90,6 +91,7 @@ class DrafterStats:
             "drafter_unsure_stops": self.unsure_stops,
             "drafter_vocab_rows": self.vocab_rows,
             **({"drafter_cache_refills": self.cache_refills} if self.cache_refills else {}),
+            **({"drafter_cache_restores": self.cache_restores} if self.cache_restores else {}),
         }
 
 
@@ -177,7 +179,7 @@ class DrafterProposer:
                 break
             logits = self._fit(self.lm.extend([token])[-1])
         self.stats.passes = self.lm.forward_passes  # the drafter's own counter (slices included)
-        self.stats.cache_refills = self.lm.refills
+        self.stats.cache_refills, self.stats.cache_restores = self.lm.refills, self.lm.restores
         self.stats.proposed += len(tokens)
         self.stats.draft_s += time.perf_counter() - t0
         return Proposal(tokens, "drafter", None if self.sampler.greedy else torch.stack(rows))

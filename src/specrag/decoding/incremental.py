@@ -101,6 +101,7 @@ def absorb(total: DecodeStats, part: DecodeStats, first: bool) -> None:
     total.plain_step_s += part.plain_step_s
     total.widest = max(total.widest, part.widest)
     total.cache_refills = part.cache_refills  # the answer model's own count, cumulative
+    total.cache_restores = part.cache_restores
     total.prompt_tokens = part.prompt_tokens
     total.finish_reason = part.finish_reason
 

@@ -78,6 +78,7 @@ class RapidStats:
     drafter_vocab_rows: int = 0  # output rows the drafter scored (0: all)
     unsure_stops: int = 0  # rounds that stopped drafting at an unsure position
     cache_refills: int = 0  # crops of either model done by re-reading (LMState.refills)
+    cache_restores: int = 0  # crops of either model done from a state snapshot (restores)
     target_prefill_s: float = 0.0
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -110,6 +111,7 @@ class RapidStats:
             "decode_s": round(self.decode_s, 4),
             "finish_reason": self.finish_reason,
             **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
+            **({"cache_restores": self.cache_restores} if self.cache_restores else {}),
         }
 
 
@@ -169,6 +171,7 @@ def rapid_decode(
         st.new_tokens = len(generated)
         st.decode_s = time.perf_counter() - t_start
         st.cache_refills = target.refills + drafter.refills
+        st.cache_restores = target.restores + drafter.restores
 
     before = prefill_stop(should_stop)
     try:  # budgets apply to both prefills

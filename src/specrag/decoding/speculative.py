@@ -52,6 +52,7 @@ class DecodeStats:
     plain_step_s: float = 0.0  # their total time
     widest: int = 0  # the most candidates one pass verified
     cache_refills: int = 0  # crops done by re-reading the answer's context (LMState.refills)
+    cache_restores: int = 0  # crops done from a snapshot of its states (LMState.restores)
     # an incremental decode (:mod:`specrag.decoding.incremental`): the final answer's tokens
     # by source, and one record per prompt rebuild
     sources: dict[str, int] | None = None
@@ -89,6 +90,7 @@ class DecodeStats:
             "decode_s": round(self.decode_s, 4),
             "finish_reason": self.finish_reason,
             **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
+            **({"cache_restores": self.cache_restores} if self.cache_restores else {}),
             **({"rebuilds": list(self.rebuilds)} if self.rebuilds else {}),
         }
 
@@ -240,7 +242,7 @@ def decode(
         stats.finish_reason = reason
         stats.new_tokens = len(generated)
         stats.decode_s = time.perf_counter() - t1
-        stats.cache_refills = lm.refills
+        stats.cache_refills, stats.cache_restores = lm.refills, lm.restores
 
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
         logits_all = settle(prefill_verify(lm, prompt, before, prefill_stop(should_stop)))

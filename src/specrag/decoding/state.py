@@ -5,17 +5,29 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionCacheLayerMixin,
+    LinearAttentionLayer,
+)
 
 from specrag.decoding.vocab import VocabSubset, scoring
 
 # Prefill long prompts in slices so that peak activation memory stays bounded, and so that a
 # budget can stop a long prefill between slices.
 PREFILL_CHUNK = 2048
+# Snapshots of a linear-attention cache's states kept for rolling back, one per recent forward
+# call: more than a drafter's longest proposal (16 single steps) and its catch-up feed. A crop
+# further back than the oldest re-reads the kept tokens.
+MARKS = 20
 
 
 def sync(device: torch.device) -> None:
@@ -85,7 +97,59 @@ def croppable(cache: Any) -> bool:
     Transformers' own ``is_croppable`` is not enough: a linear-attention layer recording its
     past reports True but can only roll back the tokens fed since its last crop.
     """
-    return all(type(layer) in (DynamicLayer, DummyLayer) for layer in cache.layers)
+    return all(type(layer) in CROPPABLE for layer in cache.layers)
+
+
+CROPPABLE = (DynamicLayer, DummyLayer)
+# layers whose linear-attention states a Mark restores and whose attention part (if any) crops
+RESTORABLE = (*CROPPABLE, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer)
+
+
+@dataclass
+class Mark:
+    """A linear-attention cache's convolution and recurrent states after ``length`` tokens.
+
+    Those states fold every token into a fixed-size tensor and cannot be cropped; restoring a
+    mark and cropping the key/value layers puts the whole cache back at ``length`` tokens, so
+    a rejected candidate costs re-feeding the accepted tokens after ``length``, not a re-read
+    of the whole context. ``states``: per linear layer ``(layer, conv, recurrent, previous)``.
+    """
+
+    length: int
+    states: list[tuple[Any, dict[int, torch.Tensor], dict[int, torch.Tensor], dict[int, bool]]]
+
+    @classmethod
+    def take(cls, cache: Any, length: int) -> Mark | None:
+        """A copy of ``cache``'s states now (None: a layer kind a mark cannot restore)."""
+        layers = getattr(cache, "layers", [])
+        if not length or any(type(layer) not in RESTORABLE for layer in layers):
+            return None
+        states = []
+        for layer in layers:
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                conv = {i: t.clone() for i, t in layer.conv_states.items() if t is not None}
+                rec = {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None}
+                states.append((layer, conv, rec, dict(layer.has_previous_state)))
+        return cls(length, states)
+
+    @torch.inference_mode()  # the cache's tensors were made there
+    def restore(self, cache: Any, length: int) -> None:
+        """Put ``cache`` (now holding ``length`` tokens) back as it was at :attr:`length`."""
+        for layer, conv, rec, previous in self.states:
+            for held, saved in ((layer.conv_states, conv), (layer.recurrent_states, rec)):
+                for i, tensor in saved.items():
+                    now = held.get(i)
+                    if now is not None and now.shape == tensor.shape:
+                        now.copy_(tensor)  # in place: a static address stays static
+                    else:
+                        held[i] = tensor.clone()
+            layer.has_previous_state.update(previous)
+        drop = length - self.length
+        for layer in cache.layers if drop else []:
+            if type(layer) in CROPPABLE:
+                layer.crop(-drop)
+            elif isinstance(layer, DynamicLayer):  # a linear layer's own key/value part
+                DynamicLayer.crop(layer, -drop)
 
 
 class LMState:
@@ -102,6 +166,8 @@ class LMState:
         self.tokens: list[int] = []
         self.forward_passes = 0
         self.refills = 0  # crops done by re-reading the kept tokens (a cache that cannot crop)
+        self.restores = 0  # crops done by restoring a snapshot of such a cache (Mark)
+        self.marks: list[Mark] = []  # oldest first, lengths ascending
         self._kw = _cache_kwarg(model)
         self.vocab: VocabSubset | None = None  # a drafter's output rows (None: all of them)
 
@@ -130,6 +196,9 @@ class LMState:
             raise ValueError("extend() needs at least one token")
         if not 1 <= keep <= len(ids):
             raise ValueError(f"keep={keep} must be in 1..{len(ids)}")
+        if not croppable(self.cache) and (mark := Mark.take(self.cache, len(self.tokens))):
+            older = [m for m in self.marks if m.length < mark.length]
+            self.marks = [*older, mark][-MARKS:]
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
         starts = list(range(0, len(ids), step))
@@ -171,12 +240,19 @@ class LMState:
             self.cache.crop(-drop)  # transformers 5.x: negative = number of tokens to remove
             del self.tokens[length:]
             return
-        # convolution/recurrent state (linear attention) cannot be rolled back: re-read the rest
+        # convolution/recurrent state (linear attention) cannot be cropped: restore the latest
+        # snapshot at or before ``length`` and re-feed the tokens after it, or re-read them all
         kept = self.tokens[:length]
-        self.cache, self.tokens = rollback_cache(self.model), []
-        self.refills += 1
-        if kept:
-            self.extend(kept, all_logits=False)
+        marks = [m for m in self.marks if m.length <= length]
+        if marks:
+            marks[-1].restore(self.cache, len(self.tokens))
+            self.tokens, self.marks = kept[: marks[-1].length], marks
+            self.restores += 1
+        else:
+            self.cache, self.tokens, self.marks = rollback_cache(self.model), [], []
+            self.refills += 1
+        if len(self.tokens) < length:
+            self.extend(kept[len(self.tokens) :], all_logits=False)
 
     def sync(self, committed: list[int]) -> None:
         """Crop to the longest common prefix of the cache and ``committed``."""
@@ -189,7 +265,8 @@ class LMState:
         other.vocab = self.vocab
         other.cache = copy.deepcopy(self.cache)
         other.tokens = list(self.tokens)
-        other.forward_passes = other.refills = 0
+        other.forward_passes = other.refills = other.restores = 0
+        other.marks = []  # they name this state's layers; the copy re-reads if it must
         return other
 
     def kv_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
