@@ -447,7 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="small sample (each benchmark < 25 min on 2 cores; README lists the times)",
     )
     p.add_argument("--out", default="results", help="output folder (default: results/)")
-    p.add_argument("--fresh", action="store_true", help="ignore recorded runs (no resume)")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="rag and rapid: ignore the recorded runs of an interrupted run (no resume); "
+        "load, followup and retrieval always start over",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument(
         "--sets",
