@@ -4,9 +4,10 @@ specrag promises "any Hugging Face causal LM". Each architecture here brings a c
 attention of its own kind: learned positions (GPT-2), ALiBi (BLOOM), mixture of experts
 (Qwen3-MoE), sliding-window layers beside full ones (Gemma 3, gpt-oss with attention sinks),
 state-space or linear-attention layers whose state cannot be cropped (Mamba, Jamba, Falcon-H1,
-Qwen3-Next: restored from a snapshot on a rejection, ``cache_restores``). Every model decodes
-speculatively (proposals made and some rejected) and with lossless RAPID, and both must give
-the model's own greedy answer (a forward over the whole text per token, no cache).
+Qwen3-Next, MiniMax in its own cache class: restored from a snapshot on a rejection,
+``cache_restores``). Every model decodes speculatively (proposals made and some rejected)
+and with lossless RAPID, and both must give the model's own greedy answer (a forward over the
+whole text per token, no cache).
 """
 
 import pytest
@@ -39,7 +40,7 @@ SIZES = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-RESTORED = {"mamba", "jamba", "qwen3_next", "falcon_h1"}  # state that cannot be cropped
+RESTORED = {"mamba", "jamba", "qwen3_next", "falcon_h1", "minimax"}  # state that cannot crop
 OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every layer
     "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16)
 }

@@ -240,15 +240,24 @@ def tiny_qwen3_next():
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.mark.parametrize("build_model", [tiny_lfm2, tiny_qwen3_next])
+def tiny_minimax():
+    """Lightning attention (a state per layer, in MiniMax's own cache class) beside full."""
+    torch.manual_seed(0)
+    sizes = dict(num_local_experts=4, num_experts_per_tok=2, head_dim=8, pad_token_id=0)
+    config = AutoConfig.for_model("minimax", **{**SIZES, "num_hidden_layers": 4, **sizes})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("build_model", [tiny_lfm2, tiny_qwen3_next, tiny_minimax])
 @pytest.mark.parametrize(("steps", "refills"), [(1, [0, 1, 1, 1]), (3, [0, 0, 0, 1])])
 def test_a_crop_restores_the_latest_snapshot_before_it_or_re_reads(
     build_model, steps, refills, monkeypatch
 ):
-    """Crops of a cache with convolution (LFM2) or also recurrent state (Qwen3-Next): into the
-    last forwards (restore the snapshot at or before the target, re-feed the rest), and back
-    past every snapshot kept (re-read all). Each leaves the cache as a fresh prefill of the
-    kept tokens would (next logits equal)."""
+    """Crops of a cache with convolution (LFM2), also recurrent (Qwen3-Next) or lightning-
+    attention state (MiniMax): into the last forwards (restore the snapshot at or before the
+    target, re-feed the rest), and back past every snapshot kept (re-read all). Each leaves
+    the cache as a fresh prefill of the kept tokens would (next logits equal). Such a cache
+    is never taken for plain keys and values (the prefix cache would save it to disk)."""
     monkeypatch.setattr(state_module, "MARKS", 4)
     model = build_model()
     prompt, more = prompt_of(20, seed=7), prompt_of(12, seed=8)
@@ -266,3 +275,5 @@ def test_a_crop_restores_the_latest_snapshot_before_it_or_re_reads(
         fresh.extend(lm.tokens, all_logits=False)
         torch.testing.assert_close(lm.extend([3, 4]), fresh.extend([3, 4]))
         lm.crop(length)
+    with pytest.raises(ValueError, match="hold"):
+        lm.kv_tensors()

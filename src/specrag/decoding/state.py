@@ -83,6 +83,10 @@ def rollback_cache(model: Any) -> DynamicCache:
     convolution and recurrent states) are kept as they are: :meth:`LMState.crop` re-reads the
     kept tokens for such a cache (:func:`croppable`).
     """
+    if getattr(model.config, "model_type", None) == "minimax":  # refuses any other cache class
+        from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+        return MiniMaxCache()  # lightning-attention states in ``linear_cache``: see Mark
     cache = DynamicCache(config=model.config)
     cache.layers = [
         DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
@@ -97,6 +101,8 @@ def croppable(cache: Any) -> bool:
     Transformers' own ``is_croppable`` is not enough: a linear-attention layer recording its
     past reports True but can only roll back the tokens fed since its last crop.
     """
+    if hasattr(cache, "linear_cache"):  # MiniMax: its layers' states beside the key/value layers
+        return False
     return all(type(layer) in CROPPABLE for layer in cache.layers)
 
 
@@ -117,6 +123,7 @@ class Mark:
 
     length: int
     states: list[tuple[Any, dict[int, torch.Tensor], dict[int, torch.Tensor], dict[int, bool]]]
+    linear: list[Any] | None = None  # MiniMax's ``linear_cache``: a state tensor or [] per layer
 
     @classmethod
     def take(cls, cache: Any, length: int) -> Mark | None:
@@ -130,7 +137,8 @@ class Mark:
                 conv = {i: t.clone() for i, t in layer.conv_states.items() if t is not None}
                 rec = {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None}
                 states.append((layer, conv, rec, dict(layer.has_previous_state)))
-        return cls(length, states)
+        linear = getattr(cache, "linear_cache", None)
+        return cls(length, states, None if linear is None else _copies(linear))
 
     @torch.inference_mode()  # the cache's tensors were made there
     def restore(self, cache: Any, length: int) -> None:
@@ -144,12 +152,18 @@ class Mark:
                     else:
                         held[i] = tensor.clone()
             layer.has_previous_state.update(previous)
+        if self.linear is not None:
+            cache.linear_cache = _copies(self.linear)
         drop = length - self.length
         for layer in cache.layers if drop else []:
             if type(layer) in CROPPABLE:
                 layer.crop(-drop)
             elif isinstance(layer, DynamicLayer):  # a linear layer's own key/value part
                 DynamicLayer.crop(layer, -drop)
+
+
+def _copies(states: list[Any]) -> list[Any]:
+    return [t.clone() if isinstance(t, torch.Tensor) else t for t in states]
 
 
 class LMState:
@@ -276,6 +290,8 @@ class LMState:
         only plain key/value layers are saved and restored.
         """
         layers = getattr(self.cache, "layers", [])
+        if hasattr(self.cache, "linear_cache"):
+            raise ValueError("MiniMax's cache layers hold more than keys and values")
         if any(type(layer) is not DynamicLayer for layer in layers):
             kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
             raise ValueError(f"cache layers {', '.join(kinds)} hold more than keys and values")
