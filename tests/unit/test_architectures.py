@@ -4,10 +4,10 @@ specrag promises "any Hugging Face causal LM". Each architecture here brings a c
 attention of its own kind: learned positions (GPT-2), ALiBi (BLOOM), mixture of experts
 (Qwen3-MoE), sliding-window layers beside full ones (Gemma 3, gpt-oss with attention sinks),
 state-space or linear-attention layers whose state cannot be cropped (Mamba, Jamba, Falcon-H1,
-Qwen3-Next, MiniMax in its own cache class: restored from a snapshot on a rejection,
-``cache_restores``). Every model decodes speculatively (proposals made and some rejected)
-and with lossless RAPID, and both must give the model's own greedy answer (a forward over the
-whole text per token, no cache).
+Qwen3-Next, MiniMax in its own cache class, ZAYA's linear attention beside a window: restored
+from a snapshot on a rejection, ``cache_restores``). Every model decodes speculatively
+(proposals made and some rejected) and with lossless RAPID, and both must give the model's own
+greedy answer (a forward over the whole text per token, no cache).
 """
 
 import pytest
@@ -40,9 +40,15 @@ SIZES = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-RESTORED = {"mamba", "jamba", "qwen3_next", "falcon_h1", "minimax"}  # state that cannot crop
+# state that cannot crop
+RESTORED = {"mamba", "jamba", "qwen3_next", "falcon_h1", "minimax", "zaya"}
+# the drafter (the same model, reading the prompt's last 10 tokens) proposes what the target
+# says throughout: RAPID rejects nothing on these tiny random models
+RAPID_AGREES = {"bloom", "mamba", "zaya"}
 OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every layer
-    "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16)
+    "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16),
+    # ZAYA: linear attention beside windowed attention in one cache layer (hybrid_sliding)
+    "zaya": dict(num_experts_per_tok=1, layer_types=["hybrid_sliding", "hybrid"] * 2),
 }
 
 
@@ -70,4 +76,7 @@ def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
         LMState(model), LMState(model), prompt, prompt[-10:], 16, RapidConfig(eta=0.0)
     )
     assert rapid == ref
+    rejected = rstats.draft_tokens > rstats.accepted_tokens
+    assert rejected == (arch not in RAPID_AGREES), rstats
     assert rstats.cache_refills == 0
+    assert (rstats.cache_restores > 0) == (rejected and arch in RESTORED), rstats.cache_restores

@@ -277,3 +277,38 @@ def test_a_crop_restores_the_latest_snapshot_before_it_or_re_reads(
         lm.crop(length)
     with pytest.raises(ValueError, match="hold"):
         lm.kv_tensors()
+
+
+def test_a_drafter_with_recurrent_state_restores_after_its_single_steps():
+    """A Qwen3-Next drafter feeds its proposals one pass each; a rejection several steps back
+    restores the snapshot before the first rejected one (never a re-read), and the target's
+    greedy answer stands."""
+    target, drafter = tiny_qwen3_next(), tiny_qwen3_next()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # peaked; the drafter: the target with a noisy output layer
+        noise = torch.randn(drafter.lm_head.weight.shape, generator=gen)
+        target.lm_head.weight.mul_(40.0)
+        drafter.lm_head.weight.add_(0.02 * noise).mul_(40.0)
+    prompt = prompt_of(24, seed=9)
+    ref = hf_greedy(target, prompt, 30)
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
+    proposer = MergedProposer(
+        NgramProposer({}), DrafterProposer(LMState(drafter), prompt, Sampler(0.0)), policy
+    )
+    stats = DecodeStats()
+    out = run(
+        decode(
+            LMState(target),
+            prompt,
+            max_new_tokens=30,
+            sampler=Sampler(0.0),
+            proposer=proposer,
+            stats=stats,
+        )
+    )
+    proposed, accepted = stats.proposed["drafter"], stats.accepted.get("drafter", 0)
+    assert proposed > accepted > 0, counts_msg(proposed, accepted)
+    assert out == ref
+    lm = proposer.drafter.lm
+    assert stats.cache_refills == lm.refills == 0
+    assert stats.cache_restores > 0 and lm.restores > 0

@@ -15,6 +15,7 @@ from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
     LinearAttentionCacheLayerMixin,
     LinearAttentionLayer,
 )
@@ -79,25 +80,33 @@ def rollback_cache(model: Any) -> DynamicCache:
     cannot be cropped once the window is full - and speculative decoding crops rejected
     candidates after every verify pass. Those layers get a plain layer here, holding every
     position (their memory is that of full attention); the model's attention mask still applies
-    the window, so the outputs are unchanged. Layers with other state (linear attention's
-    convolution and recurrent states) are kept as they are: :meth:`LMState.crop` re-reads the
-    kept tokens for such a cache (:func:`croppable`).
+    the window, so the outputs are unchanged (ZAYA's linear attention beside a window too).
+    Layers with other state (linear attention's convolution and recurrent states; MiniMax's
+    own cache class) cannot be cropped: :meth:`LMState.crop` restores a snapshot of their
+    states (:class:`Mark`) or, past every snapshot, re-reads the kept tokens.
     """
     if getattr(model.config, "model_type", None) == "minimax":  # refuses any other cache class
         from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
         return MiniMaxCache()  # lightning-attention states in ``linear_cache``: see Mark
     cache = DynamicCache(config=model.config)
-    cache.layers = [
-        DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
-        for layer in cache.layers
-    ]
+    cache.layers = [_unwindowed(layer) for layer in cache.layers]
     return cache
+
+
+def _unwindowed(layer: Any) -> Any:
+    """A layer holding every position where ``layer`` would keep only the last window."""
+    if type(layer) is DynamicSlidingWindowLayer:
+        return DynamicLayer()
+    if type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:  # ZAYA's hybrid_sliding
+        return LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
+    return layer
 
 
 def croppable(cache: Any) -> bool:
     """Whether ``cache`` can be cropped back to any earlier length (plain key/value layers).
 
+    If not, :meth:`LMState.crop` restores a :class:`Mark` or re-reads the kept tokens.
     Transformers' own ``is_croppable`` is not enough: a linear-attention layer recording its
     past reports True but can only roll back the tokens fed since its last crop.
     """
@@ -141,8 +150,8 @@ class Mark:
         return cls(length, states, None if linear is None else _copies(linear))
 
     @torch.inference_mode()  # the cache's tensors were made there
-    def restore(self, cache: Any, length: int) -> None:
-        """Put ``cache`` (now holding ``length`` tokens) back as it was at :attr:`length`."""
+    def restore(self, cache: Any) -> None:
+        """Put ``cache`` back as it was at :attr:`length` tokens."""
         for layer, conv, rec, previous in self.states:
             for held, saved in ((layer.conv_states, conv), (layer.recurrent_states, rec)):
                 for i, tensor in saved.items():
@@ -154,11 +163,11 @@ class Mark:
             layer.has_previous_state.update(previous)
         if self.linear is not None:
             cache.linear_cache = _copies(self.linear)
-        drop = length - self.length
-        for layer in cache.layers if drop else []:
-            if type(layer) in CROPPABLE:
-                layer.crop(-drop)
-            elif isinstance(layer, DynamicLayer):  # a linear layer's own key/value part
+        for layer in cache.layers:  # each key/value part by its own length: a forward that
+            if not isinstance(layer, DynamicLayer):  # raised may have fed some layers only
+                continue
+            drop = DynamicLayer.get_seq_length(layer) - self.length
+            if drop > 0:  # DynamicLayer's crop, not a linear layer's (it cannot crop)
                 DynamicLayer.crop(layer, -drop)
 
 
@@ -259,7 +268,7 @@ class LMState:
         kept = self.tokens[:length]
         marks = [m for m in self.marks if m.length <= length]
         if marks:
-            marks[-1].restore(self.cache, len(self.tokens))
+            marks[-1].restore(self.cache)
             self.tokens, self.marks = kept[: marks[-1].length], marks
             self.restores += 1
         else:
