@@ -145,8 +145,15 @@ def test_a_sliding_window_drafter_crops_back_after_rejections(kind):
     drafter.load_state_dict(
         {k: v for k, v in target.state_dict().items() if not k.startswith("model.layers.1.")}
     )
-    prompt = prompt_of(4 * WINDOW, seed=2)
-    ref = hf_greedy(target, prompt, 40)
+    stats, lm = drafter_run(target, drafter, prompt_of(4 * WINDOW, seed=2), 40)
+    assert stats.cache_refills == lm.refills == 0  # both cropped in place
+
+
+def drafter_run(target, drafter, prompt, n):
+    """Greedy decode of ``n`` tokens with ``drafter`` proposing (from its first step): the
+    stats and the drafter's state, after asserting that proposals were made and some rejected
+    and that the answer is the target's own greedy one."""
+    ref = hf_greedy(target, prompt, n)
     policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
     proposer = MergedProposer(
         NgramProposer({}), DrafterProposer(LMState(drafter), prompt, Sampler(0.0)), policy
@@ -156,7 +163,7 @@ def test_a_sliding_window_drafter_crops_back_after_rejections(kind):
         decode(
             LMState(target),
             prompt,
-            max_new_tokens=40,
+            max_new_tokens=n,
             sampler=Sampler(0.0),
             proposer=proposer,
             stats=stats,
@@ -165,7 +172,7 @@ def test_a_sliding_window_drafter_crops_back_after_rejections(kind):
     proposed, accepted = stats.proposed["drafter"], stats.accepted.get("drafter", 0)
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
     assert out == ref
-    assert stats.cache_refills == proposer.drafter.lm.refills == 0  # both cropped in place
+    return stats, proposer.drafter.lm
 
 
 def test_rapid_lossless_on_sliding_window_models():
@@ -289,26 +296,6 @@ def test_a_drafter_with_recurrent_state_restores_after_its_single_steps():
         noise = torch.randn(drafter.lm_head.weight.shape, generator=gen)
         target.lm_head.weight.mul_(40.0)
         drafter.lm_head.weight.add_(0.02 * noise).mul_(40.0)
-    prompt = prompt_of(24, seed=9)
-    ref = hf_greedy(target, prompt, 30)
-    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
-    proposer = MergedProposer(
-        NgramProposer({}), DrafterProposer(LMState(drafter), prompt, Sampler(0.0)), policy
-    )
-    stats = DecodeStats()
-    out = run(
-        decode(
-            LMState(target),
-            prompt,
-            max_new_tokens=30,
-            sampler=Sampler(0.0),
-            proposer=proposer,
-            stats=stats,
-        )
-    )
-    proposed, accepted = stats.proposed["drafter"], stats.accepted.get("drafter", 0)
-    assert proposed > accepted > 0, counts_msg(proposed, accepted)
-    assert out == ref
-    lm = proposer.drafter.lm
+    stats, lm = drafter_run(target, drafter, prompt_of(24, seed=9), 30)
     assert stats.cache_refills == lm.refills == 0
     assert stats.cache_restores > 0 and lm.restores > 0
