@@ -219,9 +219,10 @@ class LMState:
             raise ValueError("extend() needs at least one token")
         if not 1 <= keep <= len(ids):
             raise ValueError(f"keep={keep} must be in 1..{len(ids)}")
-        if not croppable(self.cache) and (mark := Mark.take(self.cache, len(self.tokens))):
-            older = [m for m in self.marks if m.length < mark.length]
-            self.marks = [*older, mark][-MARKS:]
+        held = self.marks and self.marks[-1].length == len(self.tokens)  # (a restored one)
+        if not held and not croppable(self.cache):
+            if mark := Mark.take(self.cache, len(self.tokens)):
+                self.marks = [*self.marks, mark][-MARKS:]  # crop dropped every longer one
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
         starts = list(range(0, len(ids), step))
