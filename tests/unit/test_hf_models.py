@@ -49,7 +49,9 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
         spec,
         drafter_model=local_model_name(f"hf:{paths['drafter']}"),
         max_new_tokens=40,
-        drafter_max_cost_ratio=1.0,  # tiny models: the output layer costs most of a step
+        # always proposes: this test is about the window, not the cost model, and a timed
+        # step ratio of two tiny models moves past 1.0 on a busy machine (CI, 2026-12-03)
+        drafter_max_cost_ratio=float("inf"),
         drafter_after_tokens=0,
         drafter_join_factor=0.0,
         drafter_pay_check=False,
@@ -59,7 +61,7 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
     decoding = got.response_metadata["decoding"]
     proposed = decoding["candidates_proposed"].get("drafter", 0)
     accepted = decoding["candidates_accepted"].get("drafter", 0)
-    assert proposed > accepted > 0, decoding
+    assert proposed > accepted > 0, decoding.get("proposer", decoding)
     assert got.content == expected.content
     assert "cache_refills" not in decoding  # the windowed layers were cropped in place
     assert expected.response_metadata["decoding"]["new_tokens"] == 40  # past the window
