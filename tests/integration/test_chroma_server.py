@@ -54,6 +54,8 @@ def test_index_in_one_process_ask_from_another(chroma_url, tmp_path, monkeypatch
             "refine_temperature=0",
             "--set",
             "answer_max_tokens=24",
+            "--set",  # a search over HTTP on a loaded machine: no fallback (verified below)
+            "retrieval_timeout_s=600",
         ],
         capture_output=True,
         text=True,

@@ -41,6 +41,8 @@ def test_long_document_takes_rapid_route_within_a_short_retrieval_budget(
         "--json",
         "--set",
         "retrieval_timeout_s=1.0",
+        "--set",  # no draft beside the search: the query's embedding never queues behind it
+        "draft_policy=off",
         "--set",
         "answer_max_tokens=12",
         "--set",

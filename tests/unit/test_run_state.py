@@ -61,11 +61,13 @@ async def test_second_question_on_a_thread_starts_a_clean_run():
     )
     assert first["errors"] and seen == ["short doc"]
     await asyncio.sleep(0.6)  # a gap between the two questions
+    start = time.perf_counter()
     second = await run(svc, "capital of France?", graph=graph, config=config)
+    wall = time.perf_counter() - start  # this run's own time, however loaded the machine
     assert seen == ["short doc", None]  # not answered from the previous run's document
     assert second["errors"] == [] and second["route"] == "refine"
-    assert second["timings"]["total_s"] < 0.6  # the gap is not part of this run
-    assert second["timings"]["ttft_s"] < 0.6
+    assert second["timings"]["total_s"] <= wall  # the gap is not part of this run
+    assert second["timings"]["ttft_s"] <= wall
     history = [s async for s in graph.aget_state_history(config)]
     assert any(s.values.get("question") == "broken: capital?" for s in history)  # kept
 
@@ -109,7 +111,7 @@ SCENARIOS = {
 @given(
     route=st.sampled_from(sorted(SCENARIOS)),
     draft_delay=st.sampled_from([0.0, 0.01, 0.03]),
-    load_delay=st.sampled_from([0.0, 0.2]),
+    load_delay=st.sampled_from([0.0, 1.0]),
 )
 def test_timings_of_every_route_share_one_origin(route, draft_delay, load_delay):
     # issue 9 #9b: model loading inside some stage timings made draft_ttft_s > draft_s
@@ -133,7 +135,7 @@ def test_timings_of_every_route_share_one_origin(route, draft_delay, load_delay)
             assert 0 <= t[stage] <= t["total_s"] + 1e-3, (stage, t)
     if "draft_ttft_s" in t:
         assert t["draft_ttft_s"] <= t["draft_s"], t
-        assert t["draft_ttft_s"] < load_delay + 0.15 or load_delay == 0, t  # loading not inside
+        assert t["draft_ttft_s"] < load_delay or load_delay == 0, t  # loading not inside
     if route != "fallback":
         assert t["ttft_s"] <= t["total_s"], t
     assert isinstance(result["seed"], int)
