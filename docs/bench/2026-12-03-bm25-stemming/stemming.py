@@ -1,6 +1,10 @@
 """Recall@k of BM25 and hybrid retrieval on SQuAD v2 dev, with and without a stemmer.
 
 Usage: .venv/bin/python docs/bench/2026-12-03-bm25-stemming/stemming.py [N]  (N: a seeded sample)
+
+Each search goes through the store's own code (``IndexStore.search``: BM25 depth, positive
+scores only, reciprocal rank fusion): only the tokenizer of ``specrag.indexing.lexical`` is
+swapped, and the store given the BM25 index built with it.
 """
 
 import json
@@ -11,10 +15,10 @@ import bm25s
 import Stemmer
 from rich.console import Console
 
+import specrag.indexing.lexical as lexical
 from specrag.data.datasets import sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _index
-from specrag.indexing.lexical import rrf
 from specrag.indexing.pipeline import open_for_writing
 
 log = Console(stderr=True)
@@ -23,44 +27,36 @@ if len(sys.argv) > 1:
     qs = sample(qs, int(sys.argv[1]), SEED)
 d = _index("bench_squad", [(p.id, p.text) for p in squad_paragraphs()], log)
 index = open_for_writing(d, "bench_squad", "embedded")
-got = index._collection.get(include=["documents", "metadatas"])
-ids = [str(i) for i in got["ids"]]
-texts = [str(t or "") for t in got["documents"]]
-src = {i: str(m.get("source", "")) for i, m in zip(ids, got["metadatas"])}
+got = index._collection.get(include=["documents"])
+ids, texts = [str(i) for i in got["ids"]], [str(t or "") for t in got["documents"]]
 stem = Stemmer.Stemmer("english")
-tok = {
-    "plain": lambda t: bm25s.tokenize(t, stopwords="en", show_progress=False),
+plain = lexical._tokenize
+tokenizers = {
+    "plain": plain,
     "stem": lambda t: bm25s.tokenize(t, stopwords="en", stemmer=stem, show_progress=False),
 }
-ret = {}
-for name, f in tok.items():
-    r = bm25s.BM25()
-    r.index(f(texts), show_progress=False)
-    ret[name] = r
+built = {}
+for name, tokenize in tokenizers.items():
+    lexical._tokenize = tokenize
+    built[name] = lexical.LexicalIndex.build(ids, texts)
 
 
-def lex(name, q, k):
-    rows, sc = ret[name].retrieve(tok[name]([q]), k=k, show_progress=False)
-    return [ids[int(r)] for r, s in zip(rows[0], sc[0]) if float(s) > 0]
+def hit(question, k, mode, gold):
+    return float(bool({c.source for c in index.search(question, k, mode)} & gold))
 
 
 hits = {}
 t0 = time.time()
 for n, q in enumerate(qs):
-    vec = index.store.embeddings.embed_query(q.question)
-    dense = [c.id for c in index._dense(vec, 15)]
     gold = set(q.gold_ids)
-    for name in tok:
-        l15 = lex(name, q.question, 15)
+    for name, tokenize in tokenizers.items():
+        lexical._tokenize, index._lexical = tokenize, built[name]
         for k in (3, 5):
-            depth = max(10, 3 * k)
-            h = {"bm25": l15[:k], "hybrid": [c for c, _ in rrf([dense[:depth], l15[:depth]])][:k]}
-            for mode, top in h.items():
-                hits.setdefault(f"{mode}-{name}@{k}", []).append(
-                    float(bool({src[c] for c in top} & gold))
-                )
+            for mode in ("bm25", "hybrid"):
+                hits.setdefault(f"{mode}-{name}@{k}", []).append(hit(q.question, k, mode, gold))
+    lexical._tokenize = plain
     for k in (3, 5):
-        hits.setdefault(f"dense@{k}", []).append(float(bool({src[c] for c in dense[:k]} & gold)))
+        hits.setdefault(f"dense@{k}", []).append(hit(q.question, k, "dense", gold))
     if n % 500 == 0:
         log.print(n, round(time.time() - t0))
 out = {}
