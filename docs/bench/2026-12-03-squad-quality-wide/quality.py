@@ -8,7 +8,7 @@ The first 30 of ``build_datasets(N, 0)``'s seeded SQuAD sample are the questions
 were never looked at by any earlier experiment. Each answer is the serial-RAG answer of the
 model's preset as the pair bench makes it: hybrid top-5 chunks, the context's answer prompt,
 greedy, <= 64 new tokens, plain HF ``generate`` (greedy answers of every speculative system are
-identical to it, 100% in every protocol). Answers go to OUT/answers.jsonl (resumed by
+identical to it in fp32, 100% in every fp32 protocol). Answers go to OUT/answers.jsonl (resumed by
 (model, id)); the summary to OUT/result.json and stdout.
 """
 
