@@ -30,8 +30,8 @@ from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedPropo
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.speculative import DecodeStats, decode
-from specrag.decoding.state import LMState
+from specrag.decoding.speculative import DecodeStats, decode, prefill_verify
+from specrag.decoding.state import LMState, Stopped
 from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
     one_thread,
@@ -284,6 +284,30 @@ def test_a_crop_restores_the_latest_snapshot_before_it_or_re_reads(
         lm.crop(length)
     with pytest.raises(ValueError, match="hold"):
         lm.kv_tensors()
+
+
+def test_a_re_read_after_a_crop_past_every_snapshot_keeps_to_the_budget(monkeypatch):
+    """A new prompt that shares only an early prefix with a cache that cannot crop re-reads
+    that prefix (no snapshot reaches back so far); a spent budget stops the re-read before
+    its first slice, as it stops a prefill. Before, the re-read ran unbudgeted and only the
+    prompt's remaining tokens were refused."""
+    monkeypatch.setattr(state_module, "MARKS", 4)
+    model = tiny_lfm2()
+    prompt, more = prompt_of(20, seed=7), prompt_of(12, seed=8)
+    lm = LMState(model)
+    lm.extend(prompt, all_logits=False)
+    for token in more:
+        lm.extend([token])
+    passes = lm.forward_passes
+    new_prompt = prompt[:10] + prompt_of(6, seed=9)
+    with pytest.raises(Stopped, match="budget spent"):
+        prefill_verify(lm, new_prompt, [], should_stop=lambda: "budget spent")
+    assert lm.refills == 1 and lm.forward_passes == passes  # dropped, nothing re-read
+    assert lm.tokens == []  # the invariant holds: the cache is empty and says so
+    logits = prefill_verify(lm, new_prompt, [])  # with budget left it reads the prompt
+    fresh = LMState(model)
+    torch.testing.assert_close(logits, fresh.extend(new_prompt, all_logits=False))
+    assert lm.tokens == new_prompt
 
 
 def test_a_drafter_with_recurrent_state_restores_after_its_single_steps():

@@ -119,9 +119,9 @@ def prefill_verify(
     prompt - is verified against this prompt as speculative candidates. The cached prefix the
     two prompts share is reused.
     """
-    lm.sync(prompt)
+    lm.sync(prompt, should_stop)  # a cache that cannot crop may re-read: under the budget too
     if len(lm) == len(prompt):  # fully cached: recompute the last position's logits
-        lm.crop(len(prompt) - 1)
+        lm.crop(len(prompt) - 1, should_stop)
     ids = prompt[len(lm) :] + list(prior)
     return lm.extend(ids, all_logits=False, keep=len(prior) + 1, should_stop=should_stop)
 

@@ -253,8 +253,12 @@ class LMState:
         self.vocab = VocabSubset.of(self.model, first, extra)
         return self.vocab.kept if self.vocab is not None else 0
 
-    def crop(self, length: int) -> None:
-        """Drop cached tokens beyond ``length``."""
+    def crop(self, length: int, should_stop: Callable[[], str | None] | None = None) -> None:
+        """Drop cached tokens beyond ``length``.
+
+        A cache that cannot crop may re-read kept tokens; ``should_stop`` is asked before each
+        slice of that re-read as :meth:`extend` asks it (a long re-read keeps to a budget).
+        """
         drop = len(self.tokens) - length
         if drop < 0:
             raise ValueError(f"cannot crop to {length}: only {len(self.tokens)} cached")
@@ -276,11 +280,13 @@ class LMState:
             self.cache, self.tokens, self.marks = rollback_cache(self.model), [], []
             self.refills += 1
         if len(self.tokens) < length:
-            self.extend(kept[len(self.tokens) :], all_logits=False)
+            self.extend(kept[len(self.tokens) :], all_logits=False, should_stop=should_stop)
 
-    def sync(self, committed: list[int]) -> None:
+    def sync(
+        self, committed: list[int], should_stop: Callable[[], str | None] | None = None
+    ) -> None:
         """Crop to the longest common prefix of the cache and ``committed``."""
-        self.crop(shared_prefix(self.tokens, committed))
+        self.crop(shared_prefix(self.tokens, committed), should_stop)
 
     def clone(self) -> LMState:
         """An independent copy (own KV cache) - used to reuse a cached document prefix."""
