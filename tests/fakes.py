@@ -91,6 +91,10 @@ def services(
 
 
 def ctx(**kw: Any) -> SpecRagContext:
-    base = dict(draft_model="draft", answer_model="answer", draft_policy="complete")
+    # fake models answer at once: a generous draft budget, so that no route here depends on
+    # how busy the machine is (tests of the draft timeout set their own)
+    base = dict(
+        draft_model="draft", answer_model="answer", draft_policy="complete", draft_timeout_s=30.0
+    )
     base.update(kw)
     return SpecRagContext(**base)
