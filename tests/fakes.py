@@ -22,6 +22,7 @@ class FakeLogprobChat(BaseChatModel):
     reply: str = "Paris is the capital of France."
     logprob: float | None = -0.05
     delay_s: float = 0.0  # per word
+    hold: Any = None  # a threading.Event: the reply waits for it (a hung model, released later)
     fail: bool = False
     calls: list[list[BaseMessage]] = []
 
@@ -42,6 +43,8 @@ class FakeLogprobChat(BaseChatModel):
         self.calls.append(messages)
         if self.fail:
             raise RuntimeError("model exploded")
+        if self.hold is not None:
+            self.hold.wait(60)
         for i, word in enumerate(self.reply.split(" ")):
             if self.delay_s:
                 time.sleep(self.delay_s)
@@ -66,6 +69,7 @@ def services(
     answer: BaseChatModel | None = None,
     chunks: list[Chunk] | None = None,
     retrieve_delay_s: float = 0.0,
+    retrieve_hold: Any = None,
     retrieve_error: Exception | None = None,
 ) -> Services:
     draft = draft or FakeLogprobChat(calls=[])
@@ -78,6 +82,8 @@ def services(
     def retriever(question: str, document: str | None, ctx: SpecRagContext) -> list[Chunk]:
         if retrieve_delay_s:
             time.sleep(retrieve_delay_s)
+        if retrieve_hold is not None:  # a hung search (a threading.Event, released later)
+            retrieve_hold.wait(60)
         if retrieve_error:
             raise retrieve_error
         return found
