@@ -74,7 +74,8 @@ def load_questions(n: int) -> tuple[list[str], Path]:
 async def run_level(
     graph: Any, questions: list[str], ctx: SpecRagContext, concurrency: int
 ) -> dict[str, Any]:
-    """All questions with ``concurrency`` in flight; per-run latency and outputs."""
+    """All questions with ``concurrency`` in flight; per-run latency and outputs (written to
+    ``summary.json`` under ``runs``: one record per question and level)."""
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = [0.0] * len(questions)
     outputs: list[dict[str, Any]] = [{}] * len(questions)
@@ -86,6 +87,7 @@ async def run_level(
             latencies[i] = time.perf_counter() - start
             outputs[i] = {
                 "question": question,
+                "latency_s": round(latencies[i], 4),
                 "answer": result.get("answer"),
                 "route": result.get("route"),
                 "sources": [c.get("source") for c in result.get("citations") or []],

@@ -69,17 +69,18 @@ class SpecRagContext:
     answer_model: str = _f(
         "", "Answer (target) model: empty = from `models`; same forms as draft_model."
     )
-    device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N.")
+    device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N, mps.")
     dtype: str = _f(
         "auto",
-        "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.",
+        "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16 "
+        "(or fp32, bf16, fp16).",
     )
     drafter_dtype: str = _f(
         "auto",
         "dtype of a drafter that is not the answer model: auto (int8 where the answer model "
         "runs fp32 or bf16 on an x86 CPU - it only proposes, the answer model verifies - else "
         "dtype), "
-        "float32, bfloat16, float16, int8 (CPU only).",
+        "float32, bfloat16, float16 (or fp32, bf16, fp16), int8 or qint8 (CPU only).",
     )
     embedding_model: str = _f(
         "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."
