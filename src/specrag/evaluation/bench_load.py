@@ -74,8 +74,10 @@ def load_questions(n: int) -> tuple[list[str], Path]:
 async def run_level(
     graph: Any, questions: list[str], ctx: SpecRagContext, concurrency: int
 ) -> dict[str, Any]:
-    """All questions with ``concurrency`` in flight; per-run latency and outputs (written to
-    ``summary.json`` under ``runs``: one record per question and level)."""
+    """All questions with ``concurrency`` in flight; per-run latency and outputs.
+
+    ``summary.json`` keeps them under ``runs``: one record per question and level.
+    """
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = [0.0] * len(questions)
     outputs: list[dict[str, Any]] = [{}] * len(questions)
