@@ -482,3 +482,42 @@ def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():
     old = {"dataset": "squad", "id": "q2"}
     assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1")
     assert not bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("~ng1")
+
+
+def test_bench_retrieval_logs_every_question_and_pairs_modes_against_dense(monkeypatch, tmp_path):
+    from specrag.evaluation import bench_retrieval
+
+    paragraphs = [Paragraph(f"squad:T:{i}", "T", f"text {i}") for i in range(4)]
+    questions = [QAExample(f"q{i}", f"question {i}", ("a",), (f"squad:T:{i}",)) for i in range(4)]
+
+    class Index:  # dense finds the gold of even questions, bm25 of all, hybrid of none
+        def refresh_lexical(self):
+            pass
+
+        def search(self, text, k, mode):
+            if text == "warm-up":
+                return []
+            i = int(text.split()[-1])
+            gold = {"dense": i % 2 == 0, "bm25": True, "hybrid": False}[mode]
+            pick = [i] if gold else []
+            pick += [j for j in range(4) if j != i][: k - len(pick)]
+            return [types.SimpleNamespace(source=f"squad:T:{j}") for j in pick]
+
+    monkeypatch.setattr(bench_retrieval, "squad_paragraphs", lambda: paragraphs)
+    monkeypatch.setattr(bench_retrieval, "squad_questions", lambda: questions)
+    monkeypatch.setattr(bench_retrieval, "_index", lambda *a: tmp_path / "index")
+    monkeypatch.setattr(bench_retrieval, "open_for_writing", lambda *a: Index())
+    result = bench_retrieval.run(quick=False, out_dir=tmp_path, log=_quiet())
+
+    summary = result["summary"]
+    assert summary["n"] == 4
+    assert [summary[m]["recall_at_3"] for m in ("dense", "bm25", "hybrid")] == [0.5, 1.0, 0.0]
+    assert summary["bm25"]["diff_vs_dense"] == pytest.approx(0.5)
+    assert summary["hybrid"]["diff_vs_dense"] == pytest.approx(-0.5)
+    runs = tmp_path / "bench_retrieval" / "runs.jsonl"
+    assert str(runs) in result["files"]
+    records = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert [r["qid"] for r in records] == ["q0", "q1", "q2", "q3"]
+    assert [r["dense"]["hit"] for r in records] == [True, False, True, False]
+    assert records[1]["gold"] == ["squad:T:1"] and len(records[1]["bm25"]["found"]) == 3
+    assert "squad:T:1" not in records[1]["dense"]["found"]

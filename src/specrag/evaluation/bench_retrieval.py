@@ -3,7 +3,8 @@
 Every answerable SQuAD v2 dev question (full run) or a seeded sample of 300 (``--quick``) is
 searched in the index of all 1,204 dev paragraphs in each ``retrieval`` mode; a hit is the
 gold paragraph among the top 3. Differences to ``dense`` are paired by question, with 95%
-bootstrap intervals. Retrieval only: no language model runs.
+bootstrap intervals. Retrieval only: no language model runs. ``runs.jsonl`` keeps one record
+per question (its gold ids, and per mode the 3 sources found and whether one was gold).
 """
 
 from __future__ import annotations
@@ -40,14 +41,18 @@ def run(
         index.search("warm-up", 3, mode)
     hits: dict[str, list[float]] = {m: [] for m in MODES}
     seconds: dict[str, float] = dict.fromkeys(MODES, 0.0)
-    with progress_bar(log) as bar:
+    runs = out_dir / "runs.jsonl"
+    with progress_bar(log) as bar, runs.open("w", encoding="utf-8") as records:
         task = bar.add_task("bench retrieval", total=len(questions))
         for q in questions:
+            record: dict[str, Any] = {"qid": q.id, "question": q.question, "gold": q.gold_ids}
             for mode in MODES:
                 start = time.perf_counter()
-                found = {c.source for c in index.search(q.question, 3, mode)}
+                found = [c.source for c in index.search(q.question, 3, mode)]
                 seconds[mode] += time.perf_counter() - start
-                hits[mode].append(float(bool(found & set(q.gold_ids))))
+                hits[mode].append(float(bool(set(found) & set(q.gold_ids))))
+                record[mode] = {"found": found, "hit": bool(hits[mode][-1])}
+            records.write(json.dumps(record) + "\n")
             bar.advance(task)
     summary: dict[str, Any] = {"n": len(questions), "k": 3}
     for mode in MODES:
@@ -76,7 +81,7 @@ def run(
     table = "\n".join(lines) + "\n"
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "table.md").write_text(table)
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md")]
+    files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runs)]
     log.print(table)
     log.print("results written to: " + ", ".join(files))
     return {"benchmark": "retrieval", "quick": quick, "summary": summary, "files": files}
