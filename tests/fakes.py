@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,8 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.indexing.documents import Chunk
+
+HANG_S = 60.0  # how long a hung fake waits for its event at most (a run no budget cut)
 
 
 class FakeLogprobChat(BaseChatModel):
@@ -44,7 +47,7 @@ class FakeLogprobChat(BaseChatModel):
         if self.fail:
             raise RuntimeError("model exploded")
         if self.hold is not None:
-            self.hold.wait(60)
+            self.hold.wait(HANG_S)
         for i, word in enumerate(self.reply.split(" ")):
             if self.delay_s:
                 time.sleep(self.delay_s)
@@ -69,7 +72,7 @@ def services(
     answer: BaseChatModel | None = None,
     chunks: list[Chunk] | None = None,
     retrieve_delay_s: float = 0.0,
-    retrieve_hold: Any = None,
+    retrieve_hold: threading.Event | None = None,
     retrieve_error: Exception | None = None,
 ) -> Services:
     draft = draft or FakeLogprobChat(calls=[])
@@ -83,7 +86,7 @@ def services(
         if retrieve_delay_s:
             time.sleep(retrieve_delay_s)
         if retrieve_hold is not None:  # a hung search (a threading.Event, released later)
-            retrieve_hold.wait(60)
+            retrieve_hold.wait(HANG_S)
         if retrieve_error:
             raise retrieve_error
         return found

@@ -1,8 +1,9 @@
 """Injected faults end in the documented route within the configured budgets.
 
-A hung component waits on an event that is set only after the run has ended (at most 60 s),
-so a run the budget did not cut takes >= 60 s: the bounds below fail it, while leaving a busy
-machine ample slack (they are not speed claims; a budget cut at 0.5 s ends the run in ~1 s).
+A hung component waits on an event that is set only after the run has ended (at most
+``HANG_S``), so a run the budget did not cut takes ``HANG_S``: the bound below fails it, and
+one cut an order of magnitude late, while leaving a busy machine ample slack (not a speed
+claim: a budget cut at 0.5 s ends the run in ~1 s here).
 """
 
 import asyncio
@@ -15,9 +16,10 @@ import pytest
 
 from specrag import build_graph, prompts
 from specrag.indexing.store import Batch
-from tests.fakes import FakeLogprobChat, chunk, ctx, services
+from tests.fakes import HANG_S, FakeLogprobChat, chunk, ctx, services
 
-CUT = 20.0  # seconds: far above any cut budget, far below the 60 s hang
+CUT = 8.0  # seconds: ~8x a run whose budget cut it, far below HANG_S
+assert CUT < HANG_S / 2
 
 
 @pytest.fixture
