@@ -79,17 +79,15 @@ async def run_level(
     ``summary.json`` keeps them under ``runs``: one record per question and level.
     """
     gate = asyncio.Semaphore(concurrency)
-    latencies: list[float] = [0.0] * len(questions)
     outputs: list[dict[str, Any]] = [{}] * len(questions)
 
     async def one(i: int, question: str) -> None:
         async with gate:
             start = time.perf_counter()
             result = await graph.ainvoke({"question": question}, context=ctx)
-            latencies[i] = time.perf_counter() - start
             outputs[i] = {
                 "question": question,
-                "latency_s": round(latencies[i], 4),
+                "latency_s": time.perf_counter() - start,
                 "answer": result.get("answer"),
                 "route": result.get("route"),
                 "sources": [c.get("source") for c in result.get("citations") or []],
@@ -98,6 +96,7 @@ async def run_level(
     start = time.perf_counter()
     await asyncio.gather(*(one(i, q) for i, q in enumerate(questions)))
     wall = time.perf_counter() - start
+    latencies = [o["latency_s"] for o in outputs]
     return {
         "concurrency": concurrency,
         "runs": len(questions),

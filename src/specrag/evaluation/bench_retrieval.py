@@ -50,8 +50,9 @@ def run(
                 start = time.perf_counter()
                 found = [c.source for c in index.search(q.question, 3, mode)]
                 seconds[mode] += time.perf_counter() - start
-                hits[mode].append(float(bool(set(found) & set(q.gold_ids))))
-                record[mode] = {"found": found, "hit": bool(hits[mode][-1])}
+                hit = bool(set(found) & set(q.gold_ids))
+                hits[mode].append(float(hit))
+                record[mode] = {"found": found, "hit": hit}
             records.write(json.dumps(record) + "\n")
             bar.advance(task)
     summary: dict[str, Any] = {"n": len(questions), "k": 3}
