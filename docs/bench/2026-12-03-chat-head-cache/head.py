@@ -69,7 +69,7 @@ prefill(warm, cases[0][2])  # warm-up
 greedy = Sampler(0.0, 1.0)
 
 
-def run(state: LMState, ids: list[int]) -> tuple[float, list[int], torch.Tensor]:
+def run(state: LMState | None, ids: list[int]) -> tuple[float, list[int], torch.Tensor]:
     start = time.perf_counter()
     if state is None:
         state = LMState(lm.model, lm.device)
