@@ -3,6 +3,8 @@
 specrag promises "any Hugging Face causal LM". Each architecture here brings a cache or an
 attention of its own kind: learned positions (GPT-2), ALiBi (BLOOM), mixture of experts
 (Qwen3-MoE), sliding-window layers beside full ones (Gemma 3, gpt-oss with attention sinks),
+sparse attention whose indexer keys are cached beside the key/values (DeepSeek V3.2: cropped
+with them, not re-read),
 state-space or linear-attention layers whose state cannot be cropped (Mamba, Jamba, Falcon-H1,
 Qwen3-Next, MiniMax in its own cache class, ZAYA's linear attention beside a window: restored
 from a snapshot on a rejection, ``cache_restores``). Every model decodes speculatively
@@ -49,12 +51,38 @@ OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every la
     "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16),
     # ZAYA: linear attention beside windowed attention in one cache layer (hybrid_sliding)
     "zaya": dict(num_experts_per_tok=1, layer_types=["hybrid_sliding", "hybrid"] * 2),
+    # DeepSeek V3.2's sparse attention: each query attends to the index_topk keys its indexer
+    # scores highest (8 of the 30-46 here), the indexer's keys cached beside the key/values
+    "deepseek_v32": dict(
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=4,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        index_topk=8,
+        index_head_dim=8,
+        index_n_heads=16,
+    ),
 }
 
 
 @pytest.mark.parametrize(
     "arch",
-    ["gpt2", "bloom", "phi3", "qwen3_moe", "gemma3_text", "gpt_oss", *sorted(RESTORED)],
+    [
+        "gpt2",
+        "bloom",
+        "phi3",
+        "qwen3_moe",
+        "gemma3_text",
+        "gpt_oss",
+        "deepseek_v32",
+        *sorted(RESTORED),
+    ],
 )
 def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import (
     DummyLayer,
+    DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
@@ -115,7 +116,8 @@ def croppable(cache: Any) -> bool:
     return all(type(layer) in CROPPABLE for layer in cache.layers)
 
 
-CROPPABLE = (DynamicLayer, DummyLayer)
+# DSA models' layers (DeepSeek V3.2, GLM MoE DSA) crop their indexer keys with the key/values
+CROPPABLE = (DynamicLayer, DynamicIndexedLayer, DummyLayer)
 # layers whose linear-attention states a Mark restores and whose attention part (if any) crops
 RESTORABLE = (*CROPPABLE, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer)
 
@@ -167,7 +169,9 @@ class Mark:
             if not isinstance(layer, DynamicLayer):  # raised may have fed some layers only
                 continue
             drop = DynamicLayer.get_seq_length(layer) - self.length
-            if drop > 0:  # DynamicLayer's crop, not a linear layer's (it cannot crop)
+            if drop > 0 and type(layer) in CROPPABLE:  # its own crop (indexer keys too)
+                layer.crop(-drop)
+            elif drop > 0:  # DynamicLayer's crop, not a linear layer's (it cannot crop)
                 DynamicLayer.crop(layer, -drop)
 
 
