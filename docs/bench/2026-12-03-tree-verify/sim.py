@@ -145,8 +145,20 @@ def cut(toks: list[int], confs: list[float], cap: int, least: float) -> list[int
     return out
 
 
-def replay(q: dict, policy: str, cost: dict[int, float], step_d: float, narrow: int) -> dict:
-    """One answer through ``policy``; returns passes, drafter steps, time, tokens per source."""
+def replay(
+    q: dict,
+    policy: str,
+    cost: dict[int, float],
+    step_d: float,
+    narrow: int,
+    drafter: tuple[int, float] | None = None,
+) -> dict:
+    """One answer through ``policy``; returns passes, drafter steps, time, tokens per source.
+
+    ``narrow`` caps weak n-gram proposals; ``drafter`` = (cap, cut-off) of the drafter's
+    proposals where the policy keeps today's (default: ``narrow`` and 0.7).
+    """
+    dcap, least = drafter or (narrow, 0.7)
     answer, rows, join = q["answer"], q["rows"], q["join"]
     i, passes, dsteps, seconds = 1, 0, 0, 0.0
     src = {"ng": 0, "dr": 0, "target": 0}
@@ -161,13 +173,13 @@ def replay(q: dict, policy: str, cost: dict[int, float], step_d: float, narrow: 
         dr: list[int] = []
         if policy == "single":  # today's choice: strong n-gram, else drafter, else weak n-gram
             if not strong and joined:
-                dr, ng = cut(r["dr"], r["conf"], narrow, 0.7), []
+                dr, ng = cut(r["dr"], r["conf"], dcap, least), []
         elif policy == "tree":  # the same drafter proposals, the weak n-gram beside them
             if not strong and joined:
-                dr = cut(r["dr"], r["conf"], narrow, 0.7)
+                dr = cut(r["dr"], r["conf"], dcap, least)
         elif policy == "tree_all":  # the drafter proposes beside strong matches too
             if joined:
-                dr = cut(r["dr"], r["conf"], narrow, 0.7)
+                dr = cut(r["dr"], r["conf"], dcap, least)
         elif policy == "tree_wide":  # ... with proposals up to 8 while >= 0.4 sure
             if joined:
                 dr = cut(r["dr"], r["conf"], 8, 0.4)
@@ -285,6 +297,22 @@ def summarize(out: Path, qs: list[dict], size: int) -> None:
         for q in qs
         if q["real"]["passes_per_token"]
     )
+    # today's policy with the drafter's cap and cut-off swept (weak n-grams keep their cap)
+    single = sum(r["seconds"] for r in per["single"].values())
+    result["single_drafter_sweep_vs_single"] = {
+        f"cap {cap}": {
+            f"cut {least}": round(
+                sum(
+                    replay(q, "single", cost, step_d, q["narrow"] or 3, (cap, least))["seconds"]
+                    for q in qs
+                )
+                / single,
+                3,
+            )
+            for least in (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
+        }
+        for cap in (1, 2, 3, 4, 5, 6, 8)
+    }
     for p in POLICIES[1:]:
         num = {k: v["seconds"] for k, v in per[p].items()}
         den = {k: v["seconds"] for k, v in per["single"].items()}
