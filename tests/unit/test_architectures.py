@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.state import LMState
 from tests.unit import test_cache_kinds as cache_kinds
@@ -71,6 +72,18 @@ OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every la
 }
 
 
+def tiny(arch):
+    """A tiny random model of ``arch`` with peaked output distributions."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(arch, **{**SIZES, **OWN_SIZES.get(arch, {})})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    head = model.get_output_embeddings()
+    if head is not None and not model.config.tie_word_embeddings:
+        with torch.no_grad():  # peaked distributions
+            head.weight.mul_(40.0)
+    return model
+
+
 @pytest.mark.parametrize(
     "arch",
     [
@@ -85,13 +98,7 @@ OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every la
     ],
 )
 def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(arch, **{**SIZES, **OWN_SIZES.get(arch, {})})
-    model = AutoModelForCausalLM.from_config(config).eval()
-    head = model.get_output_embeddings()
-    if head is not None and not model.config.tie_word_embeddings:
-        with torch.no_grad():  # peaked distributions
-            head.weight.mul_(40.0)
+    model = tiny(arch)
     prompt = prompt_of(30)
     ref = hf_greedy(model, prompt, 16)
 
@@ -108,3 +115,20 @@ def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
     assert rejected == (arch not in RAPID_AGREES), rstats
     assert rstats.cache_refills == 0
     assert (rstats.cache_restores > 0) == (rejected and arch in RESTORED), rstats.cache_restores
+
+
+@pytest.mark.parametrize(
+    ("arch", "says"), [("deepseek_v32", "DynamicIndexedLayer"), ("minimax", "MiniMax")]
+)
+def test_a_cache_holding_more_than_keys_and_values_is_not_saved_to_disk(arch, says, tmp_path):
+    """The disk prefix cache saves plain key/value layers only: a DSA cache's indexer keys and
+    MiniMax's lightning-attention states would be lost, so such a prefix stays in memory."""
+    lm = LMState(tiny(arch))
+    lm.extend(prompt_of(20), all_logits=False)
+    with pytest.raises(ValueError, match=says):
+        lm.kv_tensors()
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(prefix_key(arch, lm.tokens), lm)
+    cache.flush()
+    assert not list(tmp_path.iterdir())  # nothing written, nothing half-written
+    assert cache.get(prefix_key(arch, lm.tokens)) is not None  # kept in memory

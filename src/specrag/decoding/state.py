@@ -111,9 +111,18 @@ def croppable(cache: Any) -> bool:
     Transformers' own ``is_croppable`` is not enough: a linear-attention layer recording its
     past reports True but can only roll back the tokens fed since its last crop.
     """
-    if hasattr(cache, "linear_cache"):  # MiniMax: its layers' states beside the key/value layers
+    if minimax_states(cache) is not None:
         return False
     return all(type(layer) in CROPPABLE for layer in cache.layers)
+
+
+def minimax_states(cache: Any) -> list[Any] | None:
+    """MiniMax's lightning-attention states, held beside its key/value layers (None: not MiniMax).
+
+    ``MiniMaxCache.linear_cache`` has a state tensor (or ``[]``) per layer; no layer of the
+    cache holds them, so every check of what a cache can crop or save asks here first.
+    """
+    return getattr(cache, "linear_cache", None)
 
 
 # DSA models' layers (DeepSeek V3.2, GLM MoE DSA) crop their indexer keys with the key/values
@@ -148,7 +157,7 @@ class Mark:
                 conv = {i: t.clone() for i, t in layer.conv_states.items() if t is not None}
                 rec = {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None}
                 states.append((layer, conv, rec, dict(layer.has_previous_state)))
-        linear = getattr(cache, "linear_cache", None)
+        linear = minimax_states(cache)
         return cls(length, states, None if linear is None else _copies(linear))
 
     @torch.inference_mode()  # the cache's tensors were made there
@@ -310,7 +319,7 @@ class LMState:
         only plain key/value layers are saved and restored.
         """
         layers = getattr(self.cache, "layers", [])
-        if hasattr(self.cache, "linear_cache"):
+        if minimax_states(self.cache) is not None:
             raise ValueError("MiniMax's cache layers hold more than keys and values")
         if any(type(layer) is not DynamicLayer for layer in layers):
             kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
