@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig
-from specrag.decoding.state import LMState
+from specrag.decoding.state import VERIFIER_MARKS, LMState
 from tests.unit import test_cache_kinds as cache_kinds
 from tests.unit.test_cache_kinds import corrupted_run, hf_greedy, prompt_of
 from tests.unit.test_decoding import one_thread, rapid_greedy  # noqa: F401 - autouse fixture
@@ -102,13 +102,19 @@ def test_speculative_and_rapid_decoding_keep_the_models_greedy_answer(arch):
     prompt = prompt_of(30)
     ref = hf_greedy(model, prompt, 16)
 
-    out, stats = corrupted_run(LMState(model), prompt, ref)
+    # the verifier keeps one snapshot (VERIFIER_MARKS): a pass crops only what it fed
+    out, stats = corrupted_run(LMState(model, marks=VERIFIER_MARKS), prompt, ref)
     assert out == ref
     assert stats.cache_refills == 0  # never a re-read of the whole context
     assert (stats.cache_restores > 0) == (arch in RESTORED), stats.cache_restores
 
     rapid, rstats = rapid_greedy(
-        LMState(model), LMState(model), prompt, prompt[-10:], 16, RapidConfig(eta=0.0)
+        LMState(model, marks=VERIFIER_MARKS),
+        LMState(model),
+        prompt,
+        prompt[-10:],
+        16,
+        RapidConfig(eta=0.0),
     )
     assert rapid == ref
     rejected = rstats.draft_tokens > rstats.accepted_tokens

@@ -27,9 +27,13 @@ from specrag.decoding.vocab import VocabSubset, scoring
 # budget can stop a long prefill between slices.
 PREFILL_CHUNK = 2048
 # Snapshots of a linear-attention cache's states kept for rolling back, one per recent forward
-# call: more than a drafter's longest proposal (16 single steps) and its catch-up feed. A crop
-# further back than the oldest re-reads the kept tokens.
+# call. A proposer (a drafter) crops back over its whole proposal: more than its longest (16
+# single steps) and its catch-up feed. A verifier crops back only into the pass it just made,
+# where the latest snapshot is (a verify pass is one forward call), so it keeps one - a
+# state's snapshot copies cost as much memory as the state itself, per copy. A crop further
+# back than the oldest re-reads the kept tokens.
 MARKS = 20
+VERIFIER_MARKS = 1
 
 
 def sync(device: torch.device) -> None:
@@ -195,7 +199,10 @@ class LMState:
     encodes, so cropping to a shared prefix is always safe.
     """
 
-    def __init__(self, model: Any, device: torch.device | None = None) -> None:
+    def __init__(
+        self, model: Any, device: torch.device | None = None, marks: int | None = None
+    ) -> None:
+        """``marks``: snapshots kept of a cache that cannot crop (default :data:`MARKS`)."""
         self.model = model
         self.device = device or next(model.parameters()).device
         self.cache: Any = rollback_cache(model)
@@ -204,6 +211,9 @@ class LMState:
         self.refills = 0  # crops done by re-reading the kept tokens (a cache that cannot crop)
         self.restores = 0  # crops done by restoring a snapshot of such a cache (Mark)
         self.marks: list[Mark] = []  # oldest first, lengths ascending
+        self.keep_marks = MARKS if marks is None else marks
+        if self.keep_marks < 1:
+            raise ValueError(f"marks={marks} must be >= 1")
         self._kw = _cache_kwarg(model)
         self.vocab: VocabSubset | None = None  # a drafter's output rows (None: all of them)
 
@@ -235,7 +245,8 @@ class LMState:
         held = self.marks and self.marks[-1].length == len(self.tokens)  # (a restored one)
         if not held and not croppable(self.cache):
             if mark := Mark.take(self.cache, len(self.tokens)):
-                self.marks = [*self.marks, mark][-MARKS:]  # crop dropped every longer one
+                # crop dropped every longer one
+                self.marks = [*self.marks, mark][-self.keep_marks :]
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
         starts = list(range(0, len(ids), step))
@@ -310,6 +321,7 @@ class LMState:
         other.tokens = list(self.tokens)
         other.forward_passes = other.refills = other.restores = 0
         other.marks = []  # they name this state's layers; the copy re-reads if it must
+        other.keep_marks = self.keep_marks
         return other
 
     def kv_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

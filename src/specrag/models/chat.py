@@ -35,7 +35,7 @@ from specrag.decoding.drafter import (
 from specrag.decoding.incremental import decode_incremental
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, decode
-from specrag.decoding.state import LMState
+from specrag.decoding.state import VERIFIER_MARKS, LMState
 from specrag.models.loading import (
     EMBEDDED_LM,
     LoadedLM,
@@ -301,7 +301,7 @@ class ChatLocalLM(LocalChatBase):
                     merged.carry_over(earlier)
                 return merged
 
-            lm = LMState(loaded.model, loaded.device)
+            lm = LMState(loaded.model, loaded.device, marks=VERIFIER_MARKS)
             common: dict[str, Any] = {
                 "max_new_tokens": max_new,
                 "sampler": sampler,

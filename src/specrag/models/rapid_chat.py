@@ -30,7 +30,7 @@ from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, pre
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token, prefill_stop
-from specrag.decoding.state import LMState, Stopped
+from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped
 from specrag.defuse import defuse
 from specrag.errors import InputError
 from specrag.models.loading import (
@@ -245,7 +245,7 @@ class ChatRapid(LocalChatBase):
             hit["value"] = target_state is not None and len(target_state) == len(prefix)
             t1 = time.perf_counter()
             if target_state is None:
-                target_state = LMState(target.model, target.device)
+                target_state = LMState(target.model, target.device, marks=VERIFIER_MARKS)
             if self.use_prefix_cache and len(target_state) < len(prefix):
                 try:  # the budget applies to the document prefill too ...
                     target_state.extend(
