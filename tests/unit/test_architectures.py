@@ -133,6 +133,14 @@ def test_a_cache_holding_more_than_keys_and_values_is_not_saved_to_disk(arch, sa
     lm.extend(prompt_of(20), all_logits=False)
     with pytest.raises(ValueError, match=says):
         lm.kv_tensors()
+    kv_bytes = sum(
+        t.numel() * t.element_size()
+        for layer in lm.cache.layers
+        for t in (layer.keys, layer.values)
+        if isinstance(t, torch.Tensor)
+    )
+    # the prefix cache's memory budget counts the indexer's keys too
+    assert (lm.nbytes() > kv_bytes) == (arch == "deepseek_v32")
     cache = PrefixCache(disk_dir=tmp_path)
     cache.put(prefix_key(arch, lm.tokens), lm)
     cache.flush()

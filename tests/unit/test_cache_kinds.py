@@ -31,7 +31,7 @@ from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode, prefill_verify
-from specrag.decoding.state import LMState, Stopped
+from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped
 from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
     one_thread,
@@ -308,6 +308,24 @@ def test_a_re_read_after_a_crop_past_every_snapshot_keeps_to_the_budget(monkeypa
     fresh = LMState(model)
     torch.testing.assert_close(logits, fresh.extend(new_prompt, all_logits=False))
     assert lm.tokens == new_prompt
+
+
+def test_a_verifier_given_its_prompt_again_re_reads_it_once():
+    """An answer model keeps one snapshot (VERIFIER_MARKS), taken after the prompt. When the
+    same prompt is fed again (an incremental answer's rebuild that renders identically), the
+    cache must go back to the prompt's last position. That is one re-read. Before, it was two:
+    a crop to the prompt's length, then another to one token before it."""
+    model = tiny_lfm2()
+    prompt = prompt_of(20, seed=7)
+    lm = LMState(model, marks=VERIFIER_MARKS)
+    lm.extend(prompt, all_logits=False)
+    for token in prompt_of(6, seed=8):  # an answer's single steps
+        lm.extend([token])
+    assert [m.length for m in lm.marks] == [25]
+    logits = prefill_verify(lm, prompt, [])
+    assert lm.refills == 1 and lm.tokens == prompt
+    fresh = LMState(model)
+    torch.testing.assert_close(logits, fresh.extend(prompt, all_logits=False))
 
 
 def test_a_drafter_with_recurrent_state_restores_after_its_single_steps():

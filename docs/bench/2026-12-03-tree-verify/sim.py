@@ -19,6 +19,8 @@ The question: would verifying the drafter's proposal AND the evidence n-gram's i
    pass with a custom attention mask is priced as a causal pass of as many tokens).
 
 Writes questions.jsonl (per question arrays), costs.json, result.json to OUT_DIR.
+``sim.py --replay DIR`` redoes step 4 from DIR/questions.jsonl and REWRITES DIR/result.json and
+DIR/costs.json: point it at a copy, not at the committed folder.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 
 from specrag.decoding.candidates import Proposal, Proposer
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.state import LMState, Stopped, settle
+from specrag.decoding.state import LMState, Stopped, settle, shared_prefix
 
 
 @dataclass
@@ -119,9 +119,10 @@ def prefill_verify(
     prompt - is verified against this prompt as speculative candidates. The cached prefix the
     two prompts share is reused.
     """
-    lm.sync(prompt, should_stop)  # a cache that cannot crop may re-read: under the budget too
-    if len(lm) == len(prompt):  # fully cached: recompute the last position's logits
-        lm.crop(len(prompt) - 1, should_stop)
+    # one crop to the shared prefix, or before the last position when the whole prompt is
+    # cached (its logits are recomputed): a cache that cannot crop may re-read, and does so
+    # once, under the budget too
+    lm.crop(min(shared_prefix(lm.tokens, prompt), len(prompt) - 1), should_stop)
     ids = prompt[len(lm) :] + list(prior)
     return lm.extend(ids, all_logits=False, keep=len(prior) + 1, should_stop=should_stop)
 

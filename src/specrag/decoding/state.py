@@ -27,11 +27,12 @@ from specrag.decoding.vocab import VocabSubset, scoring
 # budget can stop a long prefill between slices.
 PREFILL_CHUNK = 2048
 # Snapshots of a linear-attention cache's states kept for rolling back, one per recent forward
-# call. A proposer (a drafter) crops back over its whole proposal: more than its longest (16
-# single steps) and its catch-up feed. A verifier crops back only into the pass it just made,
-# where the latest snapshot is (a verify pass is one forward call), so it keeps one - a
-# state's snapshot copies cost as much memory as the state itself, per copy. A crop further
-# back than the oldest re-reads the kept tokens.
+# call to :meth:`LMState.extend` (taken at the length before it). A proposer (a drafter) crops
+# back over its whole proposal: more than its longest (16 single steps) and its catch-up feed.
+# A verifier, after each verify pass, crops back only into what that call fed, where its
+# latest snapshot is, so it keeps one - each copy costs as much memory as the state itself. A
+# crop further back than the oldest (a rebuilt prompt sharing less than the cached one)
+# re-reads the kept tokens.
 MARKS = 20
 VERIFIER_MARKS = 1
 
@@ -376,10 +377,10 @@ class LMState:
                 raise ValueError(f"{keys.shape[1]} cached KV heads for a model of {heads}")
 
     def nbytes(self) -> int:
-        """Memory held by the KV cache."""
+        """Memory held by the KV cache (a sparse-attention layer's indexer keys too)."""
         total = 0
         for layer in getattr(self.cache, "layers", []):
-            for name in ("keys", "values"):
+            for name in ("keys", "values", "indexer_keys"):
                 tensor = getattr(layer, name, None)
                 if isinstance(tensor, torch.Tensor):
                     total += tensor.numel() * tensor.element_size()

@@ -370,7 +370,8 @@ def _measure_costs(
     block = [(40 + i) % vocab for i in range(cache)]
     models = (drafter, target)
     with torch.inference_mode():
-        lms = [LMState(m.model, m.device) for m in models]
+        # timing states never crop past their latest snapshot: one is all they keep
+        lms = [LMState(m.model, m.device, marks=1) for m in models]
         for lm in lms:
             lm.extend(block, all_logits=False)
         step: list[list[float]] = [[], []]
@@ -429,7 +430,7 @@ def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
 
     wide = [(300 + j) % vocab for j in range(width)]
     with torch.inference_mode():
-        lm = LMState(target.model, target.device)
+        lm = LMState(target.model, target.device, marks=1)  # crops back to its latest only
         lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
         one: list[float] = []
         many: list[float] = []
@@ -464,7 +465,7 @@ def time_layouts(
     wide = [(300 + j) % vocab for j in range(width)]
     times: dict[bool, list[float]] = {False: [], True: []}
     with torch.inference_mode():
-        lm = LMState(model, device)
+        lm = LMState(model, device, marks=1)  # crops back to its latest snapshot only
         lm.extend([(40 + i) % vocab for i in range(cache)], all_logits=False)
         try:
             for rep in range(4):  # the first pass of each layout is a warm-up
@@ -488,7 +489,7 @@ def _measure_step(model: Any, device: torch.device) -> float:
     from specrag.decoding.state import LMState
 
     with torch.inference_mode():
-        lm = LMState(model, device)
+        lm = LMState(model, device, marks=1)  # never crops
         lm.extend(list(range(1, 33)), all_logits=False)
         times = []
         for i in range(4):
