@@ -16,11 +16,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.state import VERIFIER_MARKS, LMState
 from tests.unit import test_cache_kinds as cache_kinds
-from tests.unit.test_cache_kinds import corrupted_run, hf_greedy, prompt_of
+from tests.unit.test_cache_kinds import corrupted_run, hf_greedy, kept_off_disk, prompt_of
 from tests.unit.test_decoding import one_thread, rapid_greedy  # noqa: F401 - autouse fixture
 
 SIZES = {
@@ -131,8 +130,7 @@ def test_a_cache_holding_more_than_keys_and_values_is_not_saved_to_disk(arch, sa
     MiniMax's lightning-attention states would be lost, so such a prefix stays in memory."""
     lm = LMState(tiny(arch))
     lm.extend(prompt_of(20), all_logits=False)
-    with pytest.raises(ValueError, match=says):
-        lm.kv_tensors()
+    kept_off_disk(lm, arch, says, tmp_path)
     kv_bytes = sum(
         t.numel() * t.element_size()
         for layer in lm.cache.layers
@@ -141,8 +139,3 @@ def test_a_cache_holding_more_than_keys_and_values_is_not_saved_to_disk(arch, sa
     )
     # the prefix cache's memory budget counts the indexer's keys too
     assert (lm.nbytes() > kv_bytes) == (arch == "deepseek_v32")
-    cache = PrefixCache(disk_dir=tmp_path)
-    cache.put(prefix_key(arch, lm.tokens), lm)
-    cache.flush()
-    assert not list(tmp_path.iterdir())  # nothing written, nothing half-written
-    assert cache.get(prefix_key(arch, lm.tokens)) is not None  # kept in memory

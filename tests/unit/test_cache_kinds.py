@@ -229,12 +229,19 @@ def test_a_cache_with_convolution_state_is_restored_on_rejection(tmp_path):
     assert out == ref
     assert stats.cache_refills == 0
     assert stats.cache_restores > 0 and stats.as_dict()["cache_restores"] == stats.cache_restores
-    with pytest.raises(ValueError, match="LinearAttentionLayer"):
+    kept_off_disk(lm, "lfm2", "LinearAttentionLayer", tmp_path)
+
+
+def kept_off_disk(lm, name, says, folder):
+    """Assert that ``lm``'s cache is refused as plain keys and values (an error saying
+    ``says``), and that the prefix cache keeps it in memory, writing nothing to ``folder``."""
+    with pytest.raises(ValueError, match=says):
         lm.kv_tensors()
-    cache = PrefixCache(disk_dir=tmp_path)
-    cache.put(prefix_key("lfm2", lm.tokens), lm)
+    cache = PrefixCache(disk_dir=folder)
+    cache.put(prefix_key(name, lm.tokens), lm)
     cache.flush()
-    assert not list(tmp_path.iterdir())  # nothing written, nothing half-written
+    assert not list(folder.iterdir())  # nothing written, nothing half-written
+    assert cache.get(prefix_key(name, lm.tokens)) is not None  # kept in memory
 
 
 def tiny_qwen3_next():

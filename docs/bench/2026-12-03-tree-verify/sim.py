@@ -218,14 +218,7 @@ def main() -> None:
     load_lm(base.answer_spec, base.device, base.dtype)
     load_lm(base.draft_spec, base.device, base.draft_dtype)
     graph = build_graph()
-    base = replace(
-        base,
-        answer_max_tokens=bench_pair.MAX_TOKENS["long"],
-        top_k=bench_pair.TOP_K["long"],
-        answer_prompt=bench_pair.prompts.ANSWER_DETAILED_SYSTEM,
-        draft_prompt=bench_pair.prompts.DRAFT_DETAILED_SYSTEM,
-        answer_timeout_s=bench_pair.LONG_ANSWER_TIMEOUT_S,
-    )
+    base = bench_pair.context_for(base, "long")
     widths = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 21]
 
     async def go() -> list[dict]:

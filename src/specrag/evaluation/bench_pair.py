@@ -99,6 +99,19 @@ def case_key(item: dict[str, Any], system: str, setup: str) -> str:
     )
 
 
+def context_for(base: SpecRagContext, dataset: str) -> SpecRagContext:
+    """``base`` as this bench runs every system on a question of ``dataset``."""
+    ctx = replace(base, answer_max_tokens=MAX_TOKENS[dataset], top_k=TOP_K[dataset])
+    if dataset == "long":  # every system gets the same detailed prompts
+        ctx = replace(
+            ctx,
+            answer_prompt=prompts.ANSWER_DETAILED_SYSTEM,
+            draft_prompt=prompts.DRAFT_DETAILED_SYSTEM,
+            answer_timeout_s=LONG_ANSWER_TIMEOUT_S,  # timed to the end, never cut
+        )
+    return ctx
+
+
 def long_items(n: int, squad_item: dict[str, Any]) -> list[dict[str, Any]]:
     """SQuAD questions (a sample apart from the terse one) asked as 'explain in detail'."""
     out = []
@@ -258,19 +271,6 @@ def run(
     setup = setup_tag(target, drafter)
     keys = {case_key(item, s, setup) for item, s in work}
 
-    def ctx_for(item: dict[str, Any]) -> SpecRagContext:
-        ctx = replace(
-            base, answer_max_tokens=MAX_TOKENS[item["dataset"]], top_k=TOP_K[item["dataset"]]
-        )
-        if item["dataset"] == "long":  # every system gets the same detailed prompts
-            ctx = replace(
-                ctx,
-                answer_prompt=prompts.ANSWER_DETAILED_SYSTEM,
-                draft_prompt=prompts.DRAFT_DETAILED_SYSTEM,
-                answer_timeout_s=LONG_ANSWER_TIMEOUT_S,  # timed to the end, never cut
-            )
-        return ctx
-
     async def go() -> None:
         if any(not runlog.done(k) for k in keys):
             log.print("bench rag (pair): warming up (indexes, both models, every system)")
@@ -278,13 +278,18 @@ def run(
                 index = open_index(replace(base, index_dir=index_dir, collection=collection))
                 await asyncio.to_thread(index.search, "warm-up", 1)
             for system in SYSTEMS:
-                await run_one(items[-1], system, 0.0, graph, ctx_for(items[-1]))
+                await run_one(
+                    items[-1], system, 0.0, graph, context_for(base, items[-1]["dataset"])
+                )
         with progress_bar(log) as bar:
             task = bar.add_task("bench rag (pair)", total=len(work))
             for item, system in work:
                 key = case_key(item, system, setup)
                 if not runlog.done(key):
-                    runlog.add(key, await run_one(item, system, 0.0, graph, ctx_for(item)))
+                    runlog.add(
+                        key,
+                        await run_one(item, system, 0.0, graph, context_for(base, item["dataset"])),
+                    )
                 bar.advance(task)
 
     asyncio.run(go())
