@@ -84,7 +84,7 @@ async def test_irrelevant_evidence_and_no_draft_gives_honest_message():
     result = await run(svc, draft_policy="off")
     assert result["route"] == "fallback"
     assert result["answer"] == prompts.NO_EVIDENCE_ANSWER
-    assert "no chunk scored above" in result["reason"]
+    assert "no chunk scored 0.2 or more" in result["reason"]
 
 
 async def test_refine_error_falls_back_to_generate_then_fallback():
