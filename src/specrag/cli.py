@@ -31,12 +31,23 @@ err = Console(stderr=True)
 out = Console()
 
 
+def own_warnings(record: logging.LogRecord) -> bool:
+    """Pass specrag's own warnings, and other libraries' errors only.
+
+    A library's warning about input specrag then reports itself (pypdf's "EOF marker not
+    found" before "cannot read PDF") would be a second line, and bm25s logs at DEBUG.
+    """
+    return record.name.split(".")[0] == "specrag" or record.levelno >= logging.ERROR
+
+
 def quiet_libraries() -> None:
     """Keep third-party chatter (load bars, deprecation notes) off the user's terminal."""
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING, format="specrag: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(own_warnings)
     try:
         import transformers
 
@@ -133,7 +144,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         "chunks": report.chunks_total,
         "added": report.chunks_added,
         "removed": report.chunks_removed,
-        "files_removed": len(report.sources_removed),
+        "files_removed": len(report.sources_removed),  # files (or PDF pages) no longer there
         "skipped": [s.as_dict() for s in loaded.skipped],
     }
     if args.json:
@@ -144,6 +155,8 @@ def cmd_index(args: argparse.Namespace) -> int:
             f"{report.chunks_total} chunks "
             f"({report.chunks_added} new, {report.chunks_removed} removed)"
         )
+        if gone := len(report.sources_removed):
+            line += f"; {gone} files (or PDF pages) no longer there were removed from the index"
         if loaded.skipped:
             shown = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in loaded.skipped[:5])
             more = f"; and {len(loaded.skipped) - 5} more" if len(loaded.skipped) > 5 else ""
@@ -155,6 +168,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
     ctx = make_context(args)
+    if args.thread is not None and not args.thread.strip():
+        raise InputError("--thread needs a conversation id (got an empty one)")
     if args.resume:
         if not args.thread:
             raise InputError("--resume needs --thread ID")
@@ -178,14 +193,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
         document = read_text(Path(args.document).expanduser())
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
-    elif ctx.index_url:
+    else:
         from specrag.graph.services import open_index
 
-        open_index(ctx)  # a bad URL, a server down or no collection: one line, before the run
-    elif not (index_dir_of(ctx) / "chroma.sqlite3").is_file():
-        raise SpecRagError(
-            f"no index at {index_dir_of(ctx)}: run `specrag index PATH` or `specrag demo` first"
-        )
+        # no index, no such collection, a bad URL or a server down: one line, before the run
+        open_index(ctx)
     preload(ctx, document)
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
@@ -475,9 +487,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
     except SystemExit as exc:  # --help (0), or a usage error (2) Parser.error printed
         return exc.code if isinstance(exc.code, int) else 2
+    if extra:  # named with the subcommand whose --help lists what it takes
+        err.print(
+            f"specrag: error: unrecognized arguments: {' '.join(extra)} "
+            f"(see `specrag {args.command} --help`)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return 2
     quiet_libraries()
     try:
         return int(args.func(args) or 0)

@@ -43,7 +43,21 @@ def test_unknown_config_key(capsys):
 
 
 def test_bad_config_value(capsys):
-    assert "expected a number" in one_line_error(capsys, main(["ask", "q", "--set", "top_k=many"]))
+    assert "expected a whole number" in one_line_error(
+        capsys, main(["ask", "q", "--set", "top_k=many"])
+    )
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("top_k=1.5", "expected a whole number"),
+        ("relevance_threshold=nan", "expected a finite number"),
+        ("draft_timeout_s=inf", "expected a finite number"),
+    ],
+)
+def test_numbers_that_are_not_the_kind_a_field_takes(capsys, setting, expected):
+    assert expected in one_line_error(capsys, main(["ask", "q", "--set", setting]))
 
 
 def test_missing_file_to_index(capsys, tmp_path):
@@ -68,6 +82,26 @@ def test_unreadable_pdf(capsys, tmp_path):
     pdf = tmp_path / "x.pdf"
     pdf.write_bytes(b"%PDF")  # PDFs are indexed now (issue 11): a broken one is one line
     assert "cannot read PDF" in one_line_error(capsys, main(["index", str(pdf)]))
+
+
+def test_an_unreadable_pdf_is_one_line_in_a_real_process_too(tmp_path):
+    """In a process of its own (the CLI's logging, not pytest's), pypdf's own warning about
+    the file ("EOF marker not found") came before specrag's error line."""
+    import subprocess
+    import sys
+
+    pdf = tmp_path / "x.pdf"
+    pdf.write_bytes(b"%PDF")
+    done = subprocess.run(
+        [sys.executable, "-c", "from specrag.cli import main; raise SystemExit(main())"]
+        + ["index", str(pdf), "--index-dir", str(tmp_path / "idx")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("specrag: error: cannot read PDF")
 
 
 def test_missing_document(capsys, tmp_path):
@@ -110,7 +144,7 @@ def test_bad_bench_sets(capsys, argv, expected):
     [
         (["ask", "hi", "--models", "foo"], "argument --models: invalid choice: 'foo'"),
         (["bench", "nope"], "argument which: invalid choice: 'nope'"),
-        (["ask", "hi", "--bogus"], "unrecognized arguments: --bogus"),
+        (["ask", "hi", "--bogus"], "unrecognized arguments: --bogus (see `specrag ask --help`)"),
         ([], "the following arguments are required: command"),
     ],
 )
@@ -118,6 +152,12 @@ def test_usage_errors_are_one_line(capsys, argv, expected):
     """argparse's own errors too: one line naming the --help to read, not a usage block."""
     line = one_line_error(capsys, main(argv))
     assert expected in line and "--help`)" in line, line
+
+
+def test_an_empty_thread_id_is_refused(capsys):
+    """`--thread ""` ran without a checkpoint, silently (a new-user review, 2026-12-03)."""
+    line = one_line_error(capsys, main(["ask", "hi", "--thread", " "]))
+    assert "--thread needs a conversation id" in line
 
 
 def test_resume_without_an_interrupted_run(capsys):
@@ -141,3 +181,22 @@ def test_resume_with_a_question(capsys):
 def test_bad_placement_settings_fail_when_the_settings_are_built(capsys, setting, expected):
     """Not only once a model loads: `specrag config` (no model) refuses them too."""
     assert expected in one_line_error(capsys, main(["config", "--set", setting]))
+
+
+def test_a_collection_that_is_not_there_is_named_not_created(capsys, tmp_path):
+    """`--set collection=typo` opened the local index and created an empty collection of that
+    name, then answered from nothing (found by a new-user review, 2026-12-03)."""
+    import chromadb
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Rollo led the Norse settlers of Normandy.", encoding="utf-8")
+    index = tmp_path / "idx"
+    assert main(["index", str(notes), "--index-dir", str(index), "--json"]) == 0
+    capsys.readouterr()
+    code = main(["ask", "Who?", "--index-dir", str(index), "--set", "collection=specrg"])
+    line = one_line_error(capsys, code)
+    assert "no collection 'specrg'" in line and "collections: specrag" in line
+    names = [c.name for c in chromadb.PersistentClient(path=str(index)).list_collections()]
+    assert names == ["specrag"]
+    code = main(["ask", "Who?", "--index-dir", str(index), "--set", "collection=x"])
+    assert "bad collection name 'x'" in one_line_error(capsys, code)

@@ -52,6 +52,7 @@ def folder(tmp_path):
     (d / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
     (d / "empty.txt").write_text("   \n")
     (d / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    (d / "gone.txt").symlink_to(d / "nowhere.txt")  # a link to nothing: reported, not dropped
     return d
 
 
@@ -77,10 +78,11 @@ def test_a_folder_index_reports_what_it_skipped_and_why(folder, tmp_path, monkey
     assert reasons["logo.png"] == "unsupported type .png"
     assert reasons["empty.txt"] == "empty (no text)"
     assert reasons["broken.pdf"].startswith("unreadable: cannot read PDF")
+    assert reasons["gone.txt"] == "broken link"
     assert main(["index", str(folder)]) == 0
     line = capsys.readouterr().err
     assert (
-        "indexed 3 files" in line and "skipped 3" in line and "logo.png: unsupported type" in line
+        "indexed 3 files" in line and "skipped 4" in line and "logo.png: unsupported type" in line
     )
 
 
@@ -138,6 +140,7 @@ def test_re_indexing_a_named_pdf_drops_the_pages_it_no_longer_has(tmp_path, monk
     assert main(["index", str(pdf), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["files_removed"] == 1  # page 3; page 2's old chunk is replaced with its text
+    assert summary["removed"] == 2  # page 2's old chunk and page 3's (it counted only page 2's)
 
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import open_index

@@ -310,9 +310,10 @@ class SpecRagContext:
             else:
                 ok = isinstance(value, str) if hint is str else True
             if not ok:
+                kinds = {bool: "true or false", int: "a whole number", float: "a finite number"}
                 raise InputError(
                     f"invalid configuration: {f.name}={value!r} "
-                    f"(expected {getattr(hint, '__name__', hint)})"
+                    f"(expected {kinds.get(hint, getattr(hint, '__name__', hint))})"
                 )
             meta = f.metadata
             if (
@@ -348,7 +349,13 @@ class SpecRagContext:
                     elif isinstance(default, float):
                         value = float(value)
                 except ValueError as exc:
-                    expected = "true or false" if isinstance(default, bool) else "a number"
+                    expected = (
+                        "true or false"
+                        if isinstance(default, bool)
+                        else "a whole number"
+                        if isinstance(default, int)
+                        else "a number"
+                    )
                     raise InputError(
                         f"invalid configuration: {key}={value!r} (expected {expected})"
                     ) from exc

@@ -150,7 +150,12 @@ def collect_files_report(paths: Iterable[str | Path]) -> tuple[list[Path], list[
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")
         if path.is_dir():
-            for p in sorted(q for q in path.rglob("*") if q.is_file()):
+            for p in sorted(path.rglob("*")):
+                if p.is_symlink() and not p.exists():
+                    skipped.append(Skipped(str(p.absolute()), "broken link"))
+                    continue
+                if not p.is_file():
+                    continue
                 if p.suffix.lower() in SUPPORTED_SUFFIXES:
                     files.append(p)
                 else:

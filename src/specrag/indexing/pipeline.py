@@ -122,11 +122,12 @@ def index_records(
     index = open_for_writing(directory, collection, embedding_model, url)
     roots = list(prune_roots)
     removed: list[str] = []
+    pruned = 0  # chunks of sources no longer there
     if roots:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
             if source not in present and any(source.startswith(r) for r in roots):
-                index.remove_source(source)
+                pruned += index.remove_source(source)
                 removed.append(source)
     report = index_documents(
         index,
@@ -137,5 +138,6 @@ def index_records(
         progress=progress,
     )
     report.sources_removed = removed
+    report.chunks_removed += pruned
     index.refresh_lexical()  # BM25 in step with what was just indexed or pruned
     return report

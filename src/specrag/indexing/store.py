@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,19 @@ class IndexReport:
     chunks_added: int = 0
     chunks_removed: int = 0
     sources_removed: list[str] = field(default_factory=list)
+
+
+COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")  # Chroma's rule
+
+
+def _require_collection(client: Any, collection: str, where: str, option: str) -> None:
+    names = {getattr(c, "name", c) for c in client.list_collections()}
+    if collection not in names:
+        known = ", ".join(sorted(map(str, names))) or "none"
+        raise IndexError_(
+            f"no collection {collection!r} {where} (collections: {known}): run "
+            f"`specrag index PATH {option} --set collection={collection}` first"
+        )
 
 
 def _short(exc: BaseException) -> str:
@@ -84,14 +98,16 @@ class VectorIndex:
         self.collection_name = collection
         self.url = url
         self._lexical: LexicalIndex | None = None
+        if not COLLECTION_NAME.fullmatch(collection) or ".." in collection:
+            raise IndexError_(
+                f"bad collection name {collection!r}: 3-512 letters, digits, '.', '_' or '-', "
+                "starting and ending with a letter or digit"
+            )
         client = connect(url) if url else None
         if client is not None and not create:
-            names = {getattr(c, "name", c) for c in client.list_collections()}
-            if collection not in names:
-                raise IndexError_(
-                    f"no collection {collection!r} on the Chroma server at {url}: run "
-                    f"`specrag index PATH --index-url {url}` first"
-                )
+            _require_collection(
+                client, collection, f"on the Chroma server at {url}", f"--index-url {url}"
+            )
         if client is None and not create and not (self.directory / "chroma.sqlite3").is_file():
             raise IndexError_(
                 f"no index at {self.directory}: run `specrag index PATH` or `specrag demo` first"
@@ -101,15 +117,19 @@ class VectorIndex:
         where = url or str(self.directory)
         try:
             if client is None:
+                import chromadb
+
                 self.directory.mkdir(parents=True, exist_ok=True)
-            location: dict[str, Any] = (
-                {"client": client} if client is not None else {"persist_directory": where}
-            )
+                client = chromadb.PersistentClient(path=where)
+                if not create:  # opening must not create an empty collection of a typo's name
+                    _require_collection(
+                        client, collection, f"in the index at {where}", f"--index-dir {where}"
+                    )
             self.store = Chroma(
                 collection_name=collection,
                 embedding_function=embeddings,
                 collection_metadata={"hnsw:space": "cosine"},
-                **location,
+                client=client,
             )
             self._collection = self.store._collection
             self._collection.count()
