@@ -53,6 +53,7 @@ class DecodeStats:
     widest: int = 0  # the most candidates one pass verified
     cache_refills: int = 0  # crops done by re-reading the answer's context (LMState.refills)
     cache_restores: int = 0  # crops done from a snapshot of its states (LMState.restores)
+    prompt_cut: int = 0  # tokens cut from the prompt's middle to fit the model's context
     # an incremental decode (:mod:`specrag.decoding.incremental`): the final answer's tokens
     # by source, and one record per prompt rebuild
     sources: dict[str, int] | None = None
@@ -92,6 +93,7 @@ class DecodeStats:
             **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
             **({"cache_restores": self.cache_restores} if self.cache_restores else {}),
             **({"rebuilds": list(self.rebuilds)} if self.rebuilds else {}),
+            **({"prompt_cut": self.prompt_cut} if self.prompt_cut else {}),
         }
 
 

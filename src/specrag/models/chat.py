@@ -14,6 +14,7 @@ times decides whether the drafter runs). Decoding statistics go to
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -49,11 +50,14 @@ from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
     StopCheck,
+    chat_head,
     encode_chat,
     make_generator,
 )
 from specrag.models.options import DecodeOptions, Speculation
 from specrag.models.tools import forced_call_prefix, supports_tools, tool_choice_name
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ChatLocalLM", "LocalChatBase", "encode_chat", "make_generator"]
 
@@ -239,12 +243,24 @@ class ChatLocalLM(LocalChatBase):
         forced_name = tool_choice_name(options.tool_choice, tools) if tools else None
         forced = forced_call_prefix(forced_name) if forced_name else ""
         limit = loaded.max_context - 1
+        stats = DecodeStats()
 
         def encode(msgs: list[BaseMessage]) -> list[int]:
             ids = encode_chat(loaded, msgs, tools, forced)
             if len(ids) + max_new > limit:  # keep the chat head and the question end
                 keep = max(limit - max_new, 16)
-                ids = ids[:8] + ids[-(keep - 8) :]
+                head = min(chat_head(loaded, msgs, ids, tools, forced) or 8, keep // 2)
+                log.warning(
+                    "the prompt (%d tokens) was cut to %d in the middle: %s reads %d tokens "
+                    "at most, %d of them for the answer",
+                    len(ids),
+                    keep,
+                    loaded.name,
+                    loaded.max_context,
+                    max_new,
+                )
+                stats.prompt_cut = max(stats.prompt_cut, len(ids) - keep)
+                ids = ids[:head] + ids[-(keep - head) :]
             return ids
 
         prompt = encode(messages)
@@ -261,7 +277,6 @@ class ChatLocalLM(LocalChatBase):
         sampler = Sampler(temperature, self.top_p)
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(loaded.device, sampler, seed)
-        stats = DecodeStats()
         drafter, plan = self._drafter_plan(loaded, speculation)
         verify = self._verify_plan(loaded, speculation)
         merged: MergedProposer | None = None

@@ -88,6 +88,37 @@ def encode_chat(
     return prompt
 
 
+MIN_HEAD = 16  # a shorter chat head is reported as none
+
+
+def chat_head(
+    loaded: LoadedLM,
+    messages: list[BaseMessage],
+    prompt: list[int],
+    tools: Sequence[dict[str, Any]] = (),
+    forced: str = "",
+) -> int:
+    """How many tokens of ``prompt`` come before the last message's text: its chat head.
+
+    The head (system turn, earlier turns, the last turn's opening) is what a prompt too long
+    for the model keeps whole when its middle is cut. Found from the template alone: the
+    prompts of two different one-character last messages agree exactly up to there. 0 where
+    it is shorter than :data:`MIN_HEAD` tokens or ``prompt`` does not start with it.
+    """
+    if not messages:
+        return 0
+    last = messages[-1]
+    probes = [
+        encode_chat(
+            loaded, [*messages[:-1], last.model_copy(update={"content": text})], tools, forced
+        )
+        for text in ("a", "b")
+    ]
+    head = shared_prefix(probes[0], probes[1])
+    head = shared_prefix(prompt[:head], probes[0][:head])
+    return head if head >= MIN_HEAD and head < len(prompt) else 0
+
+
 class TextStream:
     """Incremental detokenisation that never emits half of a multi-byte character."""
 

@@ -1,0 +1,75 @@
+"""The chat head (everything before the last message's text): where it ends, and that a
+prompt too long for the model's context keeps it whole when its middle is cut."""
+
+import torch
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from specrag.decoding.state import shared_prefix
+from specrag.models.loading import load_lm
+from specrag.models.local import MIN_HEAD, chat_head, encode_chat
+from specrag.prompts import ANSWER_SYSTEM
+
+EVIDENCE = "<evidence n=1>Rollo led the Norse settlers of Normandy in 911.</evidence>\n\n"
+
+
+def rag(question: str) -> list:
+    return [SystemMessage(ANSWER_SYSTEM), HumanMessage(EVIDENCE + "Question: " + question)]
+
+
+def test_the_head_ends_where_the_last_message_begins():
+    loaded = load_lm()
+    one, two = rag("Who led them?"), rag("When was the treaty?")
+    p1, p2 = encode_chat(loaded, one), encode_chat(loaded, two)
+    h1, h2 = chat_head(loaded, one, p1), chat_head(loaded, two, p2)
+    assert h1 == h2 >= MIN_HEAD
+    # the template's head, not the two prompts' agreement (both go on with the same evidence)
+    assert shared_prefix(p1, p2) > h1
+    head_text = loaded.tokenizer.decode(p1[:h1])
+    assert ANSWER_SYSTEM in head_text and "<evidence" not in head_text
+    # earlier turns belong to the head
+    chat = [*one, AIMessage("Rollo."), HumanMessage("And when?")]
+    prompt = encode_chat(loaded, chat)
+    head = chat_head(loaded, chat, prompt)
+    assert "Rollo." in loaded.tokenizer.decode(prompt[:head])
+    assert "And when?" not in loaded.tokenizer.decode(prompt[:head])
+    # a middle-truncated prompt does not start with the head: nothing to keep
+    assert chat_head(loaded, one, p1[:8] + p1[-20:]) == 0
+
+
+def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch):
+    """A prompt past the model's context is cut in the middle: the chat head (the system
+    prompt) stays whole - the cut kept only 8 tokens of it - and the stats say how much was
+    cut (found by a new-user review with top_k=500, 2026-12-03)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specrag.models.registry import chat_model_from_spec
+
+    tokenizer = load_lm().tokenizer  # the embedded model's (loaded before the cache dir moves)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "short")
+    tokenizer.save_pretrained(tmp_path / "short")
+    model = chat_model_from_spec(f"hf:{tmp_path / 'short'}", max_new_tokens=8, speculation="none")
+    loaded = model.load()
+    seen: list[list[int]] = []
+    loaded.model.register_forward_pre_hook(
+        lambda _m, _args, kw: seen.append(kw["input_ids"][0].tolist()), with_kwargs=True
+    )
+    messages = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
+    got = model.invoke(messages).response_metadata["decoding"]
+    keep = 256 - 1 - 8  # the context, less one, less the answer's tokens
+    assert got["prompt_tokens"] == keep and got["prompt_cut"] > 300
+    full = encode_chat(loaded, messages)
+    head = chat_head(loaded, messages, full)
+    assert head > 8 and got["prompt_cut"] == len(full) - keep
+    fed = seen[0]  # the prefill: the whole head, then the prompt's end
+    assert fed[:head] == full[:head] and fed[head:] == full[-(keep - head) :]
