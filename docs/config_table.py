@@ -2,27 +2,19 @@
 
 import dataclasses
 import re
-import typing
 from pathlib import Path
 
-from specrag.graph.context import SpecRagContext, _range_text
+from specrag.graph.context import SpecRagContext
 
 
 def table() -> str:
-    hints = typing.get_type_hints(SpecRagContext)
+    allowed = SpecRagContext.allowed()
     rows = ["| field | default | allowed | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(SpecRagContext):
         default = f.default
         shown = "`(see prompts/)`" if f.name.endswith("_prompt") else f"`{default!r}`"
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Literal:
-            allowed = ", ".join(map(str, typing.get_args(hint)))
-        elif hint is bool:
-            allowed = "true, false"
-        else:
-            allowed = _range_text(f.metadata)
         desc = f.metadata.get("description", "").replace("\n", "\\n").replace("|", "\\|")
-        rows.append(f"| `{f.name}` | {shown} | {allowed} | {desc} |")
+        rows.append(f"| `{f.name}` | {shown} | {allowed[f.name]} | {desc} |")
     return "\n".join(rows) + "\n"
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -312,17 +313,24 @@ def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the context fields with defaults and descriptions."""
     ctx = make_context(args)
-    rows = [{"name": n, "value": v, "description": d} for n, v, d in ctx.describe()]
+    allowed = ctx.allowed()
+    rows = [
+        {"name": n, "value": v, "allowed": allowed[n], "description": d}
+        for n, v, d in ctx.describe()
+    ]
     if args.json:
         print(json.dumps(rows, ensure_ascii=False))
     else:
+        width = max(40, min(out.width, 100) - 4)
         for row in rows:
             value = str(row["value"])
             value = value if len(value) < 60 else value[:57] + "..."
-            out.print(
-                f"[bold]{row['name']}[/bold] = {escape(value)}\n"
-                f"    [dim]{escape(str(row['description']))}[/dim]"
+            text = str(row["description"]) + (
+                f" (allowed: {row['allowed']})" if row["allowed"] else ""
             )
+            lines = textwrap.wrap(text, width) or [""]
+            out.print(f"[bold]{row['name']}[/bold] = {escape(value)}")
+            out.print("\n".join(f"    [dim]{escape(line)}[/dim]" for line in lines))
     return 0
 
 
@@ -424,12 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     p = sub.add_parser("index", help="index .txt/.md/.html/.pdf files and folders")
-    p.add_argument("paths", nargs="+")
+    p.add_argument(
+        "paths", nargs="+", help="files and folders (a folder: every supported file under it)"
+    )
     common(p)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("ask", help="answer a question")
-    p.add_argument("question", nargs="?", default="")
+    p.add_argument("question", nargs="?", default="", help="the question (none with --resume)")
     p.add_argument("--document", help="answer from this file (RAPID when it is long)")
     p.add_argument("--thread", help="conversation id: keep state across runs (SQLite)")
     p.add_argument(
@@ -443,11 +453,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="index SQuAD v2 dev and walk through every route, saying why each was taken"
     )
-    p.add_argument("--question", dest="questions", action="append")
+    p.add_argument(
+        "--question",
+        dest="questions",
+        action="append",
+        help="ask this instead of the built-in questions (repeat for more)",
+    )
     common(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("config", help="list every setting (--set KEY=VALUE) with its default")
+    p = sub.add_parser(
+        "config", help="list every setting (--set KEY=VALUE) with its value after --set/--models"
+    )
     common(p)
     p.set_defaults(func=cmd_config)
 

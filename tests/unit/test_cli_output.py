@@ -24,3 +24,21 @@ def test_demo_summary_prints_bracketed_text_verbatim(capsys):
     out = capsys.readouterr().out
     assert out.count(TRICKY) == 2, out  # the draft and the answer, brackets and all
     assert "what is [/INST]?" in out and "draft too short [x]" in out
+
+
+def test_config_lists_what_each_setting_accepts(capsys):
+    """`specrag config` named values and descriptions but not what a field accepts (a
+    new-user review, 2026-12-03); --json as one document, text with indented descriptions."""
+    import json
+
+    from specrag.cli import main
+
+    assert main(["config", "--json", "--set", "top_k=5"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["top_k"]["value"] == 5 and rows["top_k"]["allowed"] == ">= 1"
+    assert rows["retrieval"]["allowed"] == "dense, bm25, hybrid"
+    assert main(["config"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "top_k = 3" in lines
+    described = lines[lines.index("top_k = 3") + 1 :]
+    assert described[0].startswith("    Chunks retrieved per question. (allowed: >= 1)")

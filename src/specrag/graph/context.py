@@ -391,6 +391,21 @@ class SpecRagContext:
             for f in dataclasses.fields(self)
         ]
 
+    @classmethod
+    def allowed(cls) -> dict[str, str]:
+        """What each field accepts, as text ("" where any value of its type does)."""
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if typing.get_origin(hint) is Literal:
+                out[f.name] = ", ".join(map(str, typing.get_args(hint)))
+            elif hint is bool:
+                out[f.name] = "true, false"
+            else:
+                out[f.name] = _range_text(f.metadata)
+        return out
+
 
 def validate_question(question: str, max_chars: int) -> str:
     """The question without control characters, or a one-line :class:`InputError`.
