@@ -66,3 +66,11 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
     assert got.content == expected.content
     assert "cache_refills" not in decoding  # the windowed layers were cropped in place
     assert expected.response_metadata["decoding"]["new_tokens"] == 40  # past the window
+
+
+def test_float16_on_a_cpu_is_named_as_slow(caplog):
+    """`--set dtype=fp16` on a CPU loaded without a word, then timed out (a new-user review,
+    2026-12-03): PyTorch has no fast float16 kernels there."""
+    with caplog.at_level("WARNING", logger="specrag.models.loading"):
+        load_lm("embedded", "cpu", "float16")
+    assert "float16 on a CPU has no fast kernels" in caplog.text

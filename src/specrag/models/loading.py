@@ -225,6 +225,12 @@ def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") 
     with _LM_CACHE_LOCK:
         if key in _LM_CACHE:
             return _LM_CACHE[key]
+        if dt == torch.float16 and dev.type == "cpu":
+            log.warning(
+                "float16 on a CPU has no fast kernels: %s will decode many times slower than "
+                "in float32 or bfloat16, and budgets may cut its answers short",
+                name,
+            )
         loaded = on_model_thread(_load_lm_uncached, name, dev, dt)
         _LM_CACHE[key] = loaded
         return loaded
