@@ -69,8 +69,8 @@ NO_EVIDENCE_ANSWER = (
     "answer."
 )
 ANSWER_FAILED = (
-    "Evidence was found, but the answer model failed to produce an answer from it. "
-    "Please try again."
+    "Evidence was found, but the answer model did not produce an answer from it (the route's "
+    "reason says why: a time budget such as answer_timeout_s, or an error)."
 )
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
 UNCHECKED_PREFIX = (
