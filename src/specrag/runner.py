@@ -142,8 +142,8 @@ async def _run(
     return final
 
 
-def preload(ctx: Any, document: str | None) -> None:
-    """Load models before the first budget starts, with a note on stderr."""
+def preload(ctx: Any, document: str | None) -> float:
+    """Load models before the first budget starts, with a note on stderr; returns seconds."""
     from specrag.graph.services import Services, default_chat_model
 
     started = time.perf_counter()
@@ -156,4 +156,6 @@ def preload(ctx: Any, document: str | None) -> None:
         from specrag.graph.services import open_index
 
         open_index(ctx)  # a corrupt index is reported here, as one line
-    err.print(f"[dim]models ready in {time.perf_counter() - started:.1f}s[/dim]")
+    seconds = time.perf_counter() - started
+    err.print(f"[dim]models ready in {seconds:.1f}s[/dim]")
+    return seconds
