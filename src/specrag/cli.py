@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,9 +47,9 @@ def quiet_libraries() -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    logging.basicConfig(level=logging.WARNING, format="specrag: %(message)s", stream=sys.stderr)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(own_warnings)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(own_warnings)  # on its own handler: never on one a host process set up
+    logging.basicConfig(level=logging.WARNING, format="specrag: %(message)s", handlers=[handler])
     try:
         import transformers
 
@@ -194,12 +195,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
         document = read_text(Path(args.document).expanduser())
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
-    else:
+    started = time.perf_counter()
+    if document is None:
         from specrag.graph.services import open_index
 
         # no index, no such collection, a bad URL or a server down: one line, before the run
         open_index(ctx)
-    loading = preload(ctx, document)
+    preload(ctx, document)
+    loading = time.perf_counter() - started  # the index's embedding model too
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
     )

@@ -34,6 +34,7 @@ def test_the_head_ends_where_the_last_message_begins():
     assert "And when?" not in loaded.tokenizer.decode(prompt[:head])
     # a middle-truncated prompt does not start with the head: nothing to keep
     assert chat_head(loaded, one, p1[:8] + p1[-20:]) == 0
+    assert chat_head(loaded, one, p1[: h1 - 2] + p1[-20:]) == 0  # all of the head, or nothing
 
 
 def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch):

@@ -105,9 +105,14 @@ class VectorIndex:
             )
         client = connect(url) if url else None
         if client is not None and not create:
-            _require_collection(
-                client, collection, f"on the Chroma server at {url}", f"--index-url {url}"
-            )
+            try:
+                _require_collection(
+                    client, collection, f"on the Chroma server at {url}", f"--index-url {url}"
+                )
+            except IndexError_:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a server that fails after its heartbeat
+                raise IndexError_(f"cannot list the collections at {url}: {_short(exc)}") from exc
         if client is None and not create and not (self.directory / "chroma.sqlite3").is_file():
             raise IndexError_(
                 f"no index at {self.directory}: run `specrag index PATH` or `specrag demo` first"

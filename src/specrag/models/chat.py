@@ -250,15 +250,16 @@ class ChatLocalLM(LocalChatBase):
             if len(ids) + max_new > limit:  # keep the chat head and the question end
                 keep = max(limit - max_new, 16)
                 head = min(chat_head(loaded, msgs, ids, tools, forced) or 8, keep // 2)
-                log.warning(
-                    "the prompt (%d tokens) was cut to %d in the middle: %s reads %d tokens "
-                    "at most, %d of them for the answer",
-                    len(ids),
-                    keep,
-                    loaded.name,
-                    loaded.max_context,
-                    max_new,
-                )
+                if not stats.prompt_cut:  # once per answer (an incremental one re-encodes)
+                    log.warning(
+                        "the prompt (%d tokens) was cut to %d in the middle: %s reads %d "
+                        "tokens at most, %d of them for the answer",
+                        len(ids),
+                        keep,
+                        loaded.name,
+                        loaded.max_context,
+                        max_new,
+                    )
                 stats.prompt_cut = max(stats.prompt_cut, len(ids) - keep)
                 ids = ids[:head] + ids[-(keep - head) :]
             return ids

@@ -115,8 +115,8 @@ def chat_head(
         for text in ("a", "b")
     ]
     head = shared_prefix(probes[0], probes[1])
-    head = shared_prefix(prompt[:head], probes[0][:head])
-    return head if head >= MIN_HEAD and head < len(prompt) else 0
+    whole = prompt[:head] == probes[0][:head]
+    return head if whole and MIN_HEAD <= head < len(prompt) else 0
 
 
 class TextStream:
