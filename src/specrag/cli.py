@@ -153,18 +153,26 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         line = (
-            f"indexed {len(loaded.files)} files into {ctx.index_url or directory}: "
+            f"indexed {plural(len(loaded.files), 'file')} into {ctx.index_url or directory}: "
             f"{report.chunks_total} chunks "
             f"({report.chunks_added} new, {report.chunks_removed} removed)"
         )
         if gone := len(report.sources_removed):
-            line += f"; {gone} files (or PDF pages) no longer there were removed from the index"
+            line += (
+                f"; {plural(gone, 'file')} (or PDF pages) no longer there "
+                f"{'was' if gone == 1 else 'were'} removed from the index"
+            )
         if loaded.skipped:
             shown = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in loaded.skipped[:5])
             more = f"; and {len(loaded.skipped) - 5} more" if len(loaded.skipped) > 5 else ""
             line += f"; skipped {len(loaded.skipped)} ({shown}{more})"
         err.print(line, highlight=False, markup=False, soft_wrap=True)
     return 0
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 file``, ``3 files``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -190,9 +198,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
         question = validate_question(args.question or "", ctx.max_question_chars)
     document = None
     if args.document:
-        from specrag.indexing.documents import read_text
+        from specrag.indexing.documents import read_text, require_supported
 
-        document = read_text(Path(args.document).expanduser())
+        path = Path(args.document).expanduser()
+        if path.exists():  # a missing file is "file not found", whatever its name
+            require_supported(path, args.document)
+        document = read_text(path)
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
     started = time.perf_counter()
@@ -209,6 +220,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
+    if args.document:  # the graph knows the document's text, not its file: name the file
+        from specrag.indexing.document_search import DOCUMENT_SOURCE
+
+        for src in view["sources"]:
+            if src["source"] == DOCUMENT_SOURCE:
+                src["source"] = str(Path(args.document).expanduser())
     if args.json:
         print(json.dumps(view, ensure_ascii=False))
         return 0
@@ -527,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecRagError as exc:
         err.print(f"specrag: error: {exc}", highlight=False, markup=False, soft_wrap=True)
         return 2
-    except KeyboardInterrupt:
-        err.print("specrag: interrupted")
+    except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
+        err.print("\nspecrag: interrupted", highlight=False, markup=False)
         return 130
     except Exception as exc:  # noqa: BLE001 - never a traceback for a CLI user
         if os.environ.get("SPECRAG_DEBUG"):

@@ -46,9 +46,8 @@ SCENARIOS = [
     Scenario(
         "no evidence",
         "What is the best way to train a puppy to sit?",
-        "Nothing in the index is about this (measured: best chunk score 0.19 < "
-        "relevance_threshold 0.2), so the draft runs to its own budget and is shown marked "
-        "unverified.",
+        "Nothing in the index is about this (no chunk scores relevance_threshold 0.2 or more), "
+        "so the draft runs to its own budget and is shown marked unverified.",
         "fallback",
     ),
     Scenario(

@@ -56,6 +56,8 @@ def test_long_document_takes_rapid_route_within_a_short_retrieval_budget(
     view = json.loads(out)
     assert view["route"] == "rapid_generate", view["reason"]
     assert "long document" in view["reason"] and view["answer"]
+    # the document's chunks are cited by its file (the graph itself only knows "document")
+    assert view["sources"] and {s["source"] for s in view["sources"]} == {str(document)}
     t = view["timings"]
     assert t["document_index_s"] > 0 and t["retrieve_s"] < 1.0
     first = view["stats"]["rapid_generate"]

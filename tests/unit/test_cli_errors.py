@@ -109,6 +109,14 @@ def test_missing_document(capsys, tmp_path):
     assert "file not found" in line
 
 
+def test_a_document_of_an_unsupported_type(capsys, tmp_path):
+    """--document takes the file types `index` takes (it read a .csv that index refused)."""
+    table = tmp_path / "t.csv"
+    table.write_text("a,b\n1,2\n")
+    line = one_line_error(capsys, main(["ask", "q", "--document", str(table)]))
+    assert "unsupported file type .csv" in line and "supported: .txt" in line
+
+
 def test_bad_model_path(capsys, tmp_path):
     doc = tmp_path / "d.txt"
     doc.write_text("some text")

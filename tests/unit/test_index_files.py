@@ -147,3 +147,39 @@ def test_re_indexing_a_named_pdf_drops_the_pages_it_no_longer_has(tmp_path, monk
 
     sources = open_index(SpecRagContext()).sources()
     assert sorted(sources) == sorted([f"{pdf}#page=1", f"{pdf}#page=2", f"{other}#page=1"]), sources
+
+
+def test_hidden_entries_are_reported_not_walked(tmp_path):
+    """A folder's .git (and .DS_Store, .env, ...) was indexed like any file; now each hidden
+    entry is one skipped line, and a hidden folder is never walked into."""
+    d = tmp_path / "repo"
+    (d / ".git" / "docs").mkdir(parents=True)
+    (d / ".git" / "docs" / "notes.md").write_text("git internals")
+    (d / "sub").mkdir()
+    (d / "sub" / "a.md").write_text("Rollo led the Norse settlers.")
+    (d / ".draft.md").write_text("a hidden draft")
+    (d / "sub" / "up").symlink_to(d)  # a link back up: walked once, no endless loop
+    loaded = load_files([str(d)])
+    assert [s for s, _ in loaded.records] == [str((d / "sub" / "a.md").resolve())]
+    hidden = sorted(s.path for s in loaded.skipped if s.reason.startswith("hidden"))
+    assert hidden == [str(d / ".draft.md"), str(d / ".git")]
+    # named on its own, a hidden file is indexed
+    assert [s for s, _ in load_files([str(d / ".draft.md")]).records] == [
+        str((d / ".draft.md").resolve())
+    ]
+
+
+def test_text_that_is_not_utf8_is_read_with_a_warning(tmp_path, caplog):
+    """A Latin-1 / Windows-1252 file was refused ("not UTF-8 text")."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\u00e9 cr\u00e8me \u2013 na\u00efve".encode("cp1252") + b" \x81")
+    with caplog.at_level("WARNING"):
+        assert read_text(latin) == "Caf\u00e9 cr\u00e8me \u2013 na\u00efve \x81"
+    assert "not UTF-8: read as Windows-1252" in caplog.text
+    wide = tmp_path / "wide.txt"
+    wide.write_bytes("Caf\u00e9 \u2013 ok".encode("utf-16"))  # with its BOM (NUL bytes)
+    assert read_text(wide) == "Caf\u00e9 \u2013 ok"
+    plain = tmp_path / "plain.md"
+    plain.write_bytes("\ufeffCaf\u00e9".encode())
+    caplog.clear()
+    assert read_text(plain) == "Caf\u00e9" and not caplog.text  # UTF-8: no warning

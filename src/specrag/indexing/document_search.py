@@ -17,6 +17,7 @@ import numpy as np
 
 from specrag.indexing.documents import Chunk, make_splitter, split_document
 
+DOCUMENT_SOURCE = "document"  # the source of a given document's chunks (the CLI names the file)
 _CACHE: OrderedDict[str, tuple[list[Chunk], np.ndarray]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 8
@@ -42,7 +43,7 @@ def _embedded_chunks(
             _CACHE.move_to_end(key)
             return _CACHE[key]
     splitter = make_splitter(token_length, chunk_tokens, chunk_tokens // 8)
-    chunks = split_document("document", text, splitter)
+    chunks = split_document(DOCUMENT_SOURCE, text, splitter)
     vectors = np.asarray(embeddings.embed_documents([c.text for c in chunks]), dtype=np.float32)
     with _CACHE_LOCK:
         _CACHE[key] = (chunks, vectors)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import html
+import logging
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +19,19 @@ from specrag.errors import InputError
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
 PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited as such
+HIDDEN = "hidden (name starts with '.')"  # a folder's; a hidden file named itself is indexed
+
+log = logging.getLogger(__name__)
+
+
+def _latin1(exc: UnicodeError) -> tuple[str, int]:
+    """Decode error handler: a byte Windows-1252 leaves undefined is read as Latin-1."""
+    assert isinstance(exc, UnicodeDecodeError)
+    return chr(exc.object[exc.start]), exc.start + 1
+
+
+_AS_LATIN1 = "specrag-latin1"
+codecs.register_error(_AS_LATIN1, _latin1)
 
 
 @dataclass(frozen=True)
@@ -122,15 +138,42 @@ def read_text(path: Path) -> str:
         raise InputError(f"file not found: {path}") from exc
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if b"\x00" in raw[:8192]:
-        raise InputError(f"not a text file (binary content): {path}")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text: {path}") from exc
+    text = decode_text(raw, path)
     if path.suffix.lower() in (".html", ".htm"):
         text = html_to_text(text)
     return text
+
+
+def decode_text(raw: bytes, path: Path) -> str:
+    """Text of a file's bytes: UTF-8 (a BOM allowed), UTF-16 with its BOM, else Windows-1252.
+
+    A file that is not UTF-8 (Latin-1 and Windows-1252 text from older tools) is read as
+    Windows-1252 with a warning (its bytes 0x81, 0x8D, 0x8F, 0x90 and 0x9D as Latin-1), rather
+    than refused; binary content (a NUL byte in the first 8 KiB) is one ``InputError``.
+    """
+    for bom, codec in ((codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")):
+        if raw.startswith(bom) and not raw.startswith(codecs.BOM_UTF32_LE):
+            try:
+                return raw[len(bom) :].decode(codec)
+            except UnicodeDecodeError as exc:
+                raise InputError(f"not UTF-16 text despite its byte order mark: {path}") from exc
+    if b"\x00" in raw[:8192]:
+        raise InputError(f"not a text file (binary content): {path}")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    log.warning("%s is not UTF-8: read as Windows-1252 (Latin-1)", path)
+    return raw.decode("cp1252", errors=_AS_LATIN1)
+
+
+def require_supported(path: Path, given: str | Path) -> None:
+    """One-line ``InputError`` unless ``path`` names a supported type (a named file's rule)."""
+    if path.suffix.lower() not in SUPPORTED_SUFFIXES:
+        raise InputError(
+            f"unsupported file type {path.suffix or '(none)'}: {given} "
+            f"(supported: {', '.join(SUPPORTED_SUFFIXES)})"
+        )
 
 
 def collect_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -150,25 +193,47 @@ def collect_files_report(paths: Iterable[str | Path]) -> tuple[list[Path], list[
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")
         if path.is_dir():
-            for p in sorted(path.rglob("*")):
-                if p.is_symlink() and not p.exists():
-                    skipped.append(Skipped(str(p.absolute()), "broken link"))
-                    continue
-                if not p.is_file():
-                    continue
-                if p.suffix.lower() in SUPPORTED_SUFFIXES:
-                    files.append(p)
-                else:
-                    kind = p.suffix.lower() or "(no extension)"
-                    skipped.append(Skipped(str(p.resolve()), f"unsupported type {kind}"))
-        elif path.suffix.lower() in SUPPORTED_SUFFIXES:
-            files.append(path)
+            found, left_out = _walk(path)
+            files += found
+            skipped += left_out
         else:
-            raise InputError(
-                f"unsupported file type {path.suffix or '(none)'}: {item} "
-                f"(supported: {', '.join(SUPPORTED_SUFFIXES)})"
-            )
+            require_supported(path, item)
+            files.append(path)
     return list(dict.fromkeys(p.resolve() for p in files)), skipped
+
+
+def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
+    """A folder's supported files, and what it left out.
+
+    Left out: other types, broken links, and hidden entries (``.git``, ``.DS_Store``, ...; one
+    entry each, a hidden folder never walked into).
+    """
+    files: list[Path] = []
+    skipped: list[Skipped] = []
+    seen: set[str] = set()  # real folders walked: a link to a folder above is walked once
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        here = Path(root)
+        if os.path.realpath(here) in seen:
+            dirs[:] = []
+            continue
+        seen.add(os.path.realpath(here))
+        for d in sorted(d for d in dirs if d.startswith(".")):
+            skipped.append(Skipped(str((here / d).absolute()), HIDDEN))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            p = here / name
+            if name.startswith("."):
+                skipped.append(Skipped(str(p.absolute()), HIDDEN))
+            elif p.is_symlink() and not p.exists():
+                skipped.append(Skipped(str(p.absolute()), "broken link"))
+            elif not p.is_file():
+                continue
+            elif p.suffix.lower() in SUPPORTED_SUFFIXES:
+                files.append(p)
+            else:
+                kind = p.suffix.lower() or "(no extension)"
+                skipped.append(Skipped(str(p.resolve()), f"unsupported type {kind}"))
+    return sorted(files), skipped
 
 
 def make_splitter(
