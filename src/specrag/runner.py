@@ -142,8 +142,13 @@ async def _run(
     return final
 
 
-def preload(ctx: Any, document: str | None) -> float:
-    """Load models before the first budget starts, with a note on stderr; returns seconds."""
+def preload(ctx: Any, document: str | None = None) -> float:
+    """Load models (and open the index) before the first budget starts; returns seconds.
+
+    The first run of a process otherwise loads them inside its budgets (the index is opened
+    within the retrieval budget, so on a busy machine a first question can time out into the
+    fallback route). Prints a note on stderr.
+    """
     from specrag.graph.services import Services, default_chat_model
 
     started = time.perf_counter()

@@ -45,6 +45,8 @@ def test_specrag_is_a_node_of_a_messages_state_graph():
     meta = reply.response_metadata
     assert meta["route"] in ("refine", "generate") and meta["verified"] is True
     assert meta["reason"] and "total_s" in meta["timings"]
+    # the whole run's timings, not only the answer node's (a parent graph sees the message)
+    assert {"retrieve_s", "answer_s"} <= set(meta["timings"])
 
 
 def test_question_input_keeps_working_without_messages():

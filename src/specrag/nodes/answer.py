@@ -81,7 +81,9 @@ def answer_message(state: State, update: dict[str, Any]) -> dict[str, Any]:
         "route": update.get("route"),
         "reason": update.get("reason", state.get("reason", "")),
         "verified": update.get("verified"),
-        "timings": update.get("timings") or {},
+        # the whole run's timings (retrieve_s, draft_s, ...), not only this node's: a parent
+        # graph sees the message alone
+        "timings": {**(state.get("timings") or {}), **(update.get("timings") or {})},
         "citations": citations_,
         "model_name": "specrag",
     }
