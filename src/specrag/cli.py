@@ -415,6 +415,16 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def package_version() -> str:
+    """The installed package's version (``unknown`` when run from a tree not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specrag")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
     parser = Parser(
@@ -428,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
             "`specrag config` lists every setting you can change with --set KEY=VALUE."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"specrag {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:

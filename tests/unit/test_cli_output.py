@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from specrag.cli import print_demo_summary
+from specrag.cli import main, print_demo_summary
 
 # an answer that reads like Rich markup: "[/evidence]" closed no open tag (MarkupError after the
 # whole run, answer lost) and "[source]" vanished as an unknown style
@@ -42,3 +42,10 @@ def test_config_lists_what_each_setting_accepts(capsys):
     assert "top_k = 3" in lines
     described = lines[lines.index("top_k = 3") + 1 :]
     assert described[0].startswith("    Chunks retrieved per question. (allowed: >= 1)")
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"specrag {version('specrag')}"
