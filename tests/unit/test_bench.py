@@ -6,6 +6,7 @@ without model downloads.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import statistics
@@ -128,6 +129,53 @@ def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
     assert plain["first_step_tokens"] == 1
 
 
+def test_hf_baselines_stop_at_the_graphs_stop_sequences():
+    """The graph's answers end at its stop sequences; HF baselines ran on past them (more
+    tokens, a longer time), assisted generation's multi-token steps included."""
+    from specrag.evaluation.hf import stop_on_text
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(
+        sharpen=1.0,
+        hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+    class Tok:
+        eos_token_id = 0
+
+        def decode(self, ids, **_):
+            return "".join(f"<{int(i)}>" for i in ids)
+
+    loaded = types.SimpleNamespace(model=model, tokenizer=Tok(), device=torch.device("cpu"))
+    prompt = list(range(1, 20))
+    free = hf_generate(loaded, prompt, max_new_tokens=16)["answer"]
+    tokens = free[1:-1].split("><")
+    k = next(i for i in range(3, 16) if tokens[i] not in tokens[:i])  # a first occurrence
+    stop = (f"<{tokens[k]}>",)
+    plain = hf_generate(
+        loaded,
+        prompt,
+        max_new_tokens=16,
+        stopping_criteria=[stop_on_text(Tok(), len(prompt), stop)],
+    )
+    assert plain["new_tokens"] == k + 1 and plain["answer"].endswith(stop[0])
+    assisted = hf_generate(
+        loaded,
+        prompt,
+        max_new_tokens=16,
+        assistant_model=model,
+        stopping_criteria=[stop_on_text(Tok(), len(prompt), stop)],
+    )
+    assert assisted["forward_passes"] < assisted["new_tokens"]  # it did speculate
+    assert k + 1 <= assisted["new_tokens"] < 16 and stop[0] in assisted["answer"]
+
+
 # --- bench rapid: resume after an interruption (item 8), warm-up (item 15) -----------------
 
 
@@ -194,6 +242,7 @@ def fake_rapid(monkeypatch):
 
     def fake_hf_generate(loaded, prompt, *, max_new_tokens, cache=None, **kwargs):
         calls.append(("hf", len(prompt)))
+        assert kwargs["eos_token_id"] == [0]  # the end tokens RAPID stops at (the model's)
         if armed["crash"] and len(prompt) > LONG:
             raise Interrupted()
         assisted = "assistant_model" in kwargs
@@ -216,6 +265,7 @@ def fake_rapid(monkeypatch):
         dtype=torch.float32,
         name="fake",
         layout="single layout (fake)",
+        eos_token_ids=(0,),
     )
     monkeypatch.setattr(bench_rapid, "load_lm", lambda *a, **k: loaded)
     monkeypatch.setattr(bench_rapid, "hotpot_questions", _hotpot_pool)
@@ -232,7 +282,7 @@ def _quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
 
 
-def test_bench_rapid_resumes_after_the_rapid_cases_were_recorded(fake_rapid, tmp_path):
+def test_bench_rapid_resumes_a_part_run_case_whole(fake_rapid, tmp_path):
     calls, armed = fake_rapid
     armed["crash"] = True  # Ctrl-C during the first timed target-only run
     with pytest.raises(Interrupted):
@@ -246,10 +296,15 @@ def test_bench_rapid_resumes_after_the_rapid_cases_were_recorded(fake_rapid, tmp
     result = bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())  # resume
 
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
-    assert len(records) == len(bench_rapid.LENGTHS) * len(bench_rapid.METHODS)
-    assert records[:2] == first  # the recorded RAPID cases were kept, not redone
+    assert len(records) == (len(bench_rapid.LENGTHS) * len(bench_rapid.METHODS) + len(first))
+    assert records[:2] == first  # the log only grows
+    # the part-run case ran again whole, its RAPID methods too: every ratio compares methods
+    # timed side by side in one session (they were kept and paired with a later session's)
     long_rapid = [c for c in calls if c[0] == "rapid" and c[1] > LONG]
-    assert len(long_rapid) == 3 * (len(bench_rapid.LENGTHS) - 1)  # kt (+ repeat) and eta0
+    assert len(long_rapid) == 3 * len(bench_rapid.LENGTHS)  # kt (+ repeat) and eta0
+    sessions = {r["session"] for r in records[2:]}
+    assert len(sessions) == 1 and sessions != {r["session"] for r in first}
+    assert bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet()) == result  # all done
     # warm-up (item 15): every method ran once on a short document before anything timed
     warm = [c for c in calls if c[1] <= LONG]
     assert calls[: len(warm)] == warm and len(warm) == 3 + 3  # rapid kt x2, eta0; 3 HF paths
@@ -382,6 +437,10 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     monkeypatch.setattr(bench_rag, "run_one", fake_run_one)
 
     result = bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())
+    # what each ratio is (the README's tables say "ratio of medians" / "of means")
+    stats = result["statistics"]
+    assert stats["decode_vs_serial_plain, new_tokens_ratio"].startswith("mean over questions")
+    assert any(k.startswith("e2e_vs_*") and v.startswith("median") for k, v in stats.items())
     runs = [e for e in events if e[0] == "run"]
     n_work = len(items) + len(items) * len(bench_rag.LATENCIES) * (len(bench_rag.SYSTEMS) - 1)
     n_work += len(items) * len(bench_rag.STYLE_SYSTEMS)
@@ -395,6 +454,13 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     }
     assert runs[: len(bench_rag.SYSTEMS)] == [("run", "q0", s, 0.0) for s in bench_rag.SYSTEMS]
     assert len(runs) == len(bench_rag.SYSTEMS) + n_work
+    # each question's answer settings run right after its systems at 0 s (side by side)
+    timed = runs[len(bench_rag.SYSTEMS) + len(items) :]
+    per_question = len(bench_rag.SYSTEMS) - 1 + len(bench_rag.STYLE_SYSTEMS)
+    assert [r[2] for r in timed[:per_question]] == bench_rag.SYSTEMS[1:] + list(
+        bench_rag.STYLE_SYSTEMS
+    )
+    assert {r[1] for r in timed[:per_question]} == {"q0"}
     log_file = tmp_path / "bench_rag" / "runs-quick.jsonl"
     assert len(log_file.read_text().splitlines()) == n_work  # the warm-up is not recorded
 
@@ -476,7 +542,8 @@ def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():
 
     item = {"dataset": "long", "id": "q1"}
     fp32 = bench_pair.case_key(item, "spec_verify", "cpu:float32:dual+cpu:qint8")
-    assert fp32 == "pair|long|q1|spec_verify|p16|cpu:float32:dual+cpu:qint8"
+    protocol = bench_pair.PROTOCOL["long"]
+    assert fp32 == f"pair|long|q1|spec_verify|p{protocol}|cpu:float32:dual+cpu:qint8"
     for setup in ("cpu:bfloat16+cpu:qint8", "cuda:bfloat16+cuda:bfloat16", "cuda:float32"):
         assert bench_pair.case_key(item, "spec_verify", setup).endswith(f"|{setup}~ng1")
     old = {"dataset": "squad", "id": "q2"}
@@ -521,3 +588,48 @@ def test_bench_retrieval_logs_every_question_and_pairs_modes_against_dense(monke
     assert [r["dense"]["hit"] for r in records] == [True, False, True, False]
     assert records[1]["gold"] == ["squad:T:1"] and len(records[1]["bm25"]["found"]) == 3
     assert "squad:T:1" not in records[1]["dense"]["found"]
+
+
+def test_hf_baselines_do_not_answer_from_irrelevant_chunks(monkeypatch):
+    """The graph takes its fallback route when no chunk is relevant; the HF baselines
+    answered from the best irrelevant chunk instead (another prompt, other work)."""
+    from specrag.graph.context import SpecRagContext
+    from specrag.indexing.documents import Chunk
+
+    class Index:
+        def search(self, question, k, mode="dense"):
+            return [Chunk("c1", "squad:T:1", "unrelated text", score=0.05)]
+
+    def never(*_a, **_k):
+        raise AssertionError("generated without evidence")
+
+    monkeypatch.setattr(bench_rag, "open_index", lambda ctx: Index())
+    monkeypatch.setattr(bench_rag, "run_hf_lookup", never)
+    item = {
+        "dataset": "squad",
+        "id": "q1",
+        "question": "What is a puppy?",
+        "answers": ["a young dog"],
+        "gold": ["squad:P:0"],
+        "index_dir": "/nowhere",
+        "collection": "bench_squad",
+    }
+    for system in ("serial_lookup", "serial_hf_assisted"):
+        rec = asyncio.run(bench_rag.run_one(item, system, 0.0, None, SpecRagContext()))
+        assert rec["route"] == "fallback" and rec["answer"] == bench_rag.prompts.NO_EVIDENCE_ANSWER
+        assert rec["retrieved"] == ["squad:T:1"] and rec["recall_at_k"] == 0.0
+
+
+def test_run_log_keeps_only_whole_groups(tmp_path):
+    from specrag.evaluation.store import RunLog
+
+    log = RunLog(tmp_path / "runs.jsonl")
+    for key in ("q1|a", "q1|b", "q2|a"):
+        log.add(key, {"e2e_s": 1.0})
+    again = RunLog(tmp_path / "runs.jsonl")
+    assert again.keep_whole([["q1|a", "q1|b"], ["q2|a", "q2|b"], ["q3|a"]]) == 1
+    assert set(again.records) == {"q1|a", "q1|b"}  # q2 runs again, both systems
+    again.add("q2|a", {"e2e_s": 2.0})
+    again.add("q2|b", {"e2e_s": 2.0})
+    last = RunLog(tmp_path / "runs.jsonl")  # the later record of a key wins
+    assert last.keep_whole([["q2|a", "q2|b"]]) == 0 and last.records["q2|a"]["e2e_s"] == 2.0

@@ -139,3 +139,22 @@ def test_timings_of_every_route_share_one_origin(route, draft_delay, load_delay)
     if route != "fallback":
         assert t["ttft_s"] <= t["total_s"], t
     assert isinstance(result["seed"], int)
+
+
+def test_stage_timings_count_from_the_runs_origin_not_the_nodes_start():
+    """draft_ttft_s was timed from the draft node's start, ttft_s from the origin: the ratio
+    of the two (bench's draft_ttft_vs_serial_ttft) left the step to the node out of one side."""
+    from langgraph.runtime import Runtime
+
+    from specrag.nodes.draft import make_draft
+    from specrag.nodes.streaming import CLOCK_ID, now
+
+    node = make_draft(services(draft=FakeLogprobChat(reply=SLOW_DRAFT, calls=[])))
+    runtime = Runtime(context=ctx())
+    marks = {"origin": now() - 0.5, "clock": CLOCK_ID}  # the run began 0.5 s before the node
+    state = {"question": "Who led the Norse?", "marks": marks}
+    t = asyncio.run(node(state, runtime))["timings"]
+    assert 0.5 <= t["draft_ttft_s"] <= t["draft_s"] < 5, t
+    resumed = {"question": "Who led the Norse?", "marks": {**marks, "clock": -1.0}}
+    t = asyncio.run(node(resumed, runtime))["timings"]  # another process's clock: node start
+    assert t["draft_ttft_s"] <= t["draft_s"] < 0.5, t

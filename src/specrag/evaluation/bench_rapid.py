@@ -85,6 +85,8 @@ WARMUP_NEW = 8
 # (``specrag.models.layout``: a pass of 8 tokens 1.3x a step instead of 1.6x), every method.
 # Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
 # int8 drafter too; ``setup_tag`` keys those records apart (``cpu:bfloat16+cpu:qint8``).
+# Not a protocol either: since 2026-12-04 HF's methods stop at every end token the model names,
+# as RAPID does; for SmolLM2 and the pair these are the generation config's own (<|im_end|>).
 PROTOCOL = 11
 
 
@@ -216,6 +218,9 @@ def run_case(
     else:
         kwargs["prompt_lookup_num_tokens"] = 10
     before_generate = time.perf_counter() - start
+    # RAPID stops at every end token the model names (its generation config's and its
+    # tokenizer's); HF at the same ones
+    kwargs["eos_token_id"] = list(loaded.eos_token_ids)
     res = hf_generate(loaded, prompt, max_new_tokens=max_new, **kwargs)
     res["e2e_s"] = time.perf_counter() - start
     res["generate_s"] = res.pop("total_s")
@@ -427,6 +432,10 @@ def run(
     work = [(ex, length) for length in lengths for ex in picked]
     setup = setup_tag(loaded, drafter)
     keys = {case_key(ex.id, length, m, setup) for ex, length in work for m in METHODS}
+    # one (question, length)'s methods run side by side: a part-run one is run again whole
+    groups = [[case_key(ex.id, length, m, setup) for m in METHODS] for ex, length in work]
+    if redo := runlog.keep_whole(groups):
+        log.print(f"bench rapid: {redo} records of part-run cases will be run again")
     if any(not runlog.done(k) for k in keys):
         log.print("bench rapid: warming up (one short untimed case through every method)")
         warm_up(picked[0], distractor_pool, loaded, eta, drafter)
@@ -468,5 +477,12 @@ def run(
         "eta": eta,
         "max_new_tokens": MAX_NEW,
         "per_context_length": summary,
+        "statistics": {
+            "decode_speedup_vs_target": metrics.RATIO_OF_MEANS + " (tokens per second)",
+            "e2e_speedup_vs_target, repeat_question_speedup": (
+                "mean over questions of the baseline's seconds / the same mean of the method's"
+            ),
+            "*_ci95": metrics.BOOTSTRAP,
+        },
         "files": files,
     }

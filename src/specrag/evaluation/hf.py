@@ -29,6 +29,28 @@ def _timed_streamer(tokenizer: Any) -> Any:
     return TimedStreamer()
 
 
+def stop_on_text(tokenizer: Any, prompt_len: int, stops: tuple[str, ...]) -> Any:
+    """A stopping criterion that ends ``generate`` once the new text holds one of ``stops``.
+
+    The graph's answers stop there (``ctx.stop_sequences()``); HF baselines stop under the same
+    rule, so neither side decodes tokens the other would not. It reads the whole new text,
+    so a stop string inside a block of accepted speculative tokens is seen too.
+    """
+    from transformers import StoppingCriteria
+
+    from specrag.models.local import first_stop
+
+    class StopOnText(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **_: Any) -> torch.Tensor:
+            text = tokenizer.decode(input_ids[0, prompt_len:], skip_special_tokens=True)
+            done = first_stop(text, stops) is not None
+            return torch.full(
+                (input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device
+            )
+
+    return StopOnText()
+
+
 def hf_generate(
     loaded: LoadedLM,
     prompt: list[int],
@@ -132,6 +154,7 @@ def hf_generate(
         "answer": text.strip(),
         "new_tokens": new,
         "ttft_s": ttft,
+        "first_step_at": steps[0][0] if steps else None,  # perf_counter() of the first step
         "total_s": total,
         "decode_s": decode_s,
         "first_step_tokens": steps[0][1] if steps else 0,

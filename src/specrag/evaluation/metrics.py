@@ -175,3 +175,14 @@ def per_token(pairs: Sequence[tuple[float, float]]) -> float:
     """Pooled seconds per token of ``(seconds, tokens)`` pairs: ``sum(s) / sum(tokens)``."""
     tokens = sum(n for _, n in pairs)
     return sum(s for s, _ in pairs) / tokens if tokens > 0 else float("nan")
+
+
+# What the ratios in the benchmarks' JSON are (their "statistics" field): which aggregate of
+# which per-question values, and how their intervals are drawn.
+BOOTSTRAP = (
+    "95% percentile bootstrap interval, 2,000 resamples of the questions both systems ran "
+    "(paired), seeded"
+)
+RATIO_OF_MEDIANS = "median over questions of the system's value / the same median of the baseline's"
+RATIO_OF_MEANS = "mean over questions of the system's value / the same mean of the baseline's"
+POOLED_PER_TOKEN = "sum of seconds / sum of tokens (pooled) of the system over the baseline's"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +14,16 @@ from specrag.models.loading import dtype_name
 
 
 class RunLog:
-    """Append-only JSONL; a re-run skips the keys already recorded (resume after Ctrl-C)."""
+    """Append-only JSONL; a re-run skips the keys already recorded (resume after Ctrl-C).
+
+    Each record names the ``session`` (process) that made it. :meth:`keep_whole` makes a
+    resumed run redo every group of keys (one question's systems) it finds part-recorded, so
+    the systems a ratio compares always ran side by side, in one session.
+    """
 
     def __init__(self, path: Path, fresh: bool = False) -> None:
         self.path = path
+        self.session = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         path.parent.mkdir(parents=True, exist_ok=True)
         if fresh and path.exists():
             path.unlink()
@@ -31,9 +40,26 @@ class RunLog:
         """True when ``key`` was recorded by this or an earlier run."""
         return key in self.records
 
+    def keep_whole(self, groups: Iterable[Iterable[str]]) -> int:
+        """Forget the records of every group not wholly recorded; returns how many.
+
+        Their questions run again, every system of them (a later record of a key replaces an
+        earlier one when the log is read), instead of pairing a system timed in this session
+        with one timed in another, perhaps on a machine that has drifted since.
+        """
+        dropped = 0
+        for group in groups:
+            keys = list(group)
+            done = [k for k in keys if k in self.records]
+            if done and len(done) < len(keys):
+                for k in done:
+                    del self.records[k]
+                dropped += len(done)
+        return dropped
+
     def add(self, key: str, record: dict[str, Any]) -> None:
         """Record a finished unit (flushed at once)."""
-        rec = {"key": key, **record}
+        rec = {"key": key, "session": self.session, **record}
         self.records[key] = rec
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")

@@ -19,7 +19,7 @@ from specrag.graph.signals import retrieval_signal
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
-from specrag.nodes.streaming import emit, now, stream_model
+from specrag.nodes.streaming import emit, live_marks, now, stream_model
 
 
 def _no_draft(status: str, **extra: Any) -> dict[str, Any]:
@@ -69,10 +69,12 @@ def make_draft(services: Services):  # noqa: ANN201
             status = "timeout" if result.timed_out else "empty"
         else:
             status = "truncated" if truncated else "ok"
-        # both from the node's start: draft_ttft_s <= draft_s always
-        timings = {"draft_s": round(now() - start, 4)}
+        # both from the run's origin, as ttft_s is (the node's start where the origin is not
+        # this process's: a resumed run): draft_ttft_s <= draft_s always
+        origin = live_marks(dict(state)).get("origin", start)
+        timings = {"draft_s": round(now() - origin, 4)}
         if result.ttft_s is not None:
-            timings["draft_ttft_s"] = round(result.started - start + result.ttft_s, 4)
+            timings["draft_ttft_s"] = round(result.started - origin + result.ttft_s, 4)
         emit(
             {
                 "event": "drafted",
