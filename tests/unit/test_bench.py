@@ -83,7 +83,20 @@ def test_per_token_pools_seconds_and_tokens():
 # --- hf_generate: assistant passes counted apart (item 17) ---------------------------------
 
 
-def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
+class _Tok:
+    """A tokenizer for a tiny model: token i reads ``fmt.format(i)``."""
+
+    eos_token_id = 0
+
+    def __init__(self, fmt=" t{}"):
+        self.fmt = fmt
+
+    def decode(self, ids, **_):
+        return "".join(self.fmt.format(int(i)) for i in ids)
+
+
+def _tiny_loaded(fmt=" t{}"):
+    """A tiny random Llama as ``hf_generate`` takes it (no end token: it runs to the limit)."""
     from tests.tiny import tiny_llama
 
     model = tiny_llama(
@@ -96,14 +109,12 @@ def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
         eos_token_id=None,
         pad_token_id=None,
     )
+    return types.SimpleNamespace(model=model, tokenizer=_Tok(fmt), device=torch.device("cpu"))
 
-    class Tok:
-        eos_token_id = 0
 
-        def decode(self, ids, **_):
-            return "".join(f" t{int(i)}" for i in ids)
-
-    loaded = types.SimpleNamespace(model=model, tokenizer=Tok(), device=torch.device("cpu"))
+def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
+    loaded = _tiny_loaded()
+    model = loaded.model
     seen = [0]
     handle = model.register_forward_pre_hook(lambda *_: seen.__setitem__(0, seen[0] + 1))
     try:
@@ -133,26 +144,9 @@ def test_hf_baselines_stop_at_the_graphs_stop_sequences():
     """The graph's answers end at its stop sequences; HF baselines ran on past them (more
     tokens, a longer time), assisted generation's multi-token steps included."""
     from specrag.evaluation.hf import stop_on_text
-    from tests.tiny import tiny_llama
 
-    model = tiny_llama(
-        sharpen=1.0,
-        hidden_size=16,
-        intermediate_size=32,
-        num_attention_heads=2,
-        max_position_embeddings=128,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-
-    class Tok:
-        eos_token_id = 0
-
-        def decode(self, ids, **_):
-            return "".join(f"<{int(i)}>" for i in ids)
-
-    loaded = types.SimpleNamespace(model=model, tokenizer=Tok(), device=torch.device("cpu"))
+    loaded = _tiny_loaded("<{}>")
+    model, tok = loaded.model, loaded.tokenizer
     prompt = list(range(1, 20))
     free = hf_generate(loaded, prompt, max_new_tokens=16)["answer"]
     tokens = free[1:-1].split("><")
@@ -162,7 +156,7 @@ def test_hf_baselines_stop_at_the_graphs_stop_sequences():
         loaded,
         prompt,
         max_new_tokens=16,
-        stopping_criteria=[stop_on_text(Tok(), len(prompt), stop)],
+        stopping_criteria=[stop_on_text(tok, len(prompt), stop)],
     )
     assert plain["new_tokens"] == k + 1 and plain["answer"].endswith(stop[0])
     assisted = hf_generate(
@@ -170,7 +164,7 @@ def test_hf_baselines_stop_at_the_graphs_stop_sequences():
         prompt,
         max_new_tokens=16,
         assistant_model=model,
-        stopping_criteria=[stop_on_text(Tok(), len(prompt), stop)],
+        stopping_criteria=[stop_on_text(tok, len(prompt), stop)],
     )
     assert assisted["forward_passes"] < assisted["new_tokens"]  # it did speculate
     assert k + 1 <= assisted["new_tokens"] < 16 and stop[0] in assisted["answer"]
