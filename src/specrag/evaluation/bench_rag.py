@@ -93,8 +93,8 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # by oneDNN instead of transposed, kept where its timing pays - ``specrag.models.layout``;
 # 8: a benchmark audit's mends - HF baselines stop at the graph's end tokens and stop sequences
 # and answer nothing where no chunk is relevant (the graph's fallback), their ttft_s counts from
-# the run's start (the prompt's encoding included), draft_ttft_s and retrieve_s count from the
-# run's origin as ttft_s does, the draft's seed is fixed (``SEED``), and the answer settings run
+# the run's start (the prompt's encoding included), draft_ttft_s counts from the run's
+# origin as ttft_s does, the draft's seed is fixed (``SEED``), and the answer settings run
 # beside serial_plain in the 0 s pass).
 PROTOCOL = 8
 

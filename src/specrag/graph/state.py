@@ -67,8 +67,9 @@ class OutputState(TypedDict, total=False):
     """Retractions of an incremental answer: ``keep`` (characters of the streamed answer that
     stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``."""
     timings: Annotated[dict[str, float], merge_dicts]
-    """Seconds: load_s (model loading, before the run's origin), document_index_s, and from
-    the origin: retrieve_s, draft_s, draft_ttft_s, answer_s, ttft_s, total_s."""
+    """Seconds: load_s (model loading, before the run's origin), document_index_s, retrieve_s
+    (the search, from its node's start), and from the origin: draft_s, draft_ttft_s, answer_s,
+    ttft_s, total_s."""
     seed: int
     """Sampling seed of this run (the ``seed`` setting reproduces a sampled answer given the same
     route and draft)."""

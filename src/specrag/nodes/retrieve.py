@@ -17,7 +17,7 @@ from specrag.indexing.documents import Chunk
 from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
-from specrag.nodes.streaming import emit, live_marks, now, stream_model
+from specrag.nodes.streaming import emit, now, stream_model
 
 
 async def followup_query(
@@ -167,10 +167,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
             # "draft while you wait" stops now. Without evidence the draft runs on within its
             # own budget: it may become the run's (unverified) answer.
             retrieval_signal(dict(state)).set()
-        # from the run's origin, as the other stages' times are (the node's start on resume)
-        update["timings"] = {
-            "retrieve_s": round(now() - live_marks(dict(state)).get("origin", start), 4)
-        }
+        update["timings"] = {"retrieve_s": round(now() - start, 4)}
         emit(
             {
                 "event": "retrieved",
