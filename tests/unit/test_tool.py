@@ -87,15 +87,6 @@ def test_text_output_is_one_line_with_sources():
     assert format_text(unverified) == "Maybe Rollo. [unverified: retrieval timed out]"
 
 
-def test_the_default_description_names_the_output_the_agent_gets():
-    from specrag.tools import make_specrag_tool
-
-    assert "Returns JSON" in make_specrag_tool(graph=object()).description
-    text = make_specrag_tool(graph=object(), output="text").description
-    assert "JSON" not in text and "[sources: ...]" in text and "[unverified:" in text
-    assert make_specrag_tool(graph=object(), description="Mine.").description == "Mine."
-
-
 async def test_tool_tells_its_agent_why_a_question_is_refused():
     """An agent that sends an empty or over-long question reads why, not a "verified" answer
     to nothing (the graph answered both before: route generate, verified true)."""

@@ -64,37 +64,26 @@ def _run_on_own_loop(coro: Any) -> Any:
             loop.close()  # shuts its default executor down with wait=False
 
 
-TOOL_DESCRIPTIONS = {
-    "json": (
-        "Answer a question from the user's indexed documents. Returns JSON with the answer, "
-        "whether it was verified against evidence, and the sources."
-    ),
-    "text": (
-        "Answer a question from the user's indexed documents. Returns one line: the answer "
-        "and its sources as [sources: ...], or [unverified: <why>] when it could not be "
-        "checked against evidence."
-    ),
-}
-
-
 def make_specrag_tool(
     context: SpecRagContext | None = None,
     graph: Any = None,
     *,
     name: str = "search_documents",
-    description: str | None = None,
+    # kept for output="text" too: under two wordings that described the text line instead,
+    # the pair's 1.5B agent stopped calling the tool (2026-12-04, tests/pair/test_agent.py)
+    description: str = (
+        "Answer a question from the user's indexed documents. Returns JSON with the answer, "
+        "whether it was verified against evidence, and the sources."
+    ),
     output: Literal["json", "text"] = "json",
 ) -> BaseTool:
     """A tool that runs the specrag graph on a question (async and sync).
 
     ``output="json"``: answer, verified, route, reason and sources as JSON; ``"text"``: one
-    line, the answer and its sources (what small local agent models cite reliably). The
-    default ``description`` tells the agent's model which of the two it gets.
+    line, the answer and its sources (what small local agent models cite reliably).
     """
     if output not in ("json", "text"):
         raise ValueError(f"output must be 'json' or 'text', not {output!r}")
-    if description is None:
-        description = TOOL_DESCRIPTIONS[output]
     fmt = format_result if output == "json" else format_text
     if graph is None:
         from specrag.graph.builder import graph as default_graph
