@@ -150,7 +150,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         "skipped": [s.as_dict() for s in loaded.skipped],
     }
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         line = (
             f"indexed {plural(len(loaded.files), 'file')} into {ctx.index_url or directory}: "
@@ -168,6 +168,13 @@ def cmd_index(args: argparse.Namespace) -> int:
             line += f"; skipped {len(loaded.skipped)} ({shown}{more})"
         err.print(line, highlight=False, markup=False, soft_wrap=True)
     return 0
+
+
+def print_json(value: Any) -> None:
+    """The one JSON document of a ``--json`` flag, on stdout (NaN and infinities: null)."""
+    from specrag.evaluation.metrics import json_ready
+
+    print(json.dumps(json_ready(value), ensure_ascii=False, allow_nan=False))
 
 
 def plural(n: int, noun: str) -> str:
@@ -188,31 +195,39 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 "--resume finishes the interrupted run of --thread with its own question: "
                 "drop the question, or drop --resume to ask it"
             )
-        if asyncio.run(unfinished_run(args.thread)) is None:  # before any model loads
+        if args.document:
+            raise InputError(
+                "--resume goes on with the interrupted run's own document (saved with it): "
+                "drop --document"
+            )
+        saved = asyncio.run(unfinished_run(args.thread))  # before any model loads
+        if saved is None:
             raise InputError(
                 f"thread {args.thread!r} has no interrupted run to resume (never run, or its "
                 "last run finished): ask a question with --thread to continue it"
             )
+        needs_index = not saved.has_document
         question = ""
     else:
         question = validate_question(args.question or "", ctx.max_question_chars)
+        needs_index = not args.document
     document = None
-    if args.document:
+    path = Path(args.document).expanduser() if args.document else None
+    if path is not None:
         from specrag.indexing.documents import read_text, require_supported
 
-        path = Path(args.document).expanduser()
         if path.exists():  # a missing file is "file not found", whatever its name
             require_supported(path, args.document)
         document = read_text(path)
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
     started = time.perf_counter()
-    if document is None:
+    if needs_index:
         from specrag.graph.services import open_index
 
         # no index, no such collection, a bad URL or a server down: one line, before the run
         open_index(ctx)
-    preload(ctx, document)
+    preload(ctx, document, index=needs_index)
     loading = time.perf_counter() - started  # the index's embedding model too
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
@@ -220,23 +235,27 @@ def cmd_ask(args: argparse.Namespace) -> int:
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
-    if args.document:  # the graph knows the document's text, not its file: name the file
+    if path is not None:  # the graph knows the document's text, not its file: name the file
         from specrag.indexing.document_search import DOCUMENT_SOURCE
 
         for src in view["sources"]:
             if src["source"] == DOCUMENT_SOURCE:
-                src["source"] = str(Path(args.document).expanduser())
+                src["source"] = str(path)
     if args.json:
-        print(json.dumps(view, ensure_ascii=False))
+        print_json(view)
         return 0
-    out.print(f"\n[bold]Answer:[/bold] {escape(view['answer'])}")
-    out.print(f"[dim]route:[/dim] {escape(view['route'])} - {escape(view['reason'])}")
+    # soft_wrap: a piped answer keeps its lines (rich would cut them at 80 columns)
+    out.print(f"\n[bold]Answer:[/bold] {escape(view['answer'])}", soft_wrap=True)
+    out.print(
+        f"[dim]route:[/dim] {escape(view['route'])} - {escape(view['reason'])}", soft_wrap=True
+    )
     for src in view["sources"]:
         cited = escape(f"[{src['n']}] {src['source']}")
-        out.print(f"[dim]  {cited} (score {src['score']})[/dim]")
+        out.print(f"[dim]  {cited} (score {src['score']})[/dim]", soft_wrap=True)
     t = view["timings"]
     out.print(
-        "[dim]timings: " + ", ".join(f"{k}={v}" for k, v in t.items() if v is not None) + "[/dim]"
+        "[dim]timings: " + ", ".join(f"{k}={v}" for k, v in t.items() if v is not None) + "[/dim]",
+        soft_wrap=True,
     )
     return 0
 
@@ -247,6 +266,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from specrag.demo import SCENARIOS, Scenario, normans_document, scenario_context
 
     ctx = make_context(args)
+    for question in args.questions or []:  # before indexing and loading, not after
+        validate_question(question, ctx.max_question_chars)
     where = f"the Chroma server at {ctx.index_url}" if ctx.index_url else index_dir_of(ctx)
     paragraphs = squad_paragraphs()
     records = [(p.id, p.text) for p in paragraphs]
@@ -263,26 +284,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         err.print(
             f"\n[bold]{escape(scenario.name)}:[/bold] {escape(scenario.question)}", soft_wrap=True
         )
-        if scenario.intro:
-            err.print(f"[dim]{escape(scenario.intro)}[/dim]", soft_wrap=True)
         run_ctx = scenario_context(ctx, scenario)
+        if scenario.intro:
+            err.print(f"[dim]{escape(scenario.describe(run_ctx))}[/dim]", soft_wrap=True)
         doc = document if scenario.long_document else None
         result = asyncio.run(run_graph(scenario.question, run_ctx, doc, stream=not args.json))
         rows.append((scenario, result_json(result)))
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "scenario": s.name,
-                        "question": s.question,
-                        "expected_route": s.expected_route,
-                        **r,
-                    }
-                    for s, r in rows
-                ],
-                ensure_ascii=False,
-            )
+        print_json(
+            [
+                {
+                    "scenario": s.name,
+                    "question": s.question,
+                    "expected_route": s.expected_route,
+                    **r,
+                }
+                for s, r in rows
+            ]
         )
         return 0
     print_demo_summary(rows)
@@ -341,7 +359,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         for n, v, d in ctx.describe()
     ]
     if args.json:
-        print(json.dumps(rows, ensure_ascii=False))
+        print_json(rows)
     else:
         width = max(40, min(out.width, 100) - 4)
         for row in rows:
@@ -359,8 +377,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run a benchmark; results go to files under --out (and to stdout with --json)."""
     import importlib
-
-    from specrag.evaluation.metrics import json_ready
 
     module = importlib.import_module(f"specrag.evaluation.bench_{args.which}")
     models = args.models or "embedded"
@@ -397,7 +413,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh, models=models, **extra
     )
     if args.json:  # valid JSON whatever a summary holds (nan: a mean of no values)
-        print(json.dumps(json_ready(result), ensure_ascii=False, allow_nan=False))
+        print_json(result)
     return 0
 
 
@@ -474,7 +490,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ask", help="answer a question")
     p.add_argument("question", nargs="?", default="", help="the question (none with --resume)")
     p.add_argument("--document", help="answer from this file (RAPID when it is long)")
-    p.add_argument("--thread", help="conversation id: keep state across runs (SQLite)")
+    p.add_argument(
+        "--thread",
+        help="conversation id: its earlier questions and answers are this question's history; "
+        "run state checkpointed (SQLite)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -552,8 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     try:
         return int(args.func(args) or 0)
-    except SpecRagError as exc:
-        err.print(f"specrag: error: {exc}", highlight=False, markup=False, soft_wrap=True)
+    except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
+        line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
         err.print("\nspecrag: interrupted", highlight=False, markup=False)

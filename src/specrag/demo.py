@@ -25,6 +25,10 @@ class Scenario:
     overrides: dict[str, Any] = field(default_factory=dict)
     long_document: bool = False
 
+    def describe(self, ctx: SpecRagContext) -> str:
+        """The intro with the run's settings filled in (``{relevance_threshold}``, ...)."""
+        return self.intro.format(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)})
+
 
 SCENARIOS = [
     Scenario(
@@ -46,7 +50,8 @@ SCENARIOS = [
     Scenario(
         "no evidence",
         "What is the best way to train a puppy to sit?",
-        "Nothing in the index is about this (no chunk scores relevance_threshold 0.2 or more), "
+        "Nothing in the index is about this (no chunk scores relevance_threshold "
+        "{relevance_threshold} or more), "
         "so the draft runs to its own budget and is shown marked unverified.",
         "fallback",
     ),

@@ -8,6 +8,7 @@ view of a result that ``specrag ask --json`` prints).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -61,18 +62,52 @@ async def run_graph(
     from specrag.graph.builder import build_graph, graph
 
     if not thread:
-        return await _run(graph, question, ctx, document, stream, {})
+        return await _run(graph, run_inputs(question, document, False), ctx, stream, {})
     from specrag.persistence import sqlite_checkpointer
 
     async with sqlite_checkpointer() as saver:
         app = build_graph(checkpointer=saver)
         return await _run(
-            app, question, ctx, document, stream, {"configurable": {"thread_id": thread}}
+            app,
+            run_inputs(question, document, True),
+            ctx,
+            stream,
+            {"configurable": {"thread_id": thread}},
         )
 
 
-async def unfinished_run(thread: str) -> tuple[str, ...] | None:
-    """The nodes the interrupted run of ``thread`` would go on with; None when it has none.
+def run_inputs(question: str, document: str | None, conversation: bool) -> dict[str, Any] | None:
+    """The graph's input; None resumes the thread's interrupted run.
+
+    On a conversation (a thread) the question is a human message: the thread's earlier
+    questions and answers become its history (``history_tokens``, follow-up queries).
+    """
+    if not question:
+        return None
+    inputs: dict[str, Any]
+    if conversation:
+        from langchain_core.messages import HumanMessage
+
+        inputs = {"messages": [HumanMessage(question)]}
+    else:
+        inputs = {"question": question}
+    if document is not None:
+        inputs["document"] = document
+    return inputs
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """An interrupted run of a thread, as ``specrag ask --resume`` needs to know it."""
+
+    nodes: tuple[str, ...]
+    """The nodes it would go on with."""
+    has_document: bool
+    """It answers from its own document (saved with it), so it needs no index."""
+
+
+async def unfinished_run(thread: str) -> Unfinished | None:
+    """The interrupted run of ``thread``; None when it has none.
 
     None both for a thread never run and for one whose last run finished.
     """
@@ -83,16 +118,16 @@ async def unfinished_run(thread: str) -> tuple[str, ...] | None:
         state = await build_graph(checkpointer=saver).aget_state(
             {"configurable": {"thread_id": thread}}
         )
-    return tuple(state.next) or None
+    if not state.next:
+        return None
+    values = state.values or {}
+    return Unfinished(tuple(state.next), bool(values.get("run_document") or values.get("document")))
 
 
 async def _run(
-    app: Any, question: str, ctx: Any, document: str | None, stream: bool, config: dict[str, Any]
+    app: Any, inputs: dict[str, Any] | None, ctx: Any, stream: bool, config: dict[str, Any]
 ) -> dict[str, Any]:
     """Invoke, or stream the draft then the answer live on stderr."""
-    inputs: dict[str, Any] | None = {"question": question} if question else None
-    if document is not None and inputs is not None:
-        inputs["document"] = document
     if not stream:
         return await app.ainvoke(inputs, config=config or None, context=ctx)
     final: dict[str, Any] = {}
@@ -108,6 +143,8 @@ async def _run(
         event = payload.get("event") if mode == "custom" else None
         if mode == "messages":
             chunk, meta = payload
+            if getattr(chunk, "name", None) == "specrag":  # a conversation's appended answer:
+                continue  # its tokens were streamed already
             node = meta.get("langgraph_node")
             if node != current and chunk.content:
                 current, shown = node, ""
@@ -142,12 +179,13 @@ async def _run(
     return final
 
 
-def preload(ctx: Any, document: str | None = None) -> float:
-    """Load models (and open the index) before the first budget starts; returns seconds.
+def preload(ctx: Any, document: str | None = None, *, index: bool = True) -> float:
+    """Load models and open the index before a run starts; returns seconds.
 
-    The first run of a process otherwise loads them inside its budgets (the index is opened
-    within the retrieval budget, so on a busy machine a first question can time out into the
-    fallback route). Prints a note on stderr.
+    A run loads its models itself, before its origin (``load_s``, outside every budget), but
+    opens the index inside its retrieval budget: on a busy machine a process's first question
+    could time out into the fallback route. A document run (``document``, or ``index=False``
+    for a resumed one that saved its document) opens no index. Prints a note on stderr.
     """
     from specrag.graph.services import Services, default_chat_model
 
@@ -157,7 +195,7 @@ def preload(ctx: Any, document: str | None = None) -> float:
     for spec in dict.fromkeys(specs):
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)
-    if document is None:
+    if document is None and index:
         from specrag.graph.services import open_index
 
         open_index(ctx)  # a corrupt index is reported here, as one line

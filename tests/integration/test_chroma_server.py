@@ -72,6 +72,8 @@ def test_index_in_one_process_ask_from_another(chroma_url, tmp_path, monkeypatch
     ("url", "message"),
     [
         ("not-a-url", "bad --index-url"),
+        ("http://127.0.0.1:abc", "bad --index-url"),  # was "ValueError: Port could not be cast"
+        ("http://127.0.0.1:70000", "bad --index-url"),
         ("http://127.0.0.1:9", "cannot reach the Chroma server"),  # nothing listens there
     ],
 )

@@ -173,6 +173,15 @@ def test_resume_without_an_interrupted_run(capsys):
     assert "thread 'never-run' has no interrupted run to resume" in line
 
 
+def test_resume_with_a_document(capsys, tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("text")
+    line = one_line_error(
+        capsys, main(["ask", "--thread", "t", "--resume", "--document", str(doc)])
+    )
+    assert "drop --document" in line
+
+
 def test_resume_with_a_question(capsys):
     line = one_line_error(capsys, main(["ask", "Who?", "--thread", "t", "--resume"]))
     assert "drop the question, or drop --resume" in line
@@ -208,3 +217,41 @@ def test_a_collection_that_is_not_there_is_named_not_created(capsys, tmp_path):
     assert names == ["specrag"]
     code = main(["ask", "Who?", "--index-dir", str(index), "--set", "collection=x"])
     assert "bad collection name 'x'" in one_line_error(capsys, code)
+
+
+def test_a_library_message_over_several_lines_stays_on_one(capsys, monkeypatch):
+    """A pydantic or transformers error inside a ModelLoadError spans lines: one line still."""
+    import specrag.cli
+    from specrag.errors import ModelLoadError
+
+    def failing(args):
+        raise ModelLoadError("cannot create chat model 'x': 1 validation error\n  api_key\n")
+
+    monkeypatch.setattr(specrag.cli, "make_context", failing)
+    line = one_line_error(capsys, main(["ask", "Who?"]))
+    assert line.endswith("cannot create chat model 'x': 1 validation error api_key")
+
+
+def test_an_empty_demo_question_is_refused_before_indexing(capsys, monkeypatch):
+    """`demo --question ""` failed only after indexing 1,204 paragraphs and loading models."""
+    import specrag.data.datasets
+
+    def no_indexing():
+        raise AssertionError("indexed before checking the questions")
+
+    monkeypatch.setattr(specrag.data.datasets, "squad_paragraphs", no_indexing)
+    line = one_line_error(capsys, main(["demo", "--question", "Who?", "--question", " "]))
+    assert "the question is empty" in line
+
+
+def test_a_hub_id_not_in_the_cache_says_the_cli_runs_offline(capsys, monkeypatch, tmp_path):
+    """The CLI sets HF_HUB_OFFLINE=1: an uncached hub id failed without saying why."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
+    doc = tmp_path / "d.txt"  # no index needed: the model load is what fails
+    doc.write_text("Rollo led the Norse.")
+    argv = ["ask", "Who?", "--document", str(doc)]
+    argv += ["--set", "answer_model=hf:no-such-org/x", "--set", "draft_model=hf:no-such-org/x"]
+    line = one_line_error(capsys, main(argv))
+    assert "could not load model 'no-such-org/x'" in line
+    assert "HF_HUB_OFFLINE=0 downloads" in line

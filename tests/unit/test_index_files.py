@@ -169,6 +169,29 @@ def test_hidden_entries_are_reported_not_walked(tmp_path):
     ]
 
 
+def test_a_subfolder_that_cannot_be_listed_is_reported(tmp_path, monkeypatch):
+    """os.walk skipped an unreadable subfolder silently (tests run as root: chmod would not
+    stop them, so listing it raises here)."""
+    import os
+
+    d = tmp_path / "docs"
+    (d / "locked").mkdir(parents=True)
+    (d / "locked" / "secret.md").write_text("never read")
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    listing = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    loaded = load_files([str(d)])
+    assert [s for s, _ in loaded.records] == [str((d / "a.md").resolve())]
+    (locked,) = [s for s in loaded.skipped if s.reason.startswith("unreadable folder")]
+    assert locked.path == str(d / "locked") and "Permission denied" in locked.reason
+
+
 def test_text_that_is_not_utf8_is_read_with_a_warning(tmp_path, caplog):
     """A Latin-1 / Windows-1252 file was refused ("not UTF-8 text")."""
     latin = tmp_path / "latin.txt"

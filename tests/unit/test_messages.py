@@ -98,3 +98,29 @@ def test_history_reaches_the_prompts_bounded_by_tokens():
     assert "Who was the Norse leader?" in texts and "Rollo." in texts  # recent turns kept
     assert not any(t.startswith("old old") for t in texts)  # over the budget: dropped
     assert "When did he die?" in texts[-1]  # the question ends the prompt, with the evidence
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_cli_thread_is_a_conversation(stream, capsys):
+    """`specrag ask --thread ID` sent a bare question key: a follow-up got no history and no
+    self-contained query. On a thread the question is a human message; streamed, the
+    answer is shown once (the message appended to the state is not streamed again)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from specrag.runner import _run, run_inputs
+
+    answer = FakeLogprobChat(reply="Rollo.", calls=[])
+    svc, queries = recording_services(answer=answer)
+    app = build_graph(svc, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "cli-thread"}}
+    for question in ("Who was the Norse leader?", "When did he die?"):
+        out = asyncio.run(_run(app, run_inputs(question, None, True), ctx(), stream, config))
+        assert out["answer"] == "Rollo."
+    assert queries[-1] == "Who was the Norse leader? When did he die?"  # concat, the default
+    texts = [str(m.content) for m in answer.calls[-1]]
+    assert "Who was the Norse leader?" in texts and "Rollo." in texts
+    assert [m.type for m in out["messages"]] == ["human", "ai", "human", "ai"]
+    if stream:
+        assert capsys.readouterr().err.count("Rollo.") == 2  # once per question
+    assert run_inputs("Who?", None, False) == {"question": "Who?"}  # no thread: no history
+    assert run_inputs("", None, True) is None  # --resume

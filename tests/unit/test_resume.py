@@ -60,5 +60,68 @@ async def test_cli_finds_the_unfinished_run_of_a_thread(tmp_path, monkeypatch):
         graph = build_graph(svc, checkpointer=saver)
         with pytest.raises(Crash):
             await graph.ainvoke({"question": "capital of France?"}, config=config, context=ctx())
-    assert await unfinished_run("t-2") == ("refine",)
+    saved = await unfinished_run("t-2")
+    assert saved is not None and saved.nodes == ("refine",)
+    assert not saved.has_document  # an index run: the CLI opens the index before resuming
     assert await unfinished_run("t-other") is None
+
+
+async def test_an_unfinished_document_run_says_it_needs_no_index(tmp_path, monkeypatch):
+    """`--resume` of a `--document` run must not ask for an index the run never uses."""
+    from specrag.persistence import sqlite_checkpointer
+    from specrag.runner import unfinished_run
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+
+    class Crashing(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            raise Crash()
+
+    svc = services(answer=Crashing(reply="Paris.", calls=[]))
+    config = {"configurable": {"thread_id": "t-doc"}}
+    question = {"question": "capital of France?", "document": "Paris is the capital of France."}
+    async with sqlite_checkpointer() as saver:
+        graph = build_graph(svc, checkpointer=saver)
+        with pytest.raises(Crash):
+            await graph.ainvoke(question, config=config, context=ctx())
+    saved = await unfinished_run("t-doc")
+    assert saved is not None and saved.has_document
+
+
+async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_path, monkeypatch):
+    """The marks merge: a resumed refine that failed left the dead process's origin under the
+    new clock id, and generate then counted total_s from another process's perf_counter."""
+    import specrag.nodes.answer
+    import specrag.nodes.prepare
+    import specrag.nodes.streaming
+
+    calls = {"answer": 0}
+
+    class CrashThenFail(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            calls["answer"] += 1
+            if calls["answer"] == 1:
+                raise Crash()  # the first process stops inside refine
+            if calls["answer"] == 2:
+                raise RuntimeError("refine broke")  # the resumed refine fails: generate runs
+            yield from super()._stream(*a, **k)
+
+    svc = services(answer=CrashThenFail(reply="Paris.", calls=[]))
+    config = {"configurable": {"thread_id": "t-clock"}}
+    real_now = specrag.nodes.streaming.now
+    with monkeypatch.context() as m:  # the first process's clock reads 1,000 s earlier
+        m.setattr(specrag.nodes.prepare, "now", lambda: real_now() - 1000.0)
+        async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+            with pytest.raises(Crash):
+                await build_graph(svc, checkpointer=saver).ainvoke(
+                    {"question": "capital of France?"}, config=config, context=ctx()
+                )
+    for module in (specrag.nodes.streaming, specrag.nodes.answer):  # a new process
+        monkeypatch.setattr(module, "CLOCK_ID", -1.0)
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        result = await build_graph(svc, checkpointer=saver).ainvoke(
+            None, config=config, context=ctx()
+        )
+    assert result["route"] == "generate" and result["answer"] == "Paris."
+    t = result["timings"]
+    assert 0 <= t["ttft_s"] <= t["total_s"] < 100, t  # from the resumed refine's start

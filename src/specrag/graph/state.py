@@ -62,14 +62,15 @@ class OutputState(TypedDict, total=False):
     """Sources the answer was given, numbered as in the evidence blocks."""
     batches: list[dict[str, Any]]
     """The search's batches as they arrived, most relevant first: ``source`` (the ranking),
-    ``chunks`` (new chunk ids), ``arrival_s`` (seconds after retrieval started)."""
+    ``chunks`` (new chunk ids), ``arrival_s`` (seconds after retrieval started), ``dropped``
+    (chunk ids it re-ranked out of the top k)."""
     revisions: list[dict[str, Any]]
     """Retractions of an incremental answer: ``keep`` (characters of the streamed answer that
     stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``."""
     timings: Annotated[dict[str, float], merge_dicts]
     """Seconds: load_s (model loading, before the run's origin), document_index_s, retrieve_s
-    (the search, from its node's start), and from the origin: draft_s, draft_ttft_s, answer_s,
-    ttft_s, total_s."""
+    and answer_s (the search's and the answering node's own time, each from its node's start),
+    and from the origin: draft_s, draft_ttft_s, ttft_s, total_s."""
     seed: int
     """Sampling seed of this run (the ``seed`` setting reproduces a sampled answer given the same
     route and draft)."""

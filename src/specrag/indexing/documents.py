@@ -205,18 +205,24 @@ def collect_files_report(paths: Iterable[str | Path]) -> tuple[list[Path], list[
 def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
     """A folder's supported files, and what it left out.
 
-    Left out: other types, broken links, and hidden entries (``.git``, ``.DS_Store``, ...; one
-    entry each, a hidden folder never walked into).
+    Left out: other types, broken links, folders that cannot be listed, and hidden entries
+    (``.git``, ``.DS_Store``, ...; one entry each, a hidden folder never walked into).
     """
     files: list[Path] = []
     skipped: list[Skipped] = []
     seen: set[str] = set()  # real folders walked: a link to a folder above is walked once
-    for root, dirs, names in os.walk(folder, followlinks=True):
+
+    def unreadable(exc: OSError) -> None:  # a subfolder os.walk cannot list
+        where = Path(exc.filename).absolute() if exc.filename else folder.absolute()
+        skipped.append(Skipped(str(where), f"unreadable folder ({exc.strerror or exc})"))
+
+    for root, dirs, names in os.walk(folder, onerror=unreadable, followlinks=True):
         here = Path(root)
-        if os.path.realpath(here) in seen:
+        real = os.path.realpath(here)
+        if real in seen:
             dirs[:] = []
             continue
-        seen.add(os.path.realpath(here))
+        seen.add(real)
         for d in sorted(d for d in dirs if d.startswith(".")):
             skipped.append(Skipped(str((here / d).absolute()), HIDDEN))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))

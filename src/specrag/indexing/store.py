@@ -65,10 +65,14 @@ def connect(url: str) -> Any:
 
     import chromadb
 
+    bad = f"bad --index-url {url!r}: use http://HOST:PORT of a `chroma run` server"
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise IndexError_(f"bad --index-url {url!r}: use http://HOST:PORT of a `chroma run` server")
-    port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+        raise IndexError_(bad)
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+    except ValueError:  # a port that is not a number, or over 65535
+        raise IndexError_(bad) from None
     try:
         client = chromadb.HttpClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https")
         client.heartbeat()

@@ -19,6 +19,7 @@ a time budget never pays for a load.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -268,7 +269,13 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"could not load model {name!r}: {first}") from exc
+        offline = ""
+        if isinstance(source, str) and os.environ.get("HF_HUB_OFFLINE") == "1":  # a hub id
+            offline = (
+                " (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models "
+                "already in the Hugging Face cache; HF_HUB_OFFLINE=0 downloads)"
+            )
+        raise ModelLoadError(f"could not load model {name!r}: {first}{offline}") from exc
     model.to(device)  # type: ignore[arg-type]
     model.eval()
     attention_note = attention.use(model, device)  # before any timing: it changes the costs

@@ -170,7 +170,10 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
     async def answer(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
         ctx = runtime.context or SpecRagContext()
         started = now()
-        marks = {"answer": live_marks(dict(state)).get("answer", started), "clock": CLOCK_ID}
+        live = live_marks(dict(state))
+        marks = {"answer": live.get("answer", started), "clock": CLOCK_ID}
+        if "origin" not in live:  # resumed in a new process: the other clock's origin is void,
+            marks["origin"] = started  # and the marks merge: this node's start replaces it
         chunks = list(state.get("chunks") or [])
         stream = None if state.get("evidence_complete", True) else evidence_stream(dict(state))
         weaving: asyncio.Task[None] | None = None
