@@ -220,3 +220,57 @@ def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():
     assert out == plain
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
     assert stats.widest >= layout.MIN_ROWS  # some passes went through the packed weights
+
+
+@pytest.mark.parametrize(
+    ("ratios", "rows"),
+    [
+        ({1: 0.8, 2: 0.35, 3: 0.25}, 1),  # an AMD EPYC's MKL: every narrow pass pays
+        ({1: 1.2, 2: 0.6, 3: 0.5}, 2),
+        ({1: 0.5, 2: 1.1, 3: 0.4}, 3),  # a gap: only from 3 rows on
+        ({1: 1.3, 2: 1.0, 3: 0.95}, layout.MIN_ROWS),  # an Intel Xeon's MKL: from 4 rows
+        ({}, layout.MIN_ROWS),
+    ],
+)
+def test_narrow_passes_read_the_second_layout_only_from_a_row_count_that_pays(ratios, rows):
+    assert layout.rows_from(ratios) == rows
+
+
+@torch.inference_mode()
+def test_a_timed_row_count_sends_narrow_passes_to_the_second_layout():
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80)
+    dual = nn.Linear(48, 80)
+    dual.load_state_dict(plain.state_dict())
+    layout.add(dual)
+    rows, ratios = layout.narrow_rows(dual, reps=2)  # real timings: either answer
+    assert rows in (1, 2, 3, layout.MIN_ROWS) and sorted(ratios) == [1, 2, 3]
+    assert rows == layout.rows_from(ratios) and dual.min_rows == layout.MIN_ROWS  # restored
+    for r in (1, 2, 3):  # the second layout computes the same product at every width
+        layout.set_min_rows(dual, 1)
+        x = torch.randn(1, r, 48)
+        torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+    dual.weight_t = layout._wide_form(torch.zeros(80, 48))  # which copy a call reads
+    layout.set_min_rows(dual, 2)
+    torch.testing.assert_close(dual(torch.ones(1, 1, 48)), plain(torch.ones(1, 1, 48)))
+    assert torch.equal(dual(torch.ones(1, 2, 48)), dual.bias.expand(1, 2, 80))
+
+
+def test_the_row_count_is_timed_once_and_kept_with_the_verdict(tmp_path, monkeypatch):
+    """A verdict kept before row counts were timed gets one; later loads reuse it."""
+    cpu = torch.device("cpu")
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    verdicts.put(f"k|{layout.CHECK}", {"dual": True, "single_s": 1.0, "dual_s": 0.5, "on": "?"})
+    timed: list[int] = []
+    monkeypatch.setattr(
+        layout, "narrow_rows", lambda m: timed.append(1) or (2, {1: 1.1, 2: 0.5, 3: 0.4})
+    )
+    timer = lambda: (1.0, 0.5)  # noqa: E731
+    for _ in range(2):
+        model = tiny()
+        why = layout.apply(model, cpu, torch.float32, timer, verdicts, "k")
+        assert "read by passes of 2-127 tokens" in why
+        assert {m.min_rows for m in model.modules() if isinstance(m, layout.DualLinear)} == {2}
+    assert timed == [1]
+    kept = verdicts.get(f"k|{layout.CHECK}")
+    assert kept["min_rows"] == 2 and kept["dual_s"] == 0.5

@@ -1,4 +1,4 @@
-"""Each linear layer's weight in a second layout, so verify passes of 4+ tokens cost less on CPU.
+"""Each linear layer's weight in a second layout, so verify passes cost less on CPU.
 
 In fp32 on CPU cores, a pass over a few tokens is a staircase (the 1.5B of the pair on 2 cores,
 2,000-token cache: 2-3 tokens ~1.05x a single-token step, 4-6 ~1.9x, 8 ~2.5x, 10-12 ~3x,
@@ -9,8 +9,10 @@ same passes cost 1.0-1.6x a step there (4 tokens 1.05x, 8 1.3x, 16 1.56x; with t
 transposed copy used before 2026-12-02, 1.43x, 1.6x, 1.84x - see
 ``docs/bench/2026-12-02-packed-layout``). Passes with gradients on use the usual weight
 (oneDNN's op has none). Where oneDNN is missing the second layout is the transposed weight
-(``[in, out]``, contiguous). Single-token steps, narrow passes (< :data:`MIN_ROWS` tokens)
-and prefills (>= :data:`MAX_ROWS` tokens) keep the usual layout, as fast or faster there.
+(``[in, out]``, contiguous). Prefills (>= :data:`MAX_ROWS` tokens) keep the usual layout;
+single-token steps and narrow passes (< :data:`MIN_ROWS` tokens) too, unless the second one
+was timed faster for them on this machine (:func:`narrow_rows`: MKL's few-row products are
+fast on the Intel Xeons measured first, 2-3x slower than oneDNN's on an AMD EPYC).
 
 It costs one more copy of the linear weights (the 1.5B in fp32: +5.8 GiB), so it is used only
 where it was measured to pay, on the loaded model itself (:func:`apply` times a 9-token pass
@@ -39,7 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout is the faster one
+MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout, unless timed otherwise
+NARROW_PAYS = 0.9  # passes of 1-3 rows read the second layout where it takes <= this x as long
 MAX_ROWS = 128  # this many rows or more (prefills): the usual layout again (packed: ~6% slower)
 MAX_EXTRA_BYTES = 8 << 30  # a second copy of a larger model's weights is too much memory
 PAYS = 0.9  # the dual layout is kept if a 9-token pass takes at most this fraction as long
@@ -80,7 +83,9 @@ def _wide_form(weight: torch.Tensor) -> torch.Tensor:
 
 
 class DualLinear(nn.Linear):
-    """``nn.Linear`` that also holds its weight in a second layout, used for 4-127 input rows.
+    """``nn.Linear`` that also holds its weight in a second layout, for 4-127 input rows.
+
+    From ``min_rows`` instead of 4 where :func:`narrow_rows` timed narrower passes faster in it.
 
     The packed form has no storage PyTorch can copy or cast, so ``model.to(...)`` or
     ``.half()`` drops the second layout (a plain ``nn.Linear`` again, as :func:`apply` leaves
@@ -89,10 +94,11 @@ class DualLinear(nn.Linear):
     """
 
     weight_t: torch.Tensor  # oneDNN-packed [out, in] (``is_mkldnn``) or [in, out]; not saved
+    min_rows: int = MIN_ROWS  # fewer rows read the usual weight (:func:`narrow_rows` times it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         rows = x.numel() // self.in_features
-        if rows < MIN_ROWS or rows >= MAX_ROWS:
+        if rows < self.min_rows or rows >= MAX_ROWS:
             return super().forward(x)
         if self.weight_t.is_mkldnn:
             # oneDNN's op has no gradient and ignores autocast: there the usual weight serves
@@ -130,6 +136,64 @@ class DualLinear(nn.Linear):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.register_buffer("weight_t", _wide_form(self.weight.detach()), persistent=False)
+
+
+def narrow_rows(model: nn.Module, reps: int = 5) -> tuple[int, dict[int, float]]:
+    """From how many rows the second layout is the faster one (1-3; else :data:`MIN_ROWS`).
+
+    Where MKL multiplies a few rows fast (the Intel Xeons measured on 2026-12-02: 2-3 tokens
+    ~1.05x a step), steps and narrow passes keep the usual weight; where it does not (an AMD
+    EPYC on 2026-12-04, 2 cores: the 1.5B's 8960 x 1536 layer took 2.8 / 6.6 / 9.3 ms for
+    1 / 2 / 3 rows, oneDNN's packed weight 2.2 / 2.1 / 2.1 ms), they read the second layout
+    too. Timed on one layer of each weight shape, weighted by how many layers have it (min
+    of ``reps``, after a warm-up); returns the row count and the times' ratios (second
+    layout over usual) for 1-3 rows.
+    """
+    layers = [m for m in linears(model) if isinstance(m, DualLinear)]
+    shapes: dict[tuple[int, int], list[DualLinear]] = {}
+    for layer in layers:
+        shapes.setdefault(tuple(layer.weight.shape), []).append(layer)  # type: ignore[arg-type]
+    if not shapes:
+        return MIN_ROWS, {}
+    ratios: dict[int, float] = {}
+    with torch.inference_mode():
+        for rows in (1, 2, 3):
+            took = {False: 0.0, True: 0.0}
+            for group in shapes.values():
+                layer = group[0]
+                x = torch.randn(1, rows, layer.in_features, dtype=layer.weight.dtype)
+                for second in (False, True):
+                    layer.min_rows = 1 if second else MAX_ROWS  # which weight forward reads
+                    times = []
+                    for rep in range(reps + 1):
+                        start = time.perf_counter()
+                        layer(x)
+                        if rep:
+                            times.append(time.perf_counter() - start)
+                    took[second] += min(times) * len(group)
+                layer.min_rows = MIN_ROWS
+            ratios[rows] = took[True] / max(took[False], 1e-12)
+    return rows_from(ratios), {r: round(v, 3) for r, v in ratios.items()}
+
+
+def rows_from(ratios: dict[int, float]) -> int:
+    """The fewest rows from which every pass up to 3 rows pays in the second layout.
+
+    ``ratios``: time in the second layout over the usual one, for 1, 2 and 3 rows.
+    """
+    rows = MIN_ROWS
+    for candidate in (3, 2, 1):
+        if ratios.get(candidate, float("inf")) > NARROW_PAYS:
+            break
+        rows = candidate
+    return rows
+
+
+def set_min_rows(model: nn.Module, rows: int) -> None:
+    """From how many rows ``model``'s linear layers read their second layout."""
+    for layer in linears(model):
+        if "weight_t" in layer._buffers:
+            layer.min_rows = rows  # type: ignore[assignment]
 
 
 def _autocast() -> bool:
@@ -286,9 +350,17 @@ def apply(
             f"single layout (a 9-token pass {dual_s:.3f}s with both layouts vs "
             f"{single_s:.3f}s: not worth {extra / 2**30:.1f} GiB{source})"
         )
+    rows = known.get("min_rows") if known is not None else None
+    if not isinstance(rows, int) or not 1 <= rows <= MIN_ROWS:  # not timed yet (or malformed)
+        rows, narrow = narrow_rows(model)
+        if store is not None:
+            verdict = store.get(slot) or {}
+            store.put(slot, {**verdict, "min_rows": rows, "narrow_ratios": narrow})
+    set_min_rows(model, rows)
     return (
         f"dual layout: a 9-token pass {dual_s:.3f}s vs {single_s:.3f}s "
-        f"(+{extra / 2**30:.1f} GiB of {wide_kind(model)} weights{source})"
+        f"(+{extra / 2**30:.1f} GiB of {wide_kind(model)} weights, read by passes of "
+        f"{rows}-{MAX_ROWS - 1} tokens{source})"
     )
 
 
@@ -306,7 +378,10 @@ def has_dual(model: nn.Module) -> bool:
 
 
 def in_use(model: object) -> bool:
-    """Whether ``model``'s passes of 4-127 rows now read a second layout (not set_dual off)."""
+    """Whether ``model``'s passes of 4-127 rows now read a second layout (not set_dual off).
+
+    From fewer rows where :func:`narrow_rows` timed them faster in it.
+    """
     if not isinstance(model, nn.Module):  # e.g. a remote or stand-in model: one layout
         return False
     return any(isinstance(layer, DualLinear) for layer in linears(model))
