@@ -227,7 +227,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
         # no index, no such collection, a bad URL or a server down: one line, before the run
         open_index(ctx)
-    preload(ctx, document, index=needs_index)
+    preload(ctx, document, index=False)  # opened just above where the run needs it
     loading = time.perf_counter() - started  # the index's embedding model too
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)

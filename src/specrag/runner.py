@@ -184,8 +184,8 @@ def preload(ctx: Any, document: str | None = None, *, index: bool = True) -> flo
 
     A run loads its models itself, before its origin (``load_s``, outside every budget), but
     opens the index inside its retrieval budget: on a busy machine a process's first question
-    could time out into the fallback route. A document run (``document``, or ``index=False``
-    for a resumed one that saved its document) opens no index. Prints a note on stderr.
+    could time out into the fallback route. A document run opens no index, nor does
+    ``index=False`` (the caller opened it, or the run needs none). Prints a note on stderr.
     """
     from specrag.graph.services import Services, default_chat_model
 

@@ -15,6 +15,15 @@ from tests.unit.test_decoding import counts_msg, one_thread, run, tiny  # noqa: 
 NO_ONEDNN = not layout._onednn()
 
 
+def linear_pair(bias: bool = True) -> tuple[nn.Linear, nn.Linear]:
+    """A 48 -> 80 ``nn.Linear`` and its twin given both layouts (``add``), the same weights."""
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80, bias=bias)
+    dual = nn.Linear(48, 80, bias=bias)
+    dual.load_state_dict(plain.state_dict())
+    return plain, dual
+
+
 @pytest.mark.parametrize(
     "packed", [pytest.param(True, marks=pytest.mark.skipif(NO_ONEDNN, reason="no oneDNN")), False]
 )
@@ -24,10 +33,7 @@ def test_dual_linear_computes_what_linear_does_at_every_row_count(bias, packed, 
     """Packed by oneDNN, or transposed where this PyTorch has no oneDNN (``_packed`` None)."""
     if not packed:
         monkeypatch.setattr(layout, "_packed", lambda w: None)
-    torch.manual_seed(0)
-    plain = nn.Linear(48, 80, bias=bias)
-    dual = nn.Linear(48, 80, bias=bias)
-    dual.load_state_dict(plain.state_dict())
+    plain, dual = linear_pair(bias)
     assert layout.add(dual) == 48 * 80 * 4
     assert isinstance(dual, layout.DualLinear)
     assert layout.wide_kind(dual) == ("oneDNN-packed" if packed else "transposed")
@@ -52,10 +58,7 @@ def test_dual_linear_computes_what_linear_does_at_every_row_count(bias, packed, 
 
 def test_with_gradients_on_a_dual_linear_backpropagates_as_linear_does():
     """oneDNN's packed product has no gradient: a pass that records one reads the usual weight."""
-    torch.manual_seed(0)
-    plain = nn.Linear(48, 80)
-    dual = nn.Linear(48, 80)
-    dual.load_state_dict(plain.state_dict())
+    plain, dual = linear_pair()
     layout.add(dual)
     x = torch.randn(1, 6, 48)
     plain(x).square().sum().backward()
@@ -238,10 +241,7 @@ def test_narrow_passes_read_the_second_layout_only_from_a_row_count_that_pays(ra
 
 @torch.inference_mode()
 def test_a_timed_row_count_sends_narrow_passes_to_the_second_layout():
-    torch.manual_seed(0)
-    plain = nn.Linear(48, 80)
-    dual = nn.Linear(48, 80)
-    dual.load_state_dict(plain.state_dict())
+    plain, dual = linear_pair()
     layout.add(dual)
     rows, ratios = layout.narrow_rows(dual, reps=2)  # real timings: either answer
     assert rows in (1, 2, 3, layout.MIN_ROWS) and sorted(ratios) == [1, 2, 3]

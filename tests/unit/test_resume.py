@@ -43,23 +43,29 @@ async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
     assert calls["retrieve"] == 1  # retrieval was not repeated
 
 
-async def test_cli_finds_the_unfinished_run_of_a_thread(tmp_path, monkeypatch):
-    """`specrag ask --thread ID --resume` checks for an interrupted run before loading models."""
+async def stop_in_refine(thread: str, inputs: dict) -> None:
+    """Run ``inputs`` on ``thread`` (the CLI's SQLite checkpointer) until refine's model stops
+    the process."""
     from specrag.persistence import sqlite_checkpointer
-    from specrag.runner import unfinished_run
-
-    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
 
     class Crashing(FakeLogprobChat):
         def _stream(self, *a, **k):
             raise Crash()
 
     svc = services(answer=Crashing(reply="Paris.", calls=[]))
-    config = {"configurable": {"thread_id": "t-2"}}
+    config = {"configurable": {"thread_id": thread}}
     async with sqlite_checkpointer() as saver:
         graph = build_graph(svc, checkpointer=saver)
         with pytest.raises(Crash):
-            await graph.ainvoke({"question": "capital of France?"}, config=config, context=ctx())
+            await graph.ainvoke(inputs, config=config, context=ctx())
+
+
+async def test_cli_finds_the_unfinished_run_of_a_thread(tmp_path, monkeypatch):
+    """`specrag ask --thread ID --resume` checks for an interrupted run before loading models."""
+    from specrag.runner import unfinished_run
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    await stop_in_refine("t-2", {"question": "capital of France?"})
     saved = await unfinished_run("t-2")
     assert saved is not None and saved.nodes == ("refine",)
     assert not saved.has_document  # an index run: the CLI opens the index before resuming
@@ -68,22 +74,11 @@ async def test_cli_finds_the_unfinished_run_of_a_thread(tmp_path, monkeypatch):
 
 async def test_an_unfinished_document_run_says_it_needs_no_index(tmp_path, monkeypatch):
     """`--resume` of a `--document` run must not ask for an index the run never uses."""
-    from specrag.persistence import sqlite_checkpointer
     from specrag.runner import unfinished_run
 
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
-
-    class Crashing(FakeLogprobChat):
-        def _stream(self, *a, **k):
-            raise Crash()
-
-    svc = services(answer=Crashing(reply="Paris.", calls=[]))
-    config = {"configurable": {"thread_id": "t-doc"}}
     question = {"question": "capital of France?", "document": "Paris is the capital of France."}
-    async with sqlite_checkpointer() as saver:
-        graph = build_graph(svc, checkpointer=saver)
-        with pytest.raises(Crash):
-            await graph.ainvoke(question, config=config, context=ctx())
+    await stop_in_refine("t-doc", question)
     saved = await unfinished_run("t-doc")
     assert saved is not None and saved.has_document
 

@@ -333,30 +333,30 @@ def apply(
             single_s, dual_s = timer()
             source = f"; timed twice, the first over {IMPLAUSIBLE}x"
         dual = dual_s <= PAYS * single_s
-        if store is not None:
-            when = time.strftime("%Y-%m-%d", time.gmtime())
-            verdict = {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when}
-            store.put(slot, verdict)
+        when = time.strftime("%Y-%m-%d", time.gmtime())
+        entry = {"dual": dual, "single_s": single_s, "dual_s": dual_s, "on": when}
         if not dual:
             remove(model)
     else:
         assert store is not None  # a kept verdict comes from the store
+        entry = dict(known)
         dual, single_s, dual_s = known["dual"], known["single_s"], known["dual_s"]
         if dual:
             add(model)
         source = f"; timed {known.get('on', '?')}, kept in {store.path}"
+    if dual:
+        rows = entry.get("min_rows")
+        if not isinstance(rows, int) or not 1 <= rows <= MIN_ROWS:  # not timed yet (or malformed)
+            rows, narrow = narrow_rows(model)
+            entry.update(min_rows=rows, narrow_ratios=narrow)
+        set_min_rows(model, rows)
+    if store is not None and entry != known:  # a new timing, or a row count added to a kept one
+        store.put(slot, entry)
     if not dual:
         return (
             f"single layout (a 9-token pass {dual_s:.3f}s with both layouts vs "
             f"{single_s:.3f}s: not worth {extra / 2**30:.1f} GiB{source})"
         )
-    rows = known.get("min_rows") if known is not None else None
-    if not isinstance(rows, int) or not 1 <= rows <= MIN_ROWS:  # not timed yet (or malformed)
-        rows, narrow = narrow_rows(model)
-        if store is not None:
-            verdict = store.get(slot) or {}
-            store.put(slot, {**verdict, "min_rows": rows, "narrow_ratios": narrow})
-    set_min_rows(model, rows)
     return (
         f"dual layout: a 9-token pass {dual_s:.3f}s vs {single_s:.3f}s "
         f"(+{extra / 2**30:.1f} GiB of {wide_kind(model)} weights, read by passes of "
