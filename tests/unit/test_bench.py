@@ -513,8 +513,9 @@ def test_answer_settings_are_compared_paired_by_question():
 
 
 def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
-    """A run whose target came up with one layout (a timing that went the other way) must not
-    resume records made with both, nor records of another dtype or device."""
+    """A run whose target came up with one layout (a timing that went the other way), or with
+    another row count for it, must not resume records made with both, nor records of another
+    dtype or device."""
     from specrag.evaluation.store import setup_tag
     from specrag.models import layout
 
@@ -525,6 +526,8 @@ def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
     int8 = torch.nn.Sequential(torch.nn.Identity())  # no plain linear layers
     drafter = types.SimpleNamespace(model=int8, device=cpu, dtype=torch.qint8)
     assert setup_tag(target, drafter) == "cpu:float32:dual+cpu:qint8"
+    layout.set_min_rows(dual_model, 2)  # narrow passes timed faster in the second layout
+    assert setup_tag(target, drafter) == "cpu:float32:dual2+cpu:qint8"
     layout.set_dual(dual_model, False)  # a timing that went the other way: one layout in use
     assert setup_tag(target, drafter) == "cpu:float32+cpu:qint8"
 

@@ -1,5 +1,7 @@
 """Converting a GGUF once into the cache dir: its key, concurrent and killed conversions."""
 
+import hashlib
+import json
 import os
 import time
 from types import SimpleNamespace
@@ -7,7 +9,7 @@ from types import SimpleNamespace
 import torch
 import transformers
 
-from specrag.models.gguf import convert_gguf, converted_dir
+from specrag.models.gguf import DIGESTS, convert_gguf, converted_dir
 
 
 class Saved:
@@ -58,7 +60,7 @@ def test_a_first_conversion_lands_in_place(tmp_path, monkeypatch):
 
 def test_the_copy_is_keyed_by_content_not_by_path_or_mtime(tmp_path):
     """A reinstalled venv unpacks the same GGUF to a new path and mtime: the same copy."""
-    data = bytes(range(256)) * (3 * 4096 + 7)  # > 2 MiB: head and tail are read
+    data = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB
     first, second = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
     for path in (first, second):
         path.parent.mkdir()
@@ -69,15 +71,28 @@ def test_the_copy_is_keyed_by_content_not_by_path_or_mtime(tmp_path):
     assert key == converted_dir(second, torch.float32, root)
     assert key.parent == root and key.name.startswith("m-float32-")
     assert converted_dir(first, torch.float16, root) != key  # the dtype is part of the key
-    for offset in (10, len(data) - 10):  # a changed header or tail: another model
+    for offset in (10, len(data) // 2, len(data) - 10):  # a byte changed anywhere: another
         changed = bytearray(data)
         changed[offset] ^= 1
         second.write_bytes(bytes(changed))
+        os.utime(second, ns=(offset, offset))  # a new mtime each: the memo does not hide it
         assert converted_dir(second, torch.float32, root) != key
     second.write_bytes(data + b"x")  # another size
     assert converted_dir(second, torch.float32, root) != key
-    small = tmp_path / "small.gguf"  # under 2 MiB: every byte counts
-    small.write_bytes(b"abc")
-    other = tmp_path / "b" / "small.gguf"
-    other.write_bytes(b"abd")
-    assert converted_dir(small, torch.float32, root) != converted_dir(other, torch.float32, root)
+
+
+def test_a_files_digest_is_remembered_by_path_size_and_mtime(tmp_path):
+    """The second load of the same file does not hash it again; a touched file is hashed."""
+    gguf, root = tmp_path / "m.gguf", tmp_path / "cache"
+    gguf.write_bytes(b"abc")
+    real = converted_dir(gguf, torch.float32, root)
+    assert real.name == f"m-float32-{hashlib.sha256(b'abc').hexdigest()[:12]}"
+    memo = root / DIGESTS
+    kept = json.loads(memo.read_text())
+    kept[str(gguf.resolve())]["sha256"] = "f" * 64  # what the memo says is what counts
+    memo.write_text(json.dumps(kept))
+    assert converted_dir(gguf, torch.float32, root).name == f"m-float32-{'f' * 12}"
+    os.utime(gguf, ns=(5, 5))  # the file changed (as far as its mtime says): hashed again
+    assert converted_dir(gguf, torch.float32, root) == real
+    memo.write_text("not json")  # an unreadable memo counts as empty
+    assert converted_dir(gguf, torch.float32, root) == real

