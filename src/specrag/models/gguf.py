@@ -7,7 +7,6 @@ Import-light on purpose (torch and transformers only), so the GPU identity check
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from specrag.models.records import Records
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +33,10 @@ def file_sha256(path: Path, memo: Path) -> str:
     """
     stat = path.stat()
     where = str(path.resolve())
-    try:
-        known = json.loads(memo.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    known = known if isinstance(known, dict) else {}
-    hit = known.get(where)
+    memo_file = Records(memo)
+    hit = memo_file.get(where)
     if (
-        isinstance(hit, dict)
+        hit is not None
         and hit.get("size") == stat.st_size
         and hit.get("mtime_ns") == stat.st_mtime_ns
         and isinstance(hit.get("sha256"), str)
@@ -50,14 +47,7 @@ def file_sha256(path: Path, memo: Path) -> str:
         while block := f.read(1 << 24):
             digest.update(block)
     sha = digest.hexdigest()
-    known[where] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
-    tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
-        os.replace(tmp, memo)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    memo_file.put(where, {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha})
     return sha
 
 

@@ -31,16 +31,16 @@ benchmarks check.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from specrag.models.records import Records
 
 MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout, unless timed otherwise
 NARROW_PAYS = 0.9  # passes of 1-3 rows read the second layout where it takes <= this x as long
@@ -288,45 +288,23 @@ def machine() -> str:
     return f"{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}"
 
 
-class Verdicts:
+class Verdicts(Records):
     """Timed layout verdicts of this machine, in a JSON file (delete it to time again).
 
     A verdict holds for the same model weights, CPU, thread count and torch version and for
-    the same check (:data:`CHECK`): the key. An unreadable file or entry counts as missing;
-    writes are atomic (a temporary file, then a rename); two processes writing at once may
-    drop one's entry, which only costs that model a timing at its next load.
+    the same check (:data:`CHECK`): the key. An unreadable file or a malformed entry counts as
+    missing; reads and atomic writes are :class:`~specrag.models.records.Records`'.
     """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The verdict recorded for ``key``, if any (and well formed)."""
-        found = self._read().get(key)
-        if not isinstance(found, dict) or not isinstance(found.get("dual"), bool):
+        found = super().get(key)
+        if found is None or not isinstance(found.get("dual"), bool):
             return None
         times = (found.get("single_s"), found.get("dual_s"))
         if not all(isinstance(t, int | float) and t > 0 for t in times):
             return None
         return found
-
-    def put(self, key: str, verdict: dict[str, Any]) -> None:
-        """Record ``verdict`` for ``key`` (a failed write only costs a later re-timing)."""
-        data = {**self._read(), key: verdict}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-            os.replace(tmp, self.path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
 
 
 def apply(

@@ -1,0 +1,48 @@
+"""A JSON file of small records by key: read whole, written atomically (stdlib only).
+
+Used for what the cache dir remembers between processes (timed layout verdicts, GGUF
+digests). An unreadable file or a record that is not an object counts as missing; a write goes
+to a temporary file first, then is renamed over the old one, so a reader never sees half a
+file. Two processes writing at once may drop one's record, which only costs that record's
+work again later; a failed write costs the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class Records:
+    """Records by key in the JSON file at ``path`` (created on the first :meth:`put`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, Any]:
+        """Every record ({} when the file is missing, unreadable or not a JSON object)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The record of ``key`` if there is one and it is a JSON object."""
+        found = self.read().get(key)
+        return found if isinstance(found, dict) else None
+
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        """Record ``record`` under ``key`` (best effort: an OSError only loses the record)."""
+        data = {**self.read(), key: record}
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):  # e.g. the folder could not be made
+                tmp.unlink(missing_ok=True)

@@ -1,0 +1,44 @@
+"""The cache dir's small JSON record files: unreadable means empty, writes are atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from specrag.models.records import Records
+
+
+def test_records_round_trip_and_keep_each_others_keys(tmp_path):
+    records = Records(tmp_path / "deep" / "r.json")
+    assert records.read() == {} and records.get("a") is None  # no file yet
+    records.put("a", {"x": 1})
+    records.put("b", {"y": [2, 3]})
+    assert records.get("a") == {"x": 1} and records.get("b") == {"y": [2, 3]}
+    records.put("a", {"x": 4})  # replaced, the other kept
+    assert json.loads(records.path.read_text()) == {"a": {"x": 4}, "b": {"y": [2, 3]}}
+    assert [p.name for p in records.path.parent.iterdir()] == ["r.json"]  # no temporary left
+
+
+def test_an_unreadable_file_or_a_record_that_is_no_object_counts_as_missing(tmp_path):
+    records = Records(tmp_path / "r.json")
+    for text in ('{"a": 3}', '{"a": [1]}', "[1, 2]", "not json"):
+        records.path.write_text(text)
+        assert records.get("a") is None
+    records.put("b", {"z": 0})  # a bad file is replaced by a good one
+    assert records.read() == {"b": {"z": 0}}
+
+
+def test_a_write_that_fails_loses_only_the_record_and_leaves_no_temporary(tmp_path, monkeypatch):
+    records = Records(tmp_path / "r.json")
+    records.put("a", {"x": 1})
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    records.put("b", {"y": 2})  # no exception
+    assert records.read() == {"a": {"x": 1}}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    blocked = Records(tmp_path / "r.json" / "under-a-file.json")  # mkdir fails
+    blocked.put("c", {"z": 3})
+    assert blocked.read() == {}
