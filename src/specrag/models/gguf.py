@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -34,14 +35,9 @@ def file_sha256(path: Path, memo: Path) -> str:
     stat = path.stat()
     where = str(path.resolve())
     memo_file = Records(memo)
-    hit = memo_file.get(where)
-    if (
-        hit is not None
-        and hit.get("size") == stat.st_size
-        and hit.get("mtime_ns") == stat.st_mtime_ns
-        and isinstance(hit.get("sha256"), str)
-    ):
-        return str(hit["sha256"])
+    known = _remembered(memo_file.get(where), stat)
+    if known is not None:
+        return known
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 24):
@@ -51,6 +47,18 @@ def file_sha256(path: Path, memo: Path) -> str:
     return sha
 
 
+def _remembered(record: object, stat: os.stat_result) -> str | None:
+    """The digest in a memo ``record`` if it was taken of a file of this size and mtime."""
+    if (
+        isinstance(record, dict)
+        and record.get("size") == stat.st_size
+        and record.get("mtime_ns") == stat.st_mtime_ns
+        and isinstance(record.get("sha256"), str)
+    ):
+        return str(record["sha256"])
+    return None
+
+
 def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     """Where under ``root`` the converted copy of ``gguf`` in ``dtype`` lives.
 
@@ -58,8 +66,10 @@ def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     path or mtime: a reinstalled virtual environment, or a second checkout, unpacks the same
     wheel to a new path with a new mtime and reuses the copy instead of converting (and
     keeping) another one, and two GGUFs that differ anywhere (a fine-tune with the base's
-    metadata and size) never share one. Copies made under the keys of before 2026-12-04 (the
-    path and mtime; then the size and the first and last MiB) are not found; delete them.
+    metadata and size) never share one. Copies of the same file name under a key that no
+    GGUF on this machine has any more (a replaced wheel, the keys of before 2026-12-04: the
+    path and mtime, then the size and the first and last MiB) are removed by the next
+    conversion (:func:`prune_stale_copies`).
     """
     sha = file_sha256(gguf, root / DIGESTS)
     return root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}"
@@ -92,3 +102,41 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    prune_stale_copies(gguf, target)
+
+
+def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = 3600.0) -> list[Path]:
+    """Remove other converted copies of a file named like ``gguf`` that nothing uses any more.
+
+    A copy ``<stem>-<dtype>-<key>`` next to ``kept`` is stale when ``key`` begins no digest
+    remembered for a GGUF that is still where it was, as it was (same size and mtime), and it
+    is older than ``min_age_s`` (a copy another process converted a moment ago counts as
+    used even if its digest was not written). Copies of other file names are left alone.
+    Returns what was removed; each removal is logged with its size.
+    """
+    root = kept.parent
+    live = set()
+    for where, record in Records(root / DIGESTS).read().items():
+        try:
+            sha = _remembered(record, Path(where).stat())
+        except OSError:
+            continue
+        if sha is not None:
+            live.add(sha[:12])
+    name = re.compile(rf"{re.escape(gguf.stem)}-[a-z0-9]+-([0-9a-f]{{12}})")
+    removed = []
+    for copy in sorted(root.iterdir()):
+        found = name.fullmatch(copy.name)
+        if not found or found[1] in live or copy == kept or not copy.is_dir():
+            continue
+        try:
+            if copy.stat().st_mtime > time.time() - min_age_s:
+                continue
+            size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file())
+        except OSError:
+            continue
+        shutil.rmtree(copy, ignore_errors=True)
+        if not copy.exists():
+            log.info("removed %s (%.1f GB): a converted copy no GGUF here has", copy, size / 1e9)
+            removed.append(copy)
+    return removed
