@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 import transformers
 
+from specrag.models import gguf as gguf_module
 from specrag.models.gguf import DIGESTS, convert_gguf, converted_dir
 
 
@@ -134,3 +135,70 @@ def test_a_conversion_removes_the_old_copies_of_its_file_that_no_gguf_here_has(
     convert_gguf(gguf, newer, torch.float32)
     assert newer.exists() and not target.exists() and not copies["live_dtype"].exists()
     assert copies["other_model"].exists() and other_key.exists()
+
+
+def test_a_copy_whose_gguf_is_gone_is_removed_and_one_in_use_or_keyed_like_the_new_is_not(
+    tmp_path, monkeypatch
+):
+    """A deleted GGUF's record stays in the memo but keys nothing; a used copy is young."""
+    fake_loaders(monkeypatch)
+    root, venv_old, venv_new = tmp_path / "cache", tmp_path / "old", tmp_path / "new"
+    venv_old.mkdir()
+    venv_new.mkdir()
+    (venv_old / "m.gguf").write_bytes(b"old weights")
+    (venv_new / "m.gguf").write_bytes(b"new weights")
+    old_copy = converted_dir(venv_old / "m.gguf", torch.float32, root)
+    used_copy = converted_dir(venv_old / "m.gguf", torch.float16, root)
+    for folder in (old_copy, used_copy):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    (venv_old / "m.gguf").unlink()  # the old venv is gone; its record stays in the memo
+    old = time.time() - 7200
+    for folder in (old_copy, used_copy):
+        os.utime(folder, (old, old))
+    assert converted_dir(venv_new / "m.gguf", torch.float32, root) != old_copy
+    os.utime(used_copy)  # what converted_dir does to a copy it hands out (used now)
+    target = converted_dir(venv_new / "m.gguf", torch.float32, root)
+    same_key_other_dtype = target.with_name(target.name.replace("float32", "bfloat16"))
+    same_key_other_dtype.mkdir()
+    os.utime(same_key_other_dtype, (old, old))
+    assert str((venv_old / "m.gguf").resolve()) in json.loads((root / DIGESTS).read_text())
+    convert_gguf(venv_new / "m.gguf", target, torch.float32)
+    assert not old_copy.exists()
+    assert used_copy.exists() and same_key_other_dtype.exists() and target.exists()
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # no scratch left
+    (root / DIGESTS).write_text("{}")  # the memo lost every record (two writers at once)
+    convert_gguf(venv_new / "m.gguf", target, torch.float32)
+    assert same_key_other_dtype.exists()  # the converted file's own key is always live
+
+
+def test_converted_dir_marks_an_existing_copy_as_used(tmp_path):
+    gguf, root = tmp_path / "m.gguf", tmp_path / "cache"
+    gguf.write_bytes(b"w")
+    folder = converted_dir(gguf, torch.float32, root)
+    folder.mkdir(parents=True)
+    os.utime(folder, (1000, 1000))
+    assert converted_dir(gguf, torch.float32, root) == folder
+    assert folder.stat().st_mtime > time.time() - 60
+
+
+def test_pruning_that_fails_never_fails_the_conversion(tmp_path, monkeypatch, caplog):
+    fake_loaders(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise PermissionError("cache dir not listable")
+
+    monkeypatch.setattr(gguf_module, "prune_stale_copies", broken)
+    target = tmp_path / "model-float32-abc"
+    convert_gguf(tmp_path / "model.gguf", target, None)
+    assert (target / "config.json").is_file()
+    assert "could not remove stale converted copies" in caplog.text
+
+
+def test_half_a_copy_left_by_a_removal_cut_short_is_replaced(tmp_path, monkeypatch):
+    fake_loaders(monkeypatch)
+    target = tmp_path / "model-float32-abc"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"half")  # no config.json
+    convert_gguf(tmp_path / "model.gguf", target, None)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]

@@ -6,6 +6,8 @@ Import-light on purpose (torch and transformers only), so the GPU identity check
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import logging
 import os
@@ -66,13 +68,17 @@ def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     path or mtime: a reinstalled virtual environment, or a second checkout, unpacks the same
     wheel to a new path with a new mtime and reuses the copy instead of converting (and
     keeping) another one, and two GGUFs that differ anywhere (a fine-tune with the base's
-    metadata and size) never share one. Copies of the same file name under a key that no
-    GGUF on this machine has any more (a replaced wheel, the keys of before 2026-12-04: the
-    path and mtime, then the size and the first and last MiB) are removed by the next
-    conversion (:func:`prune_stale_copies`).
+    metadata and size) never share one. Copies of the same file name that no GGUF in this
+    cache's memo has any more (a replaced wheel, the keys of before 2026-12-04: the path and
+    mtime, then the size and the first and last MiB) and that were not used for an hour are
+    removed by the next conversion (:func:`prune_stale_copies`): an existing copy's mtime is
+    touched here, as it is about to be used.
     """
     sha = file_sha256(gguf, root / DIGESTS)
-    return root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}"
+    folder = root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}"
+    with contextlib.suppress(OSError):
+        os.utime(folder)  # "used now" for the pruning (a missing copy: nothing to touch)
+    return folder
 
 
 def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
@@ -94,6 +100,8 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
+        if target.is_dir() and not (target / "config.json").is_file():
+            shutil.rmtree(target, ignore_errors=True)  # half of a copy (a killed removal)
         try:
             os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
         except OSError:
@@ -102,28 +110,38 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    prune_stale_copies(gguf, target)
+    try:
+        prune_stale_copies(gguf, target)
+    except Exception as exc:  # noqa: BLE001 - tidying up never fails a conversion
+        log.warning("could not remove stale converted copies of %s: %s", gguf.name, exc)
 
 
 def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = 3600.0) -> list[Path]:
     """Remove other converted copies of a file named like ``gguf`` that nothing uses any more.
 
-    A copy ``<stem>-<dtype>-<key>`` next to ``kept`` is stale when ``key`` begins no digest
-    remembered for a GGUF that is still where it was, as it was (same size and mtime), and it
-    is older than ``min_age_s`` (a copy another process converted a moment ago counts as
-    used even if its digest was not written). Copies of other file names are left alone.
-    Returns what was removed; each removal is logged with its size.
+    A copy ``<stem>-<dtype>-<key>`` next to ``kept`` is stale when ``key`` is not ``kept``'s
+    own, begins no digest remembered in the cache's memo for a GGUF that is still where it
+    was, as it was (same size and mtime), and the copy was not made or used (its mtime,
+    touched by :func:`converted_dir`) for ``min_age_s``: a copy in use, or one whose digest
+    record two processes writing the memo at once dropped, is in use within that time.
+    Copies of other file names are left alone. A copy is renamed to a hidden name before it is
+    deleted, so a removal cut short never leaves a half copy under a key. Returns what was
+    removed; each removal is logged with its size.
     """
     root = kept.parent
-    live = set()
+    live = {kept.name[-12:]}
     for where, record in Records(root / DIGESTS).read().items():
         try:
             sha = _remembered(record, Path(where).stat())
-        except OSError:
+        except (OSError, ValueError):  # gone, unreadable, or not a path at all
             continue
         if sha is not None:
             live.add(sha[:12])
     name = re.compile(rf"{re.escape(gguf.stem)}-[a-z0-9]+-([0-9a-f]{{12}})")
+    for left in root.glob(f".{glob.escape(gguf.stem)}-*.prune*"):  # a removal cut short
+        with contextlib.suppress(OSError):
+            if left.stat().st_mtime < time.time() - min_age_s:
+                shutil.rmtree(left, ignore_errors=True)
     removed = []
     for copy in sorted(root.iterdir()):
         found = name.fullmatch(copy.name)
@@ -135,8 +153,12 @@ def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = 3600.0) -> lis
             size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file())
         except OSError:
             continue
-        shutil.rmtree(copy, ignore_errors=True)
-        if not copy.exists():
-            log.info("removed %s (%.1f GB): a converted copy no GGUF here has", copy, size / 1e9)
-            removed.append(copy)
+        scratch = copy.with_name(f".{copy.name}.prune{os.getpid()}")
+        try:
+            os.replace(copy, scratch)
+        except OSError:
+            continue
+        shutil.rmtree(scratch, ignore_errors=True)
+        log.info("removed %s (%.1f GB): a converted copy no GGUF here has", copy, size / 1e9)
+        removed.append(copy)
     return removed

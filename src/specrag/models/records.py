@@ -4,7 +4,8 @@ Used for what the cache dir remembers between processes (timed layout verdicts, 
 digests). An unreadable file or a record that is not an object counts as missing; a write goes
 to a temporary file first, then is renamed over the old one, so a reader never sees half a
 file. Two processes writing at once may drop one's record, which only costs that record's
-work again later; a failed write costs the same.
+work again later (a timing, a hash; a converted copy unused for an hour may be pruned and
+converted again); a failed write costs the same.
 """
 
 from __future__ import annotations
