@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 
 DIGESTS = "gguf-digests.json"  # under the copies' root: sha256 by (path, size, mtime)
+LEFT_BEHIND_S = 3600.0  # scratch folders and unused stale copies older than this are removed
 
 
 def file_sha256(path: Path, memo: Path) -> str:
@@ -93,9 +94,7 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed non-optional
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    for left in target.parent.glob(target.name + ".tmp*"):  # a killed conversion's (GBs)
-        if left.stat().st_mtime < time.time() - 3600:
-            shutil.rmtree(left, ignore_errors=True)
+    _remove_left_behind(target.parent, glob.escape(target.name) + ".tmp*")  # killed conversions
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     try:
         model.save_pretrained(str(tmp))
@@ -116,7 +115,19 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         log.warning("could not remove stale converted copies of %s: %s", gguf.name, exc)
 
 
-def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = 3600.0) -> list[Path]:
+def _remove_left_behind(root: Path, pattern: str, min_age_s: float = LEFT_BEHIND_S) -> None:
+    """Delete what matches ``pattern`` under ``root`` and is older than ``min_age_s``.
+
+    The scratch folders of a conversion or a removal that was killed (GBs each); younger ones
+    may belong to another process still at work. One that vanishes meanwhile is skipped.
+    """
+    for left in root.glob(pattern):
+        with contextlib.suppress(OSError):
+            if left.stat().st_mtime < time.time() - min_age_s:
+                shutil.rmtree(left, ignore_errors=True)
+
+
+def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = LEFT_BEHIND_S) -> list[Path]:
     """Remove other converted copies of a file named like ``gguf`` that nothing uses any more.
 
     A copy ``<stem>-<dtype>-<key>`` next to ``kept`` is stale when ``key`` is not ``kept``'s
@@ -138,10 +149,7 @@ def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = 3600.0) -> lis
         if sha is not None:
             live.add(sha[:12])
     name = re.compile(rf"{re.escape(gguf.stem)}-[a-z0-9]+-([0-9a-f]{{12}})")
-    for left in root.glob(f".{glob.escape(gguf.stem)}-*.prune*"):  # a removal cut short
-        with contextlib.suppress(OSError):
-            if left.stat().st_mtime < time.time() - min_age_s:
-                shutil.rmtree(left, ignore_errors=True)
+    _remove_left_behind(root, f".{glob.escape(gguf.stem)}-*.prune*", min_age_s)  # cut short
     removed = []
     for copy in sorted(root.iterdir()):
         found = name.fullmatch(copy.name)
