@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from specrag.decoding.candidates import NgramProposer
-from specrag.decoding.drafter import DrafterPolicy, DrafterProposer, MergedProposer, PairCosts
+from specrag.decoding.drafter import (
+    DrafterPolicy,
+    DrafterProposer,
+    MergedProposer,
+    PaidPrefills,
+    PairCosts,
+)
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, decode
 from specrag.decoding.state import LMState
@@ -339,6 +345,77 @@ def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeyp
     clock["t"] += 0.2
     assert proposer.propose(generated + [8, 9], 4).source == "drafter"  # 1.1 s: joined
     assert proposer.events and "joined at token 3" in proposer.events[0]
+
+
+class PaidPrefill:
+    """A drafter proposer whose first call books ``prefill_s`` seconds of prefill."""
+
+    def __init__(self, inner, prefill_s):
+        self.inner, self.stats, self.prefill_s = inner, inner.stats, prefill_s
+
+    def propose(self, generated, k, min_confidence=0.0):
+        first = self.stats.prefill_tokens == 0
+        out = self.inner.propose(generated, k, min_confidence)
+        if first:
+            self.stats.prefill_s = self.stats.draft_s = self.prefill_s
+        return out
+
+
+def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypatch):
+    """The load-time ratio (0.5) says the drafter's prefill costs 0.5 s of a 1 s target
+    prefill; the first join pays 0.8 s (0.8x), so the next answer's estimate is 0.8 s and the
+    drafter joins after 1.6 s of decoding, not 1.0 s. A carried-over proposer books nothing."""
+    import specrag.decoding.drafter as drafter_module
+
+    target, drafter = pair
+    prompt = list(range(5, 25))
+    clock = {"t": 100.0}
+    monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
+    paid = PaidPrefills()
+
+    def answer():
+        return MergedProposer(
+            NgramProposer({}),
+            PaidPrefill(DrafterProposer(LMState(drafter), prompt, Sampler(0.0)), 0.8),
+            DrafterPolicy(after_tokens=0, join_factor=2.0),
+            costs=PairCosts(step=0.3, prefill=0.5),
+            prefill_s=lambda: 1.0,
+            paid=paid,
+        )
+
+    first = answer()
+    assert first.propose([7], 4).tokens == []
+    clock["t"] += 1.1
+    assert first.propose([7, 8], 4).source == "drafter"  # 1.1 s >= 2 x 0.5 s
+    assert "prefill ratio 0.500 as measured at load" in first.events[0]
+    assert list(paid.paid) == [pytest.approx(0.8)]
+    assert first.propose([7, 8, 9], 4).source == "drafter"
+    assert len(paid.paid) == 1  # one join, one booking
+
+    second = answer()
+    assert second.propose([7], 4).tokens == []
+    clock["t"] += 1.1
+    assert second.propose([7, 8], 4).tokens == []  # 1.1 s < 2 x 0.8 s: the learned ratio
+    clock["t"] += 0.6
+    assert second.propose([7, 8, 9], 4).source == "drafter"  # 1.7 s
+    assert (
+        "(estimated drafter prefill 0.80s); prefill ratio 0.800 as paid in 1 earlier join"
+        in (second.events[0])
+    )
+    assert len(paid.paid) == 2
+
+    third = answer()
+    third.carry_over(second)  # an incremental answer's next prompt: joined already
+    assert third.propose([7, 8, 9, 10], 4).source == "drafter"
+    assert len(paid.paid) == 2
+
+
+def test_paid_prefills_keep_the_latest_window():
+    paid = PaidPrefills(window=3)
+    assert paid.ratio(0.25) == (0.25, "as measured at load")
+    for drafter_s in (1.0, 2.0, 3.0, 4.0, 0.0):  # a zero prefill (cached) books nothing
+        paid.add(drafter_s, 10.0)
+    assert paid.ratio(0.25) == (pytest.approx(0.3), "as paid in 3 earlier joins")
 
 
 def greedy_run(target, prompt, proposer=None, max_new_tokens=40, **decode_kw):

@@ -23,6 +23,7 @@ configured is exact in distribution but not reproducible draw for draw.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,6 +65,38 @@ class PairCosts:
 
     step: float  # one single-token decode step
     prefill: float  # one prefill pass over the same block of prompt tokens
+
+
+@dataclass
+class PaidPrefills:
+    """The drafter's prefill time over the target's, as paid by the answers that joined it.
+
+    The join rule's estimate of the drafter's prefill starts from :attr:`PairCosts.prefill`,
+    measured at load on a 64-token block. Real prompts are longer, and there the drafter's
+    share is larger: on the pair (int8 0.5B beside the fp32 1.5B, 2 AMD EPYC cores,
+    2026-12-04) the drafter's real prefills of 600-960-token prompts took 1.2-1.6x the
+    estimate, so the drafter joined answers too early to repay it. One instance per pair and
+    process (:func:`specrag.models.loading.paid_prefills`) keeps the ratio of each prefill the
+    drafter paid when it joined (``window`` latest); once it holds any, :meth:`ratio` is their
+    mean, else the ratio measured at load.
+    """
+
+    window: int = 16
+    paid: deque[float] = field(default_factory=deque)
+
+    def add(self, drafter_s: float, target_s: float) -> None:
+        """Book one join: the drafter's prefill took ``drafter_s``, the target's ``target_s``."""
+        if drafter_s > 0 and target_s > 0:
+            self.paid.append(drafter_s / target_s)
+            while len(self.paid) > self.window:
+                self.paid.popleft()
+
+    def ratio(self, measured: float) -> tuple[float, str]:
+        """The prefill ratio to estimate with (``measured``: at load), and where it is from."""
+        if not self.paid:
+            return measured, "as measured at load"
+        n = len(self.paid)
+        return sum(self.paid) / n, f"as paid in {n} earlier join{'s' if n > 1 else ''}"
 
 
 @dataclass
@@ -192,10 +225,11 @@ class DrafterPolicy:
     * ``max_cost_ratio``: a drafter whose single-token step costs more than this fraction of
       the target's is never used (a same-size drafter saves no time: every rejected token
       costs a drafter step on top of the target's pass);
-    * joining (ski rental): the drafter's prefill of the prompt costs about its measured
-      prefill ratio x the target's prefill of it (not its step ratio: a bf16 drafter beside
-      an fp32 target on cores with AMX steps at ~0.4x but prefills at ~0.1x), paid once, and
-      only repaid over the tokens still to come.
+    * joining (ski rental): the drafter's prefill of the prompt costs about its prefill
+      ratio x the target's prefill of it (not its step ratio: a bf16 drafter beside an fp32
+      target on cores with AMX steps at ~0.4x but prefills at ~0.1x; the ratio its earlier
+      joins paid, else the one measured at load: :class:`PaidPrefills`), paid once, and only
+      repaid over the tokens still to come.
       The drafter joins once the answer has decoded for ``join_factor x`` that estimated
       prefill time (and has at least ``after_tokens`` tokens): a terse answer ("1969") ends
       before it, a long one pays the prefill when most of it is still ahead. On a GPU the
@@ -292,14 +326,16 @@ class MergedProposer:
     ``narrow`` (set where a verify pass over a few more tokens costs about twice a step:
     :func:`narrow_cap`) a drafter proposal has at most ``narrow`` tokens.
 
-    ``prefill_s`` (the target's prefill time in this run, known after the first token) and
-    ``costs.prefill`` (the drafter's prefill over the target's on one block of tokens,
-    measured at load: :func:`specrag.models.loading.pair_costs`) estimate the drafter's
-    prefill; ``events`` records when and why the drafter joined or stopped. The decode loop
-    reports every pass to :meth:`observe`; ``ledgers`` hold, per kind of step (``drafter``,
-    ``strong``/``weak`` n-gram, ``plain``), its rounds, emitted tokens and seconds - what the
-    pay check compares (``plain_step_s``: the target's step measured at load, the baseline
-    until this decode has timed a plain step of its own).
+    ``prefill_s`` (the target's prefill time in this run, known after the first token) times
+    the drafter's prefill ratio estimates the drafter's prefill: the ratio its earlier joins
+    paid (``paid``, shared by the pair's answers: :class:`PaidPrefills`; each join this
+    proposer makes adds its own), else ``costs.prefill`` (measured at load on one block of
+    tokens: :func:`specrag.models.loading.pair_costs`); ``events`` records when and why the
+    drafter joined or stopped. The decode loop reports every pass to :meth:`observe`;
+    ``ledgers`` hold, per kind of step (``drafter``, ``strong``/``weak`` n-gram, ``plain``),
+    its rounds, emitted tokens and seconds - what the pay check compares (``plain_step_s``:
+    the target's step measured at load, the baseline until this decode has timed a plain step
+    of its own).
     """
 
     ngrams: NgramProposer
@@ -307,6 +343,7 @@ class MergedProposer:
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
     costs: PairCosts = PairCosts(step=0.0, prefill=0.0)
     prefill_s: Callable[[], float] = lambda: 0.0
+    paid: PaidPrefills | None = None
     plain_step_s: float = 0.0
     ngrams_first: bool = False
     narrow: int = 0
@@ -318,6 +355,7 @@ class MergedProposer:
     _weak_off: bool = False
     _started: float | None = None
     _joined: bool = False
+    _book_prefill: bool = False  # joined here: its first proposal's prefill goes to ``paid``
     _stopped: bool = False
     _k: int = 0
     _last: tuple[int, list[int]] | None = None  # (position, tokens) of the last drafter proposal
@@ -360,15 +398,22 @@ class MergedProposer:
         now = time.perf_counter()
         if self._started is None:
             self._started = now
-        estimate = self.prefill_s() * self.costs.prefill
+        ratio, basis = (
+            self.paid.ratio(self.costs.prefill)
+            if self.paid is not None
+            else (self.costs.prefill, "as measured at load")
+        )
+        estimate = self.prefill_s() * ratio
         waited = now - self._started
         if len(generated) >= self.policy.after_tokens and waited >= (
             self.policy.join_factor * estimate
         ):
             self._joined, self._k = True, self.policy.start_k
+            self._book_prefill = self.paid is not None
             self.events.append(
                 f"joined at token {len(generated)} after {waited:.2f}s of decoding "
-                f"(estimated drafter prefill {estimate:.2f}s)"
+                f"(estimated drafter prefill {estimate:.2f}s); prefill ratio {ratio:.3f} "
+                f"{basis}"
             )
         return self._joined
 
@@ -388,6 +433,9 @@ class MergedProposer:
             size = min(k, self._k, self.narrow or k)
             proposal = drafter.propose(generated, size, self.policy.min_confidence)
             self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
+            if self._book_prefill and self.paid is not None:
+                self._book_prefill = False
+                self.paid.add(drafter.stats.prefill_s, self.prefill_s())
             self._last = (len(generated), list(proposal.tokens))
         elif tokens and (strong or not self._weak_off):
             proposal = Proposal(tokens, source)

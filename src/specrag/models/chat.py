@@ -42,6 +42,7 @@ from specrag.models.loading import (
     LoadedLM,
     drafter_dtype,
     load_lm,
+    paid_prefills,
     pair_costs,
     same_tokenizer,
     wide_pass_ratio,
@@ -310,6 +311,7 @@ class ChatLocalLM(LocalChatBase):
                     costs=pair_costs(drafter, loaded),
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
+                    paid=paid_prefills(drafter, loaded),
                     ngrams_first=bool(verify.get("cheap")),
                     narrow=narrow,
                 )

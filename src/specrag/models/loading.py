@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from langchain_core.embeddings import Embeddings
 
-from specrag.decoding.drafter import PairCosts
+from specrag.decoding.drafter import PaidPrefills, PairCosts
 from specrag.decoding.state import sync
 from specrag.errors import ModelLoadError
 from specrag.models import attention, int8
@@ -361,6 +361,19 @@ def pair_costs(
         return _PAIR_COSTS[pair]
 
     return _PAIR_COSTS[pair] if pair in _PAIR_COSTS else on_model_thread(once)
+
+
+_PAID_PREFILLS: dict[tuple[str, str], PaidPrefills] = {}
+
+
+def paid_prefills(drafter: LoadedLM, target: LoadedLM) -> PaidPrefills:
+    """The prefill ratios the drafter paid beside ``target`` in this process's answers.
+
+    One record per pair and process, shared by every answer (they decode on the model thread,
+    one at a time): the join rule learns from each answer's join what the next one's prefill
+    will cost.
+    """
+    return _PAID_PREFILLS.setdefault((drafter.key, target.key), PaidPrefills())
 
 
 def _timed_extend(
