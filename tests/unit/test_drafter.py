@@ -364,7 +364,8 @@ class PaidPrefill:
 def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypatch):
     """The load-time ratio (0.5) says the drafter's prefill costs 0.5 s of a 1 s target
     prefill; the first join pays 0.8 s (0.8x), so the next answer's estimate is 0.8 s and the
-    drafter joins after 1.6 s of decoding, not 1.0 s. A carried-over proposer books nothing."""
+    drafter joins after 1.6 s of decoding, not 1.0 s. A carried-over proposer (joined before)
+    and one told not to book (an incremental answer's later prompt) book nothing."""
     import specrag.decoding.drafter as drafter_module
 
     target, drafter = pair
@@ -373,7 +374,7 @@ def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypat
     monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
     paid = PaidPrefills()
 
-    def answer():
+    def answer(book=True):
         return MergedProposer(
             NgramProposer({}),
             PaidPrefill(DrafterProposer(LMState(drafter), prompt, Sampler(0.0)), 0.8),
@@ -381,6 +382,7 @@ def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypat
             costs=PairCosts(step=0.3, prefill=0.5),
             prefill_s=lambda: 1.0,
             paid=paid,
+            book_paid=book,
         )
 
     first = answer()
@@ -407,6 +409,13 @@ def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypat
     third = answer()
     third.carry_over(second)  # an incremental answer's next prompt: joined already
     assert third.propose([7, 8, 9, 10], 4).source == "drafter"
+    assert len(paid.paid) == 2
+
+    fourth = answer(book=False)  # a later prompt whose first join it is: estimates, no booking
+    assert fourth.propose([7], 4).tokens == []
+    clock["t"] += 1.7
+    assert fourth.propose([7, 8], 4).source == "drafter"
+    assert "prefill ratio 0.800 as paid in 2 earlier joins" in fourth.events[0]
     assert len(paid.paid) == 2
 
 

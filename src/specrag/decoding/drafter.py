@@ -31,7 +31,7 @@ import torch
 
 from specrag.decoding.candidates import NgramProposer, Proposal
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.state import LMState
+from specrag.decoding.state import LMState, sync
 from specrag.decoding.vocab import fit_rows
 
 NARROW = (1, 2, 3)  # candidates per narrow verify pass measured against a wide one
@@ -78,7 +78,10 @@ class PaidPrefills:
     estimate, so the drafter joined answers too early to repay it. One instance per pair and
     process (:func:`specrag.models.loading.paid_prefills`) keeps the ratio of each prefill the
     drafter paid when it joined (``window`` latest); once it holds any, :meth:`ratio` is their
-    mean, else the ratio measured at load.
+    mean, else the ratio measured at load. A join booked here compares like with like: the
+    drafter's first prefill of an answer against the target's prefill of the same prompt (an
+    incremental answer's later prompts, where the target re-reads only a changed tail, book
+    nothing).
     """
 
     window: int = 16
@@ -194,6 +197,7 @@ class DrafterProposer:
         missing = context[len(self.lm) :]
         logits = self._fit(self.lm.extend(missing, all_logits=False)[-1])
         if first_fill:
+            sync(self.lm.device)  # a GPU runs ahead of the clock
             self.stats.prefill_tokens += len(missing)
             self.stats.prefill_s += time.perf_counter() - t0
         tokens: list[int] = []
@@ -328,8 +332,8 @@ class MergedProposer:
 
     ``prefill_s`` (the target's prefill time in this run, known after the first token) times
     the drafter's prefill ratio estimates the drafter's prefill: the ratio its earlier joins
-    paid (``paid``, shared by the pair's answers: :class:`PaidPrefills`; each join this
-    proposer makes adds its own), else ``costs.prefill`` (measured at load on one block of
+    paid (``paid``, shared by the pair's answers: :class:`PaidPrefills`; with ``book_paid`` a
+    join this proposer makes adds its own), else ``costs.prefill`` (measured at load on one block of
     tokens: :func:`specrag.models.loading.pair_costs`); ``events`` records when and why the
     drafter joined or stopped. The decode loop reports every pass to :meth:`observe`;
     ``ledgers`` hold, per kind of step (``drafter``, ``strong``/``weak`` n-gram, ``plain``),
@@ -344,6 +348,7 @@ class MergedProposer:
     costs: PairCosts = PairCosts(step=0.0, prefill=0.0)
     prefill_s: Callable[[], float] = lambda: 0.0
     paid: PaidPrefills | None = None
+    book_paid: bool = True  # a join here adds its prefill ratio to ``paid``
     plain_step_s: float = 0.0
     ngrams_first: bool = False
     narrow: int = 0
@@ -409,7 +414,7 @@ class MergedProposer:
             self.policy.join_factor * estimate
         ):
             self._joined, self._k = True, self.policy.start_k
-            self._book_prefill = self.paid is not None
+            self._book_prefill = self.paid is not None and self.book_paid
             self.events.append(
                 f"joined at token {len(generated)} after {waited:.2f}s of decoding "
                 f"(estimated drafter prefill {estimate:.2f}s); prefill ratio {ratio:.3f} "

@@ -184,7 +184,9 @@ class ChatLocalLM(LocalChatBase):
         costs = pair_costs(drafter, loaded)
         use, why = self._policy().decide(costs.step)
         info["cost_ratio"] = round(costs.step, 3)  # the step ratio (this key since protocol 2)
-        info["prefill_ratio"] = round(costs.prefill, 3)
+        info["prefill_ratio"] = round(costs.prefill, 3)  # measured at load
+        paid, basis = paid_prefills(drafter, loaded).ratio(costs.prefill)
+        info["prefill_ratio_used"] = {"ratio": round(paid, 3), "basis": basis}
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
     def _verify_plan(self, loaded: LoadedLM, speculation: str) -> dict[str, Any]:
@@ -312,6 +314,8 @@ class ChatLocalLM(LocalChatBase):
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
                     paid=paid_prefills(drafter, loaded),
+                    # a later prompt's segment prefill reads only the changed tail
+                    book_paid=earlier is None,
                     ngrams_first=bool(verify.get("cheap")),
                     narrow=narrow,
                 )

@@ -369,9 +369,10 @@ _PAID_PREFILLS: dict[tuple[str, str], PaidPrefills] = {}
 def paid_prefills(drafter: LoadedLM, target: LoadedLM) -> PaidPrefills:
     """The prefill ratios the drafter paid beside ``target`` in this process's answers.
 
-    One record per pair and process, shared by every answer (they decode on the model thread,
-    one at a time): the join rule learns from each answer's join what the next one's prefill
-    will cost.
+    One record per pair and process, shared by every answer: the join rule learns from each
+    answer's join what the next one's prefill will cost. Answers decode on the model thread
+    (several interleaved step by step; each prefill is timed within one step), so the record
+    needs no lock.
     """
     return _PAID_PREFILLS.setdefault((drafter.key, target.key), PaidPrefills())
 
