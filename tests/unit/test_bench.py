@@ -533,19 +533,20 @@ def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
 
 
 def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():
-    """bf16 or GPU records made before 1-token n-gram matches proposed there are not resumed;
-    fp32 CPU records (whose decoding did not change) keep their keys."""
+    """bf16 or GPU records made before 1-token n-gram matches proposed there are not resumed,
+    nor any record made before weak proposals were capped where wide passes are cheap (an
+    fp32 CPU setup may be cheap too: its key cannot tell)."""
     from specrag.evaluation import bench_pair
 
     item = {"dataset": "long", "id": "q1"}
     fp32 = bench_pair.case_key(item, "spec_verify", "cpu:float32:dual+cpu:qint8")
     protocol = bench_pair.PROTOCOL["long"]
-    assert fp32 == f"pair|long|q1|spec_verify|p{protocol}|cpu:float32:dual+cpu:qint8"
+    assert fp32 == f"pair|long|q1|spec_verify|p{protocol}|cpu:float32:dual+cpu:qint8~wc"
     for setup in ("cpu:bfloat16+cpu:qint8", "cuda:bfloat16+cuda:bfloat16", "cuda:float32"):
-        assert bench_pair.case_key(item, "spec_verify", setup).endswith(f"|{setup}~ng1")
+        assert bench_pair.case_key(item, "spec_verify", setup).endswith(f"|{setup}~ng1~wc")
     old = {"dataset": "squad", "id": "q2"}
-    assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1")
-    assert not bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("~ng1")
+    assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1~wc")
+    assert bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("|cpu:float32~wc")
 
 
 def test_bench_retrieval_logs_every_question_and_pairs_modes_against_dense(monkeypatch, tmp_path):

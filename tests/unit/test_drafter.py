@@ -719,6 +719,37 @@ def test_narrow_cap_picks_the_candidates_with_most_tokens_per_pass_cost():
     assert narrow_cap({1: 1.0, 2: 1.9, 3: 2.0, 16: 2.1}, 0.95) == 0  # sure tokens: go wide
 
 
+@pytest.mark.parametrize(
+    ("passes", "cheap", "narrow"),
+    [
+        # the 1.5B on 2 AMD EPYC cores, packed fp32 layout, 900-token cache (2026-12-04):
+        # cheap, yet a 17-token pass costs 1.37x a step and an 8-token one 1.06x
+        ({4: 0.90, 8: 1.06, 12: 1.12, 17: 1.37}, True, 7),
+        ({4: 1.0, 8: 1.01, 12: 1.02, 17: 1.03}, True, 0),  # a GPU: as wide as allowed
+        ({2: 1.02, 3: 1.17, 4: 1.92, 17: 2.84}, False, 2),  # fp32 on an Intel Xeon
+    ],
+)
+def test_the_verify_plan_caps_weak_proposals_at_the_timed_width_that_pays(
+    monkeypatch, passes, cheap, narrow
+):
+    """Cheap or not, a few narrower passes are timed and weak proposals stop at the width
+    with the most tokens per unit of pass cost (at acceptance 0.7)."""
+    import types
+
+    import specrag.models.chat as chat
+
+    timed = []
+    monkeypatch.setattr(
+        chat, "wide_pass_ratio", lambda loaded, width: timed.append(width) or passes[width]
+    )
+    plan = chat.ChatLocalLM()._verify_plan(types.SimpleNamespace(layout="-"), "draft+prompt")
+    assert plan["cheap"] is cheap and plan["narrow_candidates"] == narrow
+    assert sorted(timed) == sorted(passes)  # every width in the table timed, no other
+    assert plan["pass_ratio_by_candidates"] == {w - 1: r for w, r in passes.items()}
+    assert plan["max_candidates"] == (16 if cheap else 8)
+    assert (f"stop at {narrow}" in plan["why"]) is bool(narrow)
+
+
 def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):
     """With ``narrow=2`` (and the n-gram proposer's ``short_max=2``) every drafter proposal
     and every weak (2-gram) match has at most 2 tokens, while a strong match still proposes

@@ -35,6 +35,7 @@ from specrag.decoding.state import LMState, sync
 from specrag.decoding.vocab import fit_rows
 
 NARROW = (1, 2, 3)  # candidates per narrow verify pass measured against a wide one
+CHEAP_WIDTHS = (3, 7, 11)  # the same, where a wide pass costs little more than a step
 
 
 def narrow_cap(ratios: dict[int, float], acceptance: float) -> int:

@@ -92,9 +92,10 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
 # int8 drafter too (``docs/bench/2026-12-02-rag-pair-long-bf16-int8/``); ``setup_tag`` keys
 # those records apart (``cpu:bfloat16+cpu:qint8``). Where wide passes are cheap (bf16 with AMX,
-# a GPU; not fp32 on CPU cores) a 1-token n-gram match proposes when nothing else does;
-# ``proposer_rules`` marks those setups' keys ``~ng1``, so bf16 or GPU records made before that
-# (2026-12-02 17:44) are not resumed.
+# a GPU; fp32 on CPU cores with the packed layout on some machines) a 1-token n-gram match
+# proposes when nothing else does; ``proposer_rules`` marks bf16 and GPU setups' keys ``~ng1``,
+# so their records made before that (2026-12-02 17:44) are not resumed; and since weak
+# proposals stop at a timed width there too (2026-12-04 19:40), every key carries ``~wc``.
 PROTOCOL = {"squad": 16, "hotpot": 16, "long": 17}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0

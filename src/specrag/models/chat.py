@@ -27,6 +27,7 @@ from pydantic import Field
 
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import (
+    CHEAP_WIDTHS,
     NARROW,
     DrafterPolicy,
     DrafterProposer,
@@ -195,45 +196,51 @@ class ChatLocalLM(LocalChatBase):
         Where a ``wide_candidates + 1``-token pass costs at most ``wide_pass_cheap`` x a
         single step (a GPU; bf16 on CPUs with AMX), proposals run to ``wide_candidates``
         tokens without shrinking after a rejection, and n-gram matches of any length come
-        before the drafter; elsewhere (fp32 on CPU cores) ``max_candidates``, adapted per pass,
-        and the passes of 2-4 tokens are measured too: where a narrow pass is nearly free and
-        a wider one is not (:func:`narrow_cap`), the drafter's proposals and weak n-gram
-        matches stop at the narrow width; strong matches, mostly accepted, run on.
+        before the drafter; elsewhere (fp32 on CPU cores) ``max_candidates``, adapted per pass.
+        Either way passes of a few narrower widths are timed too (:data:`NARROW` candidates
+        where wide passes are dear, :data:`CHEAP_WIDTHS` where they are cheap): where a
+        narrower pass gives more tokens per unit of its cost (:func:`narrow_cap`), the
+        drafter's proposals and weak n-gram matches stop at that width; strong matches, mostly
+        accepted, run on. Cheap is not flat: on 2 AMD EPYC cores with the packed fp32 layout
+        (2026-12-04) the 1.5B's passes of 4 / 8 / 12 / 17 tokens on a 900-token cache cost
+        0.90 / 1.06 / 1.12 / 1.37x a step, and weak matches run to 16 candidates had ~1.2
+        accepted.
         """
         if speculation == "none":
             return {"max_candidates": 0, "why": "speculation=none (plain decoding)"}
         ratio = wide_pass_ratio(loaded, self.wide_candidates + 1)
         cheap = ratio <= self.wide_pass_cheap
         width = f"a {self.wide_candidates + 1}-token pass costs {ratio:.2f}x a step"
-        if cheap:
-            return {
-                "wide_pass_ratio": round(ratio, 3),
-                "cheap": True,
-                "layout": loaded.layout,
-                "max_candidates": max(self.max_candidates, self.wide_candidates),
-                "narrow_candidates": 0,
-                "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
-                "candidates per pass, n-gram matches before the drafter, 1-token matches "
-                "where neither proposes",
-            }
-        ratios = {c: wide_pass_ratio(loaded, c + 1) for c in NARROW}
+        widths = [c for c in (CHEAP_WIDTHS if cheap else NARROW) if c < self.wide_candidates]
+        ratios = {c: wide_pass_ratio(loaded, c + 1) for c in widths}
         ratios[self.wide_candidates] = ratio
         narrow = narrow_cap(ratios, self.narrow_acceptance)
-        return {
+        capped = (
+            f"; drafter and weak n-gram proposals stop at {narrow} (a {narrow + 1}-token pass "
+            f"costs {ratios[narrow]:.2f}x a step)"
+            if narrow
+            else ""
+        )
+        plan: dict[str, Any] = {
             "wide_pass_ratio": round(ratio, 3),
-            "cheap": False,
+            "cheap": cheap,
             "layout": loaded.layout,
-            "max_candidates": self.max_candidates,
             "pass_ratio_by_candidates": {c: round(r, 3) for c, r in sorted(ratios.items())},
             "narrow_candidates": narrow,
+        }
+        if cheap:
+            return {
+                **plan,
+                "max_candidates": max(self.max_candidates, self.wide_candidates),
+                "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
+                "candidates per pass, n-gram matches before the drafter, 1-token matches "
+                "where neither proposes" + capped,
+            }
+        return {
+            **plan,
+            "max_candidates": self.max_candidates,
             "why": f"{width} (> {self.wide_pass_cheap}): up to {self.max_candidates} "
-            "candidates, fewer after a rejection"
-            + (
-                f"; drafter and weak n-gram proposals stop at {narrow} (a "
-                f"{narrow + 1}-token pass costs {ratios[narrow]:.2f}x a step)"
-                if narrow
-                else ""
-            ),
+            "candidates, fewer after a rejection" + capped,
         }
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
