@@ -95,7 +95,7 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # a GPU; fp32 on CPU cores with the packed layout on some machines) a 1-token n-gram match
 # proposes when nothing else does; ``proposer_rules`` marks bf16 and GPU setups' keys ``~ng1``,
 # so their records made before that (2026-12-02 17:44) are not resumed; and since weak
-# proposals stop at a timed width there too (2026-12-04 19:40), every key carries ``~wc``.
+# proposals stop at a timed width there too (2026-12-04 19:23), every key carries ``~wc``.
 PROTOCOL = {"squad": 16, "hotpot": 16, "long": 17}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0

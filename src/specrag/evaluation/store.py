@@ -91,7 +91,7 @@ def proposer_rules(setup: str) -> str:
     """A run-log key's mark for the merged proposer's rules under :func:`setup_tag`'s ``setup``.
 
     Where wide passes are cheap (a target other than fp32 on CPU cores) a 1-token n-gram match
-    proposes since 2026-12-02 17:44 (``~ng1``). Since 2026-12-04 19:40 weak proposals stop
+    proposes since 2026-12-02 17:44 (``~ng1``). Since 2026-12-04 19:23 weak proposals stop
     at a width timed at load where wide passes are cheap too (``~wc``): an fp32 CPU target
     can be cheap as well (the packed layout on an AMD EPYC), and the setup does not say so,
     so every key carries the mark. Records made before either are not resumed.
