@@ -195,7 +195,8 @@ class SpecRagContext:
     drafter_join_factor: float = _f(
         2.0,
         "Ski rental: the drafter joins once the answer has decoded for this many times its "
-        "estimated prefill (target prefill x the measured prefill ratio); 0 = as soon as "
+        "estimated prefill (target prefill x the drafter's prefill ratio: as its earlier joins "
+        "in this process paid it, else as measured at load); 0 = as soon as "
         "drafter_after_tokens allows. A terse "
         "answer never pays the drafter's prefill (measured on the pair, see README).",
         ge=0,
