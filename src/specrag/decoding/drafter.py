@@ -88,12 +88,13 @@ class PaidPrefills:
     window: int = 16
     paid: deque[float] = field(default_factory=deque)
 
+    def __post_init__(self) -> None:
+        self.paid = deque(self.paid, maxlen=self.window)
+
     def add(self, drafter_s: float, target_s: float) -> None:
         """Book one join: the drafter's prefill took ``drafter_s``, the target's ``target_s``."""
         if drafter_s > 0 and target_s > 0:
             self.paid.append(drafter_s / target_s)
-            while len(self.paid) > self.window:
-                self.paid.popleft()
 
     def ratio(self, measured: float) -> tuple[float, str]:
         """The prefill ratio to estimate with (``measured``: at load), and where it is from."""
@@ -348,7 +349,7 @@ class MergedProposer:
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
     costs: PairCosts = PairCosts(step=0.0, prefill=0.0)
     prefill_s: Callable[[], float] = lambda: 0.0
-    paid: PaidPrefills | None = None
+    paid: PaidPrefills = field(default_factory=PaidPrefills)  # default: this proposer's own
     book_paid: bool = True  # a join here adds its prefill ratio to ``paid``
     plain_step_s: float = 0.0
     ngrams_first: bool = False
@@ -404,18 +405,14 @@ class MergedProposer:
         now = time.perf_counter()
         if self._started is None:
             self._started = now
-        ratio, basis = (
-            self.paid.ratio(self.costs.prefill)
-            if self.paid is not None
-            else (self.costs.prefill, "as measured at load")
-        )
+        ratio, basis = self.paid.ratio(self.costs.prefill)
         estimate = self.prefill_s() * ratio
         waited = now - self._started
         if len(generated) >= self.policy.after_tokens and waited >= (
             self.policy.join_factor * estimate
         ):
             self._joined, self._k = True, self.policy.start_k
-            self._book_prefill = self.paid is not None and self.book_paid
+            self._book_prefill = self.book_paid
             self.events.append(
                 f"joined at token {len(generated)} after {waited:.2f}s of decoding "
                 f"(estimated drafter prefill {estimate:.2f}s); prefill ratio {ratio:.3f} "
@@ -439,7 +436,7 @@ class MergedProposer:
             size = min(k, self._k, self.narrow or k)
             proposal = drafter.propose(generated, size, self.policy.min_confidence)
             self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
-            if self._book_prefill and self.paid is not None:
+            if self._book_prefill:
                 self._book_prefill = False
                 self.paid.add(drafter.stats.prefill_s, self.prefill_s())
             self._last = (len(generated), list(proposal.tokens))
