@@ -578,6 +578,75 @@ def test_wide_pass_ratio_is_measured_once_per_model(pair):
         hook.remove()
 
 
+def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
+    """A model with a weights id is timed once per machine: a new process (here: the
+    in-process records cleared) reads the kept ratios and costs without a single pass; a
+    malformed record, another layout or another check is timed again; a join's paid prefill
+    ratio is written at once and read back by the next process."""
+    from specrag.models import loading
+    from specrag.models.records import Records
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path))
+    target, drafter = pair
+    passes = Counter()
+    hooks = [
+        m.register_forward_hook(lambda mod, *_, n=n: passes.update([n]))
+        for n, m in (("target", target), ("drafter", drafter))
+    ]
+
+    def loaded(name, model, weights="tiny@1"):
+        return loading.LoadedLM(
+            name, model, None, torch.device("cpu"), torch.float32, (), 0.0, True, weights=weights
+        )
+
+    def new_process():
+        for memo in ("_WIDE_RATIO", "_PAIR_COSTS", "_PAID_PREFILLS"):
+            monkeypatch.setattr(loading, memo, {})
+
+    try:
+        new_process()
+        t, d = loaded("tiny-target-kept", target), loaded("tiny-drafter-kept", drafter)
+        ratio = loading.wide_pass_ratio(t, width=9, reps=2, cache=16)
+        costs = loading.pair_costs(d, t, steps=3, cache=16, reps=2)
+        assert passes == {"target": 7 + 7, "drafter": 7}
+        kept = Records(tmp_path / loading.PASS_TIMINGS).read()
+        assert len(kept) == 2 and all(r["on"] for r in kept.values())
+
+        new_process()
+        assert loading.wide_pass_ratio(t, width=9, reps=2, cache=16) == ratio
+        assert loading.pair_costs(d, t, steps=3, cache=16, reps=2) == costs
+        assert passes == {"target": 14, "drafter": 7}  # read, not timed
+
+        new_process()  # another check (width) and another model's weights: timed
+        loading.wide_pass_ratio(t, width=5, reps=1, cache=16)
+        loading.wide_pass_ratio(loaded("tiny-target-kept", target, "tiny@2"), 9, 1, 16)
+        assert passes["target"] == 14 + 5 + 5
+
+        store = Records(tmp_path / loading.PASS_TIMINGS)
+        slot = next(k for k in store.read() if "9-token pass" in k and "tiny@1" in k)
+        store.put(slot, {"ratio": "fast"})  # malformed: timed again, and kept well formed
+        new_process()
+        assert 0 < loading.wide_pass_ratio(t, width=9, reps=1, cache=16) < float("inf")
+        assert passes["target"] == 24 + 5 and isinstance(store.get(slot)["ratio"], float)
+
+        new_process()
+        paid = loading.paid_prefills(d, t)
+        assert paid.ratio(0.2) == (0.2, "as measured at load")
+        paid.add(0.3, 1.0)
+        paid.add(0.5, 1.0)
+        new_process()
+        assert loading.paid_prefills(d, t).ratio(0.2) == (0.4, "as paid in 2 earlier joins")
+        # models without a weights id (built in memory) are never kept
+        new_process()
+        before = store.read()
+        loading.wide_pass_ratio(loaded("tiny-anon", target, ""), width=9, reps=1, cache=16)
+        loading.paid_prefills(loaded("tiny-anon-d", drafter, ""), t).add(1.0, 2.0)
+        assert store.read() == before
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 class NgramLog:
     """An n-gram proposer that records ``(len(generated), k)`` of every call, and in ``out``
     ``(match length, tokens proposed)`` of every proposal."""

@@ -70,12 +70,18 @@ def test_with_gradients_on_a_dual_linear_backpropagates_as_linear_does():
 def test_add_and_remove_leave_the_saved_weights_as_they_were():
     model = tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert layout.state(model) == "one layout"  # what a kept pass timing is of
     added = layout.add(model)
     assert added == layout.linear_bytes(model) > 0
     assert set(model.state_dict()) == set(before)  # the second copies are not saved
     assert any(isinstance(m, layout.DualLinear) for m in model.modules())
+    kind = layout.wide_kind(model)
+    layout.set_min_rows(model, 2)
+    assert layout.state(model) == f"{kind} from 2 rows"
     layout.set_dual(model, False)  # one layout in use, both still held: remove frees both
+    assert layout.state(model) == f"{kind}, off"
     layout.remove(model)
+    assert layout.state(model) == "one layout"
     assert not any(isinstance(m, layout.DualLinear) for m in model.modules())
     assert not any("weight_t" in m._buffers for m in model.modules())
     for key, value in model.state_dict().items():

@@ -77,9 +77,10 @@ class PaidPrefills:
     share is larger: on the pair (int8 0.5B beside the fp32 1.5B, 2 AMD EPYC cores,
     2026-12-04) the drafter's real prefills of 600-960-token prompts took 1.2-1.6x the
     estimate, so the drafter joined answers too early to repay it. One instance per pair and
-    process (:func:`specrag.models.loading.paid_prefills`) keeps the ratio of each prefill the
-    drafter paid when it joined (``window`` latest); once it holds any, :meth:`ratio` is their
-    mean, else the ratio measured at load. A join booked here compares like with like: the
+    machine (:func:`specrag.models.loading.paid_prefills`, which hands each update to
+    ``saved`` to keep between processes) keeps the ratio of each prefill the drafter paid when
+    it joined (``window`` latest); once it holds any, :meth:`ratio` is their mean, else the
+    ratio measured at load. A join booked here compares like with like: the
     drafter's first prefill of an answer against the target's prefill of the same prompt (an
     incremental answer's later prompts, where the target re-reads only a changed tail, book
     nothing).
@@ -87,6 +88,7 @@ class PaidPrefills:
 
     window: int = 16
     paid: deque[float] = field(default_factory=deque)
+    saved: Callable[[list[float]], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.paid = deque(self.paid, maxlen=self.window)
@@ -95,6 +97,8 @@ class PaidPrefills:
         """Book one join: the drafter's prefill took ``drafter_s``, the target's ``target_s``."""
         if drafter_s > 0 and target_s > 0:
             self.paid.append(drafter_s / target_s)
+            if self.saved is not None:
+                self.saved(list(self.paid))
 
     def ratio(self, measured: float) -> tuple[float, str]:
         """The prefill ratio to estimate with (``measured``: at load), and where it is from."""

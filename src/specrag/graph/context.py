@@ -196,7 +196,7 @@ class SpecRagContext:
         2.0,
         "Ski rental: the drafter joins once the answer has decoded for this many times its "
         "estimated prefill (target prefill x the drafter's prefill ratio: as its earlier joins "
-        "in this process paid it, else as measured at load); 0 = as soon as "
+        "on this machine paid it, else as measured at load); 0 = as soon as "
         "drafter_after_tokens allows. A terse "
         "answer never pays the drafter's prefill (measured on the pair, see README).",
         ge=0,

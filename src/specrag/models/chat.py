@@ -117,9 +117,10 @@ class ChatLocalLM(LocalChatBase):
     def load(self) -> LoadedLM:
         """Load the model (and drafter) now, once per process; call before any budget starts.
 
-        Also measures (once per process) what a wide verify pass costs and what the drafter's
-        step and prefill cost beside the model's, which the decode reads (:meth:`_verify_plan`,
-        :meth:`_drafter_plan`), so the first answer does not pay for measuring them.
+        Also measures (once per machine, kept in the cache dir; read once per process) what a
+        wide verify pass costs and what the drafter's step and prefill cost beside the model's,
+        which the decode reads (:meth:`_verify_plan`, :meth:`_drafter_plan`), so the first
+        answer does not pay for measuring them.
         """
         if self.drafter_model:
             load_lm(self.drafter_model, self.device, self._drafter_dtype())

@@ -220,6 +220,16 @@ def min_rows_of(model: object) -> int:
     return MIN_ROWS
 
 
+def state(model: object) -> str:
+    """Which layout ``model``'s passes read now, in a few words (what a pass timing depends on)."""
+    if not isinstance(model, nn.Module):
+        return "one layout"
+    kind = wide_kind(model)
+    if kind == "no":
+        return "one layout"
+    return f"{kind} from {min_rows_of(model)} rows" if in_use(model) else f"{kind}, off"
+
+
 def set_min_rows(model: nn.Module, rows: int) -> None:
     """From how many rows ``model``'s linear layers read their second layout."""
     for layer in linears(model):

@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
 from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
+from specrag.models.records import Records
 from specrag.paths import cache_dir, package_dir
 
 log = logging.getLogger(__name__)
@@ -332,6 +334,50 @@ def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
     return _SAME_TOKENIZER[pair]
 
 
+PASS_TIMINGS = "pass-timings.json"  # in the cache dir: timed pass ratios, pair costs, joins
+
+
+def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
+    """The key a timing of ``models`` is kept under between processes, or None: not kept.
+
+    A timing holds for the same weights, device, dtype and weight layout of each model
+    (:func:`specrag.models.layout.state`), on the same machine (CPU, threads, torch version,
+    and a GPU's name) and for the same ``check``. Models without a weights id (built in
+    memory: tests, stand-ins) are timed in every process.
+    """
+    if not all(m.weights for m in models):
+        return None
+    device = models[-1].device
+    gpu = f"|{torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    parts = [f"{m.key}|{weight_layout.state(m.model)}" for m in models]
+    return "|".join([*parts, weight_layout.machine() + gpu, check])
+
+
+def _kept(slot: str | None, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The positive finite numbers ``names`` of the timing kept under ``slot``, if all are."""
+    found = Records(cache_dir() / PASS_TIMINGS).get(slot) if slot is not None else None
+    if found is None:
+        return None
+    values = {name: _positive(found.get(name)) for name in names}
+    if any(v is None for v in values.values()):
+        return None  # malformed: timed again
+    return {name: float(v) for name, v in values.items() if v is not None}
+
+
+def _positive(value: object) -> float | None:
+    """``value`` as a float if it is a positive finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value < float("inf") else None
+
+
+def _keep(slot: str | None, record: dict[str, Any]) -> None:
+    """Keep ``record`` under ``slot`` (dated; best effort, see :class:`Records`)."""
+    if slot is not None:
+        when = time.strftime("%Y-%m-%d", time.gmtime())
+        Records(cache_dir() / PASS_TIMINGS).put(slot, {**record, "on": when})
+
+
 _PAIR_COSTS: dict[tuple[str, str], PairCosts] = {}
 
 
@@ -340,7 +386,9 @@ def pair_costs(
 ) -> PairCosts:
     """Measured cost of the drafter's decode step and prefill as fractions of the target's.
 
-    Measured once per pair and process, on the model thread: both models prefill a
+    Measured once per pair and machine, on the model thread (kept in ``<cache
+    dir>/pass-timings.json`` for the same weights, layouts and machine: a new process reads
+    it; delete the file to time again): both models prefill a
     ``cache``-token prompt, then take ``steps`` single-token steps each (after one warm-up
     step), INTERLEAVED (drafter, target, drafter, ...), so a load spike from elsewhere hits
     both; then each prefills the same block again ``reps`` times in turn, on a fresh cache
@@ -356,7 +404,14 @@ def pair_costs(
 
     def once() -> PairCosts:  # on the model thread, which serialises the check and measuring
         if pair not in _PAIR_COSTS:
-            _PAIR_COSTS[pair] = _measure_costs(drafter, target, steps, cache, reps)
+            slot = _timing_slot((drafter, target), f"step and {cache}-token prefill ratios")
+            kept = _kept(slot, ("step", "prefill"))
+            if kept is not None:
+                _PAIR_COSTS[pair] = PairCosts(step=kept["step"], prefill=kept["prefill"])
+            else:
+                costs = _measure_costs(drafter, target, steps, cache, reps)
+                _keep(slot, {"step": costs.step, "prefill": costs.prefill})
+                _PAIR_COSTS[pair] = costs
             log.info("drafter %s = %s x target %s", drafter.name, _PAIR_COSTS[pair], target.name)
         return _PAIR_COSTS[pair]
 
@@ -367,14 +422,26 @@ _PAID_PREFILLS: dict[tuple[str, str], PaidPrefills] = {}
 
 
 def paid_prefills(drafter: LoadedLM, target: LoadedLM) -> PaidPrefills:
-    """The prefill ratios the drafter paid beside ``target`` in this process's answers.
+    """The prefill ratios the drafter paid beside ``target`` in earlier answers.
 
-    One record per pair and process, shared by every answer: the join rule learns from each
-    answer's join what the next one's prefill will cost. Answers decode on the model thread
-    (several interleaved step by step; each prefill is timed within one step), so the record
-    needs no lock.
+    One record per pair, shared by every answer: the join rule learns from each answer's
+    join what the next one's prefill will cost. Kept between processes like the pair's other
+    timings (``<cache dir>/pass-timings.json``; a CLI call is a new process, and its first
+    join would otherwise go by the load-time ratio): read once per process, written after
+    each join. Answers decode on the model thread (several interleaved step by step; each
+    prefill is timed within one step), so the record needs no lock.
     """
-    return _PAID_PREFILLS.setdefault((drafter.key, target.key), PaidPrefills())
+    pair = (drafter.key, target.key)
+    if pair not in _PAID_PREFILLS:
+        slot = _timing_slot((drafter, target), "prefill ratios paid by joins")
+        found = Records(cache_dir() / PASS_TIMINGS).get(slot) if slot is not None else None
+        paid = found.get("paid") if found is not None else None
+        ratios = [_positive(r) for r in paid] if isinstance(paid, list) else []
+        record = PaidPrefills(paid=deque(r for r in ratios if r is not None))
+        if slot is not None:
+            record.saved = lambda ratios: _keep(slot, {"paid": ratios})
+        _PAID_PREFILLS[pair] = record
+    return _PAID_PREFILLS[pair]
 
 
 def _timed_extend(
@@ -422,12 +489,15 @@ def _measure_costs(
 _WIDE_RATIO: dict[tuple[str, int], float] = {}
 
 
-def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 3, cache: int = 64) -> float:
+def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 5, cache: int = 64) -> float:
     """Measured cost of one ``width``-token verify pass of ``target`` over a single-token step.
 
-    Measured once per model and process, on the model thread: ``reps`` single-token steps and
-    ``width``-token passes in turn on a ``cache``-token prompt (after one warm-up of each, the
-    cache cropped back after every pass), min/min. It says whether proposing many candidates
+    Measured once per model and machine (kept in ``<cache dir>/pass-timings.json`` like
+    :func:`pair_costs`: the verify plan stays the same from one process to the next, and a
+    CLI call does not time the pair again: its load took 39.4 s with the timings, 21.6 s
+    without, README), on the model thread: ``reps`` single-token steps and ``width``-token
+    passes in turn on a ``cache``-token prompt (after one warm-up of each, the cache cropped
+    back after every pass), min/min. It says whether proposing many candidates
     per pass is nearly free (a GPU; bf16 on a CPU with AMX: 17 tokens 1.08-1.10x a step for
     the 1.5B of the pair on 2 cores, 2026-12-01) or not (fp32 on the same cores: 3.0-3.3x;
     SmolLM2-135M 2.0x) - the decode then proposes more, and n-gram matches of any length
@@ -437,7 +507,13 @@ def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 3, cache: int
 
     def once() -> float:  # on the model thread, which serialises the check and the measuring
         if key not in _WIDE_RATIO:
-            _WIDE_RATIO[key] = _measure_wide(target, width, reps, cache)
+            slot = _timing_slot((target,), f"{width}-token pass over a step, {cache}-token cache")
+            kept = _kept(slot, ("ratio",))
+            if kept is not None:
+                _WIDE_RATIO[key] = kept["ratio"]
+            else:
+                _WIDE_RATIO[key] = _measure_wide(target, width, reps, cache)
+                _keep(slot, {"ratio": _WIDE_RATIO[key]})
             log.info("%s: a %d-token pass = %.2fx a step", target.name, width, _WIDE_RATIO[key])
         return _WIDE_RATIO[key]
 
