@@ -105,7 +105,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import open_index
     from specrag.models.chat import encode_chat
-    from specrag.models.loading import drafter_dtype, load_lm, on_model_thread, pair_costs
+    from specrag.models.loading import (
+        costs_check,
+        drafter_dtype,
+        load_lm,
+        on_model_thread,
+        pair_costs,
+        timed,
+    )
     from specrag.progress import progress_bar
 
     log = Console(stderr=True)
@@ -197,6 +204,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "positions": len(positions),
         "argmax_agrees": round(sum(m for _, m in positions) / len(positions), 3),
         "drafter_step_ratio": round(ratio, 4),
+        "drafter_step_ratio_timed": timed((drafter, target), costs_check()),
         "verify_cost_file": str(args.verify_cost),
         "by_confidence": bins,
         "replay": rules,

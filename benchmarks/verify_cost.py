@@ -84,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     from specrag.errors import ModelLoadError
     from specrag.graph.context import MODEL_PRESETS
     from specrag.models import layout
-    from specrag.models.loading import drafter_dtype, load_lm, on_model_thread, pair_costs
+    from specrag.models.loading import (
+        costs_check,
+        drafter_dtype,
+        load_lm,
+        on_model_thread,
+        pair_costs,
+        timed,
+    )
 
     drafter_name, target_name = MODEL_PRESETS[args.models]
     try:
@@ -126,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["relative_to_width_1"][key] = {w: round(s / one, 3) for w, s in secs.items()}
     if "drafter" in models:
         result["drafter_step_ratio"] = round(pair_costs(drafter, target).step, 4)
+        result["drafter_step_ratio_timed"] = timed((drafter, target), costs_check())
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
     path.write_text(json.dumps(result, indent=2))

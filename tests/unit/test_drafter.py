@@ -581,12 +581,13 @@ def test_wide_pass_ratio_is_measured_once_per_model(pair):
 def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
     """A model with a weights id is timed once per machine: a new process (here: the
     in-process records cleared) reads the kept ratios and costs without a single pass; a
-    malformed record, another layout or another check is timed again; a join's paid prefill
-    ratio is written at once and read back by the next process."""
-    from specrag.models import loading
+    malformed record, another layout, machine, check or weights id is timed again; a join's
+    paid prefill ratio is written at once and read back by the next process."""
+    from specrag.models import layout, loading
     from specrag.models.records import Records
 
     monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path))
+    store = Records(tmp_path / loading.PASS_TIMINGS)
     target, drafter = pair
     passes = Counter()
     hooks = [
@@ -603,31 +604,41 @@ def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
         for memo in ("_WIDE_RATIO", "_PAIR_COSTS", "_PAID_PREFILLS"):
             monkeypatch.setattr(loading, memo, {})
 
+    t, d = loaded("tiny-target-kept", target), loaded("tiny-drafter-kept", drafter)
+    wide = lambda reps=1: loading.wide_pass_ratio(t, width=9, reps=reps, cache=16)  # noqa: E731
+    costs = lambda: loading.pair_costs(d, t, steps=3, cache=16, reps=2)  # noqa: E731
     try:
         new_process()
-        t, d = loaded("tiny-target-kept", target), loaded("tiny-drafter-kept", drafter)
-        ratio = loading.wide_pass_ratio(t, width=9, reps=2, cache=16)
-        costs = loading.pair_costs(d, t, steps=3, cache=16, reps=2)
+        ratio, cost = wide(reps=2), costs()
         assert passes == {"target": 7 + 7, "drafter": 7}
-        kept = Records(tmp_path / loading.PASS_TIMINGS).read()
-        assert len(kept) == 2 and all(r["on"] for r in kept.values())
+        assert len(store.read()) == 2 and all(r["on"] for r in store.read().values())
+        assert loading.timed((t,), loading.wide_check(9, 16)).startswith("timed in this process")
 
         new_process()
-        assert loading.wide_pass_ratio(t, width=9, reps=2, cache=16) == ratio
-        assert loading.pair_costs(d, t, steps=3, cache=16, reps=2) == costs
+        assert wide() == ratio and costs() == cost
         assert passes == {"target": 14, "drafter": 7}  # read, not timed
+        assert loading.timed((d, t), loading.costs_check(16)).startswith("timed 20")
 
+        for change in ("state", "machine"):  # another layout, another machine: timed again
+            with monkeypatch.context() as m:
+                m.setattr(layout, change, lambda *_: "elsewhere")
+                new_process()
+                before = passes["target"]
+                wide(), costs()
+                assert passes["target"] == before + 5 + 7, change
         new_process()  # another check (width) and another model's weights: timed
+        before = passes["target"]
         loading.wide_pass_ratio(t, width=5, reps=1, cache=16)
         loading.wide_pass_ratio(loaded("tiny-target-kept", target, "tiny@2"), 9, 1, 16)
-        assert passes["target"] == 14 + 5 + 5
+        assert passes["target"] == before + 5 + 5
 
-        store = Records(tmp_path / loading.PASS_TIMINGS)
-        slot = next(k for k in store.read() if "9-token pass" in k and "tiny@1" in k)
-        store.put(slot, {"ratio": "fast"})  # malformed: timed again, and kept well formed
-        new_process()
-        assert 0 < loading.wide_pass_ratio(t, width=9, reps=1, cache=16) < float("inf")
-        assert passes["target"] == 24 + 5 and isinstance(store.get(slot)["ratio"], float)
+        slot = next(k for k in store.read() if "9-token pass" in k and "tiny@1|" in k)
+        for bad in ({"ratio": "fast"}, {"ratio": 10**400}, {"ratio": -1.0}, {}):
+            store.put(slot, bad)  # malformed: timed again, and kept well formed
+            new_process()
+            before = passes["target"]
+            assert 0 < wide() < float("inf") and passes["target"] == before + 5
+            assert isinstance(store.get(slot)["ratio"], float)
 
         new_process()
         paid = loading.paid_prefills(d, t)
@@ -636,12 +647,23 @@ def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
         paid.add(0.5, 1.0)
         new_process()
         assert loading.paid_prefills(d, t).ratio(0.2) == (0.4, "as paid in 2 earlier joins")
-        # models without a weights id (built in memory) are never kept
+        joins = next(k for k in store.read() if "paid by joins" in k)
+        store.put(joins, {"paid": ["x", -1, 1e308 * 10, 10**400, True, 0.6]})
         new_process()
-        before = store.read()
-        loading.wide_pass_ratio(loaded("tiny-anon", target, ""), width=9, reps=1, cache=16)
-        loading.paid_prefills(loaded("tiny-anon-d", drafter, ""), t).add(1.0, 2.0)
-        assert store.read() == before
+        paid = loading.paid_prefills(d, t)
+        assert paid.ratio(0.2) == (0.6, "as paid in 1 earlier join")
+        with monkeypatch.context() as m:  # a failed write loses the record, not the answer
+            m.setattr(Records, "put", lambda *_: (_ for _ in ()).throw(RuntimeError("disk")))
+            paid.add(0.2, 1.0)
+        assert paid.ratio(0.2)[0] == pytest.approx(0.4)
+
+        # models without a weights id (built in memory) are timed in every process, not kept
+        before_file, before = store.read(), passes["target"]
+        for _ in range(2):
+            new_process()
+            loading.wide_pass_ratio(loaded("tiny-anon", target, ""), width=9, reps=1, cache=16)
+            loading.paid_prefills(loaded("tiny-anon-d", drafter, ""), t).add(1.0, 2.0)
+        assert store.read() == before_file and passes["target"] == before + 10
     finally:
         for h in hooks:
             h.remove()

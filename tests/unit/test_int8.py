@@ -18,7 +18,7 @@ from specrag.decoding.rapid import RapidConfig
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState
 from specrag.errors import ModelLoadError
-from specrag.models import int8
+from specrag.models import int8, layout
 from specrag.models.loading import dtype_name, resolve_dtype
 from tests.unit.test_decoding import (  # noqa: F401 - one_thread: the same autouse fixture
     counts_msg,
@@ -41,6 +41,9 @@ def pair(request):
 def test_every_linear_layer_is_quantized_and_its_logits_stay_close(pair):
     _, drafter, quantized = pair
     assert int8.is_int8(quantized) and not int8.is_int8(drafter)
+    wide = any(m.wide_weight is not None for m in quantized.modules() if hasattr(m, "wide_weight"))
+    # what a kept pass timing is of (specrag.models.loading._timing_slot)
+    assert layout.state(quantized) == ("int8 with a bf16 copy" if wide else "int8")
     assert not [m for m in quantized.modules() if type(m) is nn.Linear]
     prompt = prompt_of(1, n=20, high=64)
     full = LMState(drafter).extend(prompt)  # a wide pass (bf16 copy, where kept) ...

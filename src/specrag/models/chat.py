@@ -41,11 +41,14 @@ from specrag.decoding.state import VERIFIER_MARKS, LMState
 from specrag.models.loading import (
     EMBEDDED_LM,
     LoadedLM,
+    costs_check,
     drafter_dtype,
     load_lm,
     paid_prefills,
     pair_costs,
     same_tokenizer,
+    timed,
+    wide_check,
     wide_pass_ratio,
 )
 from specrag.models.local import (
@@ -186,7 +189,8 @@ class ChatLocalLM(LocalChatBase):
         costs = pair_costs(drafter, loaded)
         use, why = self._policy().decide(costs.step)
         info["cost_ratio"] = round(costs.step, 3)  # the step ratio (this key since protocol 2)
-        info["prefill_ratio"] = round(costs.prefill, 3)  # measured at load
+        info["prefill_ratio"] = round(costs.prefill, 3)  # timed at load, or kept from then
+        info["costs_timed"] = timed((drafter, loaded), costs_check())
         paid, basis = paid_prefills(drafter, loaded).ratio(costs.prefill)
         info["prefill_ratio_used"] = {"ratio": round(paid, 3), "basis": basis}
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
@@ -224,6 +228,7 @@ class ChatLocalLM(LocalChatBase):
         )
         plan: dict[str, Any] = {
             "wide_pass_ratio": round(ratio, 3),
+            "timed": timed((loaded,), wide_check(self.wide_candidates + 1)),
             "cheap": cheap,
             "layout": loaded.layout,
             "pass_ratio_by_candidates": {c: round(r, 3) for c, r in sorted(ratios.items())},

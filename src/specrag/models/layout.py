@@ -224,6 +224,9 @@ def state(model: object) -> str:
     """Which layout ``model``'s passes read now, in a few words (what a pass timing depends on)."""
     if not isinstance(model, nn.Module):
         return "one layout"
+    wide_int8 = [m.wide_weight is not None for m in model.modules() if hasattr(m, "wide_weight")]
+    if wide_int8:  # an int8 model (specrag.models.int8): with or without its bf16 copy
+        return "int8 with a bf16 copy" if any(wide_int8) else "int8"
     kind = wide_kind(model)
     if kind == "no":
         return "one layout"

@@ -335,6 +335,9 @@ def same_tokenizer(a: LoadedLM, b: LoadedLM) -> bool:
 
 
 PASS_TIMINGS = "pass-timings.json"  # in the cache dir: timed pass ratios, pair costs, joins
+# In every kept timing's key: bump it when a change makes passes cost differently (a kernel, a
+# layout, the attention path), so every machine times again.
+TIMINGS_VERSION = "timings 1"
 
 
 def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
@@ -345,37 +348,87 @@ def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
     and a GPU's name) and for the same ``check``. Models without a weights id (built in
     memory: tests, stand-ins) are timed in every process.
     """
-    if not all(m.weights for m in models):
+    if not all(getattr(m, "weights", "") for m in models):  # stand-ins (tests) have none
         return None
+    import transformers
+
     device = models[-1].device
     gpu = f"|{torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     parts = [f"{m.key}|{weight_layout.state(m.model)}" for m in models]
-    return "|".join([*parts, weight_layout.machine() + gpu, check])
+    software = f"transformers {transformers.__version__}|{TIMINGS_VERSION}"
+    return "|".join([*parts, weight_layout.machine() + gpu, software, check])
+
+
+_TIMED_ON: dict[str, str] = {}  # slot -> when a timing read from the file was taken
 
 
 def _kept(slot: str | None, names: tuple[str, ...]) -> dict[str, float] | None:
     """The positive finite numbers ``names`` of the timing kept under ``slot``, if all are."""
-    found = Records(cache_dir() / PASS_TIMINGS).get(slot) if slot is not None else None
+    found = _record(slot)
     if found is None:
         return None
     values = {name: _positive(found.get(name)) for name in names}
     if any(v is None for v in values.values()):
         return None  # malformed: timed again
+    assert slot is not None  # a record was found under it
+    _TIMED_ON[slot] = str(found.get("on", "?"))
     return {name: float(v) for name, v in values.items() if v is not None}
+
+
+def _record(slot: str | None) -> dict[str, Any] | None:
+    """The record kept under ``slot``; None if there is none or the file cannot be read."""
+    if slot is None:
+        return None
+    try:
+        return Records(cache_dir() / PASS_TIMINGS).get(slot)
+    except Exception:  # noqa: BLE001 - e.g. JSON nested too deep: a timing is only lost
+        log.warning("could not read %s: timing again", cache_dir() / PASS_TIMINGS)
+        return None
 
 
 def _positive(value: object) -> float | None:
     """``value`` as a float if it is a positive finite number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if 0 < value < float("inf") else None
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return number if 0 < number < float("inf") else None
 
 
 def _keep(slot: str | None, record: dict[str, Any]) -> None:
-    """Keep ``record`` under ``slot`` (dated; best effort, see :class:`Records`)."""
-    if slot is not None:
-        when = time.strftime("%Y-%m-%d", time.gmtime())
+    """Keep ``record`` under ``slot``, dated; best effort: a failed write is logged.
+
+    Never raised: it may run in the middle of a decode (:func:`paid_prefills`).
+    """
+    if slot is None:
+        return
+    when = time.strftime("%Y-%m-%d", time.gmtime())
+    try:
         Records(cache_dir() / PASS_TIMINGS).put(slot, {**record, "on": when})
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not keep a timing in %s: %s", cache_dir() / PASS_TIMINGS, exc)
+
+
+def timed(models: tuple[LoadedLM, ...], check: str) -> str:
+    """When the timing ``check`` of ``models`` in use was taken, in words (stats, reports)."""
+    slot = _timing_slot(models, check)
+    if slot is None:
+        return "timed in this process"
+    if slot in _TIMED_ON:
+        return f"timed {_TIMED_ON[slot]}, kept in {cache_dir() / PASS_TIMINGS}"
+    return f"timed in this process, kept in {cache_dir() / PASS_TIMINGS}"
+
+
+def wide_check(width: int, cache: int = 64) -> str:
+    """The check a ``width``-token pass timing is kept under (:func:`wide_pass_ratio`)."""
+    return f"{width}-token pass over a step, {cache}-token cache"
+
+
+def costs_check(cache: int = 64) -> str:
+    """The check the pair's cost timing is kept under (:func:`pair_costs`)."""
+    return f"step and {cache}-token prefill ratios"
 
 
 _PAIR_COSTS: dict[tuple[str, str], PairCosts] = {}
@@ -404,7 +457,7 @@ def pair_costs(
 
     def once() -> PairCosts:  # on the model thread, which serialises the check and measuring
         if pair not in _PAIR_COSTS:
-            slot = _timing_slot((drafter, target), f"step and {cache}-token prefill ratios")
+            slot = _timing_slot((drafter, target), costs_check(cache))
             kept = _kept(slot, ("step", "prefill"))
             if kept is not None:
                 _PAIR_COSTS[pair] = PairCosts(step=kept["step"], prefill=kept["prefill"])
@@ -434,13 +487,14 @@ def paid_prefills(drafter: LoadedLM, target: LoadedLM) -> PaidPrefills:
     pair = (drafter.key, target.key)
     if pair not in _PAID_PREFILLS:
         slot = _timing_slot((drafter, target), "prefill ratios paid by joins")
-        found = Records(cache_dir() / PASS_TIMINGS).get(slot) if slot is not None else None
+        found = _record(slot)
         paid = found.get("paid") if found is not None else None
         ratios = [_positive(r) for r in paid] if isinstance(paid, list) else []
         record = PaidPrefills(paid=deque(r for r in ratios if r is not None))
         if slot is not None:
             record.saved = lambda ratios: _keep(slot, {"paid": ratios})
-        _PAID_PREFILLS[pair] = record
+        # two first requests at once: one record wins, and both book into it
+        return _PAID_PREFILLS.setdefault(pair, record)
     return _PAID_PREFILLS[pair]
 
 
@@ -507,7 +561,7 @@ def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 5, cache: int
 
     def once() -> float:  # on the model thread, which serialises the check and the measuring
         if key not in _WIDE_RATIO:
-            slot = _timing_slot((target,), f"{width}-token pass over a step, {cache}-token cache")
+            slot = _timing_slot((target,), wide_check(width, cache))
             kept = _kept(slot, ("ratio",))
             if kept is not None:
                 _WIDE_RATIO[key] = kept["ratio"]
