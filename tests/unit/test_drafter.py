@@ -601,7 +601,7 @@ def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
         )
 
     def new_process():
-        for memo in ("_WIDE_RATIO", "_PAIR_COSTS", "_PAID_PREFILLS"):
+        for memo in ("_WIDE_RATIO", "_PAIR_COSTS", "_PAID_PREFILLS", "_TIMED"):
             monkeypatch.setattr(loading, memo, {})
 
     t, d = loaded("tiny-target-kept", target), loaded("tiny-drafter-kept", drafter)
@@ -615,9 +615,19 @@ def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
         assert loading.timed((t,), loading.wide_check(9, 16)).startswith("timed in this process")
 
         new_process()
-        assert wide() == ratio and costs() == cost
-        assert passes == {"target": 14, "drafter": 7}  # read, not timed
-        assert loading.timed((d, t), loading.costs_check(16)).startswith("timed 20")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)  # this thread's count; the model thread keeps its own
+        try:
+            assert wide() == ratio and costs() == cost
+            assert passes == {"target": 14, "drafter": 7}  # read, not timed
+            assert loading.timed((d, t), loading.costs_check(16)).startswith("timed 20")
+            loading.paid_prefills(d, t).add(0.1, 1.0)  # its slot, too, is the model thread's
+        finally:
+            torch.set_num_threads(threads)
+        new_process()
+        assert loading.paid_prefills(d, t).ratio(0.2) == (0.1, "as paid in 1 earlier join")
+        joins = next(k for k in store.read() if "paid by joins" in k)
+        store.put(joins, {"paid": []})
 
         for change in ("state", "machine"):  # another layout, another machine: timed again
             with monkeypatch.context() as m:
@@ -647,7 +657,6 @@ def test_pass_timings_are_kept_between_processes(pair, tmp_path, monkeypatch):
         paid.add(0.5, 1.0)
         new_process()
         assert loading.paid_prefills(d, t).ratio(0.2) == (0.4, "as paid in 2 earlier joins")
-        joins = next(k for k in store.read() if "paid by joins" in k)
         store.put(joins, {"paid": ["x", -1, 1e308 * 10, 10**400, True, 0.6]})
         new_process()
         paid = loading.paid_prefills(d, t)

@@ -346,7 +346,8 @@ def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
     A timing holds for the same weights, device, dtype and weight layout of each model
     (:func:`specrag.models.layout.state`), on the same machine (CPU, threads, torch version,
     and a GPU's name) and for the same ``check``. Models without a weights id (built in
-    memory: tests, stand-ins) are timed in every process.
+    memory: tests, stand-ins) are timed in every process. Called on the model thread, which
+    runs the passes: a thread started before ``torch.set_num_threads`` keeps its own count.
     """
     if not all(getattr(m, "weights", "") for m in models):  # stand-ins (tests) have none
         return None
@@ -359,20 +360,30 @@ def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
     return "|".join([*parts, weight_layout.machine() + gpu, software, check])
 
 
-_TIMED_ON: dict[str, str] = {}  # slot -> when a timing read from the file was taken
+# (model keys, check) -> where the timing in use comes from, in words (see :func:`timed`)
+_TIMED: dict[tuple[tuple[str, ...], str], str] = {}
 
 
-def _kept(slot: str | None, names: tuple[str, ...]) -> dict[str, float] | None:
-    """The positive finite numbers ``names`` of the timing kept under ``slot``, if all are."""
+def _kept(
+    models: tuple[LoadedLM, ...], check: str, names: tuple[str, ...]
+) -> tuple[str | None, dict[str, float] | None]:
+    """The slot of ``check`` on ``models``, and its kept positive numbers ``names`` if all are.
+
+    Notes where the timing in use comes from (:func:`timed`): kept, or timed in this process.
+    """
+    slot = _timing_slot(models, check)
+    where = f"kept in {cache_dir() / PASS_TIMINGS}"
+    _TIMED[(tuple(m.key for m in models), check)] = (
+        f"timed in this process, {where}" if slot else "timed in this process"
+    )
     found = _record(slot)
     if found is None:
-        return None
+        return slot, None
     values = {name: _positive(found.get(name)) for name in names}
     if any(v is None for v in values.values()):
-        return None  # malformed: timed again
-    assert slot is not None  # a record was found under it
-    _TIMED_ON[slot] = str(found.get("on", "?"))
-    return {name: float(v) for name, v in values.items() if v is not None}
+        return slot, None  # malformed: timed again
+    _TIMED[(tuple(m.key for m in models), check)] = f"timed {found.get('on', '?')}, {where}"
+    return slot, {name: float(v) for name, v in values.items() if v is not None}
 
 
 def _record(slot: str | None) -> dict[str, Any] | None:
@@ -412,13 +423,9 @@ def _keep(slot: str | None, record: dict[str, Any]) -> None:
 
 
 def timed(models: tuple[LoadedLM, ...], check: str) -> str:
-    """When the timing ``check`` of ``models`` in use was taken, in words (stats, reports)."""
-    slot = _timing_slot(models, check)
-    if slot is None:
-        return "timed in this process"
-    if slot in _TIMED_ON:
-        return f"timed {_TIMED_ON[slot]}, kept in {cache_dir() / PASS_TIMINGS}"
-    return f"timed in this process, kept in {cache_dir() / PASS_TIMINGS}"
+    """Where the timing ``check`` of ``models`` in use comes from, in words (stats, reports)."""
+    keys = tuple(getattr(m, "key", "") for m in models)  # stand-ins (tests) may have none
+    return _TIMED.get((keys, check), "not timed here")
 
 
 def wide_check(width: int, cache: int = 64) -> str:
@@ -457,8 +464,7 @@ def pair_costs(
 
     def once() -> PairCosts:  # on the model thread, which serialises the check and measuring
         if pair not in _PAIR_COSTS:
-            slot = _timing_slot((drafter, target), costs_check(cache))
-            kept = _kept(slot, ("step", "prefill"))
+            slot, kept = _kept((drafter, target), costs_check(cache), ("step", "prefill"))
             if kept is not None:
                 _PAIR_COSTS[pair] = PairCosts(step=kept["step"], prefill=kept["prefill"])
             else:
@@ -486,7 +492,8 @@ def paid_prefills(drafter: LoadedLM, target: LoadedLM) -> PaidPrefills:
     """
     pair = (drafter.key, target.key)
     if pair not in _PAID_PREFILLS:
-        slot = _timing_slot((drafter, target), "prefill ratios paid by joins")
+        # on the model thread, as every other slot (its thread count is the one in the key)
+        slot = on_model_thread(_timing_slot, (drafter, target), "prefill ratios paid by joins")
         found = _record(slot)
         paid = found.get("paid") if found is not None else None
         ratios = [_positive(r) for r in paid] if isinstance(paid, list) else []
@@ -561,8 +568,7 @@ def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 5, cache: int
 
     def once() -> float:  # on the model thread, which serialises the check and the measuring
         if key not in _WIDE_RATIO:
-            slot = _timing_slot((target,), wide_check(width, cache))
-            kept = _kept(slot, ("ratio",))
+            slot, kept = _kept((target,), wide_check(width, cache), ("ratio",))
             if kept is not None:
                 _WIDE_RATIO[key] = kept["ratio"]
             else:
