@@ -42,6 +42,7 @@ def test_every_linear_layer_is_quantized_and_its_logits_stay_close(pair):
     _, drafter, quantized = pair
     assert int8.is_int8(quantized) and not int8.is_int8(drafter)
     wide = any(m.wide_weight is not None for m in quantized.modules() if hasattr(m, "wide_weight"))
+    assert int8.has_wide_copy(quantized) is wide and not int8.has_wide_copy(drafter)
     # what a kept pass timing is of (specrag.models.loading._timing_slot)
     assert layout.state(quantized) == ("int8 with a bf16 copy" if wide else "int8")
     assert not [m for m in quantized.modules() if type(m) is nn.Linear]

@@ -21,7 +21,7 @@ def test_records_round_trip_and_keep_each_others_keys(tmp_path):
 
 def test_an_unreadable_file_or_a_record_that_is_no_object_counts_as_missing(tmp_path):
     records = Records(tmp_path / "r.json")
-    for text in ('{"a": 3}', '{"a": [1]}', "[1, 2]", "not json"):
+    for text in ('{"a": 3}', '{"a": [1]}', "[1, 2]", "not json", "[" * 100_000):
         records.path.write_text(text)
         assert records.get("a") is None
     records.put("b", {"z": 0})  # a bad file is replaced by a good one

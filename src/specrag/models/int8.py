@@ -82,3 +82,8 @@ def quantize(model: nn.Module, wide: bool) -> str:
 def is_int8(model: nn.Module) -> bool:
     """Whether :func:`quantize` was applied to ``model``."""
     return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def has_wide_copy(model: nn.Module) -> bool:
+    """Whether :func:`quantize` kept a bf16 copy of ``model``'s weights for wide passes."""
+    return any(isinstance(m, Int8Linear) and m.wide_weight is not None for m in model.modules())

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specrag.models import int8
 from specrag.models.records import Records
 
 MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout, unless timed otherwise
@@ -224,9 +225,8 @@ def state(model: object) -> str:
     """Which layout ``model``'s passes read now, in a few words (what a pass timing depends on)."""
     if not isinstance(model, nn.Module):
         return "one layout"
-    wide_int8 = [m.wide_weight is not None for m in model.modules() if hasattr(m, "wide_weight")]
-    if wide_int8:  # an int8 model (specrag.models.int8): with or without its bf16 copy
-        return "int8 with a bf16 copy" if any(wide_int8) else "int8"
+    if int8.is_int8(model):  # with or without its bf16 copy for wide passes
+        return "int8 with a bf16 copy" if int8.has_wide_copy(model) else "int8"
     kind = wide_kind(model)
     if kind == "no":
         return "one layout"

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -364,37 +364,35 @@ def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
 _TIMED: dict[tuple[tuple[str, ...], str], str] = {}
 
 
-def _kept(
-    models: tuple[LoadedLM, ...], check: str, names: tuple[str, ...]
-) -> tuple[str | None, dict[str, float] | None]:
-    """The slot of ``check`` on ``models``, and its kept positive numbers ``names`` if all are.
+def _timing(
+    models: tuple[LoadedLM, ...],
+    check: str,
+    names: tuple[str, ...],
+    measure: Callable[[], dict[str, float]],
+) -> dict[str, float]:
+    """The numbers ``names`` of the timing ``check`` of ``models``, kept or measured now.
 
-    Notes where the timing in use comes from (:func:`timed`): kept, or timed in this process.
+    As kept on this machine if each is a positive finite number, else ``measure()``-d now and
+    kept (:func:`_keep`). Notes where they come from for :func:`timed`. On the model thread,
+    like the measuring.
     """
     slot = _timing_slot(models, check)
     where = f"kept in {cache_dir() / PASS_TIMINGS}"
-    _TIMED[(tuple(m.key for m in models), check)] = (
-        f"timed in this process, {where}" if slot else "timed in this process"
-    )
-    found = _record(slot)
-    if found is None:
-        return slot, None
-    values = {name: _positive(found.get(name)) for name in names}
-    if any(v is None for v in values.values()):
-        return slot, None  # malformed: timed again
-    _TIMED[(tuple(m.key for m in models), check)] = f"timed {found.get('on', '?')}, {where}"
-    return slot, {name: float(v) for name, v in values.items() if v is not None}
+    key = (tuple(m.key for m in models), check)
+    found = _record(slot) or {}
+    kept = {name: _positive(found.get(name)) for name in names}
+    if all(v is not None for v in kept.values()):
+        _TIMED[key] = f"timed {found.get('on', '?')}, {where}"
+        return {name: v for name, v in kept.items() if v is not None}
+    measured = measure()  # none kept, or malformed: timed again
+    _keep(slot, measured)
+    _TIMED[key] = f"timed in this process, {where}" if slot else "timed in this process"
+    return measured
 
 
 def _record(slot: str | None) -> dict[str, Any] | None:
-    """The record kept under ``slot``; None if there is none or the file cannot be read."""
-    if slot is None:
-        return None
-    try:
-        return Records(cache_dir() / PASS_TIMINGS).get(slot)
-    except Exception:  # noqa: BLE001 - e.g. JSON nested too deep: a timing is only lost
-        log.warning("could not read %s: timing again", cache_dir() / PASS_TIMINGS)
-        return None
+    """The record kept under ``slot`` (None where there is none, or no slot)."""
+    return Records(cache_dir() / PASS_TIMINGS).get(slot) if slot is not None else None
 
 
 def _positive(value: object) -> float | None:
@@ -464,13 +462,12 @@ def pair_costs(
 
     def once() -> PairCosts:  # on the model thread, which serialises the check and measuring
         if pair not in _PAIR_COSTS:
-            slot, kept = _kept((drafter, target), costs_check(cache), ("step", "prefill"))
-            if kept is not None:
-                _PAIR_COSTS[pair] = PairCosts(step=kept["step"], prefill=kept["prefill"])
-            else:
-                costs = _measure_costs(drafter, target, steps, cache, reps)
-                _keep(slot, {"step": costs.step, "prefill": costs.prefill})
-                _PAIR_COSTS[pair] = costs
+
+            def measure() -> dict[str, float]:
+                return asdict(_measure_costs(drafter, target, steps, cache, reps))
+
+            got = _timing((drafter, target), costs_check(cache), ("step", "prefill"), measure)
+            _PAIR_COSTS[pair] = PairCosts(**got)
             log.info("drafter %s = %s x target %s", drafter.name, _PAIR_COSTS[pair], target.name)
         return _PAIR_COSTS[pair]
 
@@ -568,12 +565,12 @@ def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 5, cache: int
 
     def once() -> float:  # on the model thread, which serialises the check and the measuring
         if key not in _WIDE_RATIO:
-            slot, kept = _kept((target,), wide_check(width, cache), ("ratio",))
-            if kept is not None:
-                _WIDE_RATIO[key] = kept["ratio"]
-            else:
-                _WIDE_RATIO[key] = _measure_wide(target, width, reps, cache)
-                _keep(slot, {"ratio": _WIDE_RATIO[key]})
+
+            def measure() -> dict[str, float]:
+                return {"ratio": _measure_wide(target, width, reps, cache)}
+
+            got = _timing((target,), wide_check(width, cache), ("ratio",), measure)
+            _WIDE_RATIO[key] = got["ratio"]
             log.info("%s: a %d-token pass = %.2fx a step", target.name, width, _WIDE_RATIO[key])
         return _WIDE_RATIO[key]
 

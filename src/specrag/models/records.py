@@ -27,7 +27,7 @@ class Records:
         """Every record ({} when the file is missing, unreadable or not a JSON object)."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
             return {}
         return data if isinstance(data, dict) else {}
 
