@@ -419,6 +419,36 @@ def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypat
     assert len(paid.paid) == 2
 
 
+def test_a_drafter_reading_a_shorter_prompt_joins_sooner_and_books_per_token(pair, monkeypatch):
+    """A drafter that reads half the target's prompt (``prompt_share`` 0.5: fewer evidence
+    blocks) is estimated at half the prefill: with ratio 0.5 and a 1 s target prefill, 0.25 s,
+    so it joins after 0.5 s of decoding (factor 2). Its paid 0.2 s books 0.4: the ratio for
+    as many prompt tokens as the target's, the form a full-prompt join books."""
+    import specrag.decoding.drafter as drafter_module
+
+    target, drafter = pair
+    prompt = list(range(5, 25))
+    clock = {"t": 100.0}
+    monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
+    paid = PaidPrefills()
+    proposer = MergedProposer(
+        NgramProposer({}),
+        PaidPrefill(DrafterProposer(LMState(drafter), prompt[:10], Sampler(0.0)), 0.2),
+        DrafterPolicy(after_tokens=0, join_factor=2.0),
+        costs=PairCosts(step=0.3, prefill=0.5),
+        prefill_s=lambda: 1.0,
+        prompt_share=0.5,
+        paid=paid,
+    )
+    assert proposer.propose([7], 4).tokens == []
+    clock["t"] += 0.45
+    assert proposer.propose([7, 8], 4).tokens == []  # 0.45 s < 2 x 0.25 s
+    clock["t"] += 0.1
+    assert proposer.propose([7, 8, 9], 4).source == "drafter"  # 0.55 s: joined
+    assert "(estimated drafter prefill 0.25s)" in proposer.events[0]
+    assert list(paid.paid) == [pytest.approx(0.4)]
+
+
 def test_paid_prefills_keep_the_latest_window():
     paid = PaidPrefills(window=3)
     assert paid.ratio(0.25) == (0.25, "as measured at load")

@@ -6,7 +6,10 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from transformers import MistralConfig, MistralForCausalLM
 
 from specrag.models.loading import load_lm
+from specrag.models.options import DecodeOptions
 from specrag.models.registry import chat_model_from_spec, local_model_name
+
+FIRST = "Evidence: Rollo led the Norse settlers of Normandy."
 
 
 def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monkeypatch):
@@ -38,9 +41,8 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
     messages = [
         SystemMessage("Answer from the evidence."),
         HumanMessage(
-            "Evidence: Rollo led the Norse settlers of Normandy; the treaty of 911 gave them "
-            "land along the Seine, and his descendants ruled the duchy for centuries.\n"
-            "Question: Who led the Norse settlers?"
+            FIRST + " The treaty of 911 gave them land along the Seine, and his descendants "
+            "ruled the duchy for centuries.\nQuestion: Who led the Norse settlers?"
         ),
     ]
     spec = f"hf:{paths['target']}"
@@ -66,6 +68,20 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
     assert got.content == expected.content
     assert "cache_refills" not in decoding  # the windowed layers were cropped in place
     assert expected.response_metadata["decoding"]["new_tokens"] == 40  # past the window
+
+    # a drafter that reads a shorter prompt (drafter_evidence: the top evidence block only)
+    short = [messages[0], HumanMessage(FIRST + "\nQuestion: Who led the Norse settlers?")]
+    focused = pair.invoke(messages, options=DecodeOptions(drafter_messages=tuple(short)))
+    decoding = focused.response_metadata["decoding"]
+    proposer = decoding["proposer"]
+    proposed = decoding["candidates_proposed"].get("drafter", 0)
+    accepted = decoding["candidates_accepted"].get("drafter", 0)
+    assert proposed > accepted > 0, proposer
+    assert focused.content == expected.content
+    assert proposer["drafter_prompt_tokens"] < proposer["prompt_tokens"], proposer
+    # its one prefill read its own prompt (+ the tokens decoded before it joined), not the target's
+    assert proposer["drafter_prompt_tokens"] <= proposer["drafter_prefill_tokens"]
+    assert proposer["drafter_prefill_tokens"] < proposer["prompt_tokens"], proposer
 
 
 def test_float16_on_a_cpu_is_named_as_slow(caplog):

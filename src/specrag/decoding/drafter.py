@@ -81,7 +81,9 @@ class PaidPrefills:
     ``saved`` to keep between processes) keeps the ratio of each prefill the drafter paid when
     it joined (``window`` latest); once it holds any, :meth:`ratio` is their mean, else the
     ratio measured at load. A join booked here compares like with like: the
-    drafter's first prefill of an answer against the target's prefill of the same prompt (an
+    drafter's first prefill of an answer against the target's prefill of as many tokens of the
+    same prompt (the target's time x the drafter's share of its prompt tokens: a drafter may
+    read fewer evidence blocks; :class:`MergedProposer`) (an
     incremental answer's later prompts, where the target re-reads only a changed tail, book
     nothing).
     """
@@ -337,7 +339,9 @@ class MergedProposer:
     :func:`narrow_cap`) a drafter proposal has at most ``narrow`` tokens.
 
     ``prefill_s`` (the target's prefill time in this run, known after the first token) times
-    the drafter's prefill ratio estimates the drafter's prefill: the ratio its earlier joins
+    ``prompt_share`` (the drafter's prompt tokens over the target's: a drafter may read fewer
+    evidence blocks) times the drafter's prefill ratio estimates the drafter's prefill: the
+    ratio, per prompt token, its earlier joins
     paid (``paid``, shared by the pair's answers: :class:`PaidPrefills`; with ``book_paid`` a
     join this proposer makes adds its own), else ``costs.prefill`` (measured at load on one block of
     tokens: :func:`specrag.models.loading.pair_costs`); ``events`` records when and why the
@@ -353,6 +357,7 @@ class MergedProposer:
     policy: DrafterPolicy = field(default_factory=DrafterPolicy)
     costs: PairCosts = PairCosts(step=0.0, prefill=0.0)
     prefill_s: Callable[[], float] = lambda: 0.0
+    prompt_share: float = 1.0
     paid: PaidPrefills = field(default_factory=PaidPrefills)  # default: this proposer's own
     book_paid: bool = True  # a join here adds its prefill ratio to ``paid``
     plain_step_s: float = 0.0
@@ -410,7 +415,7 @@ class MergedProposer:
         if self._started is None:
             self._started = now
         ratio, basis = self.paid.ratio(self.costs.prefill)
-        estimate = self.prefill_s() * ratio
+        estimate = self.prefill_s() * self.prompt_share * ratio
         waited = now - self._started
         if len(generated) >= self.policy.after_tokens and waited >= (
             self.policy.join_factor * estimate
@@ -442,7 +447,8 @@ class MergedProposer:
             self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
             if self._book_prefill:
                 self._book_prefill = False
-                self.paid.add(drafter.stats.prefill_s, self.prefill_s())
+                # like with like: the target's time for as many prompt tokens
+                self.paid.add(drafter.stats.prefill_s, self.prefill_s() * self.prompt_share)
             self._last = (len(generated), list(proposal.tokens))
         elif tokens and (strong or not self._weak_off):
             proposal = Proposal(tokens, source)

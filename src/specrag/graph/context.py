@@ -215,6 +215,14 @@ class SpecRagContext:
         ge=0,
         le=1,
     )
+    drafter_evidence: int = _f(
+        1,
+        "Evidence blocks a separate drafter reads in refine/generate: the top-ranked this many "
+        "(0 = all, the answer model's whole prompt). Fewer blocks make its prefill cheaper; the "
+        "answer model still reads every block and verifies every token, so answers are "
+        "unchanged (measured on the pair: see README).",
+        ge=0,
+    )
     drafter_vocab: int = _f(
         32768,
         "Output rows a separate drafter scores (refine/generate, and RAPID at rapid_eta 0): the "

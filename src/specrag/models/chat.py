@@ -297,11 +297,18 @@ class ChatLocalLM(LocalChatBase):
         drafter, plan = self._drafter_plan(loaded, speculation)
         verify = self._verify_plan(loaded, speculation)
         merged: MergedProposer | None = None
+        drafter_prompt = prompt
+        if drafter is not None and options.drafter_messages and feed is None:
+            ids = encode_chat(loaded, list(options.drafter_messages), tools, forced)
+            if len(ids) + max_new <= limit:  # else the answer model's prompt (cut to fit)
+                drafter_prompt = ids
+                plan = {**plan, "drafter_prompt_tokens": len(ids), "prompt_tokens": len(prompt)}
 
         def produce(should_stop: StopCheck) -> Iterator[Step]:
             draft_lm = LMState(drafter.model, drafter.device) if drafter is not None else None
 
-            def make_proposer(ids: list[int]) -> Any:
+            def make_proposer(ids: list[int], drafter_ids: list[int] | None = None) -> Any:
+                """The proposer for prompt ``ids``; a drafter reads ``drafter_ids`` if given."""
                 nonlocal merged
                 earlier = merged  # an incremental decode's previous prompt, if any
                 found = ngram_sources(ids)
@@ -314,7 +321,7 @@ class ChatLocalLM(LocalChatBase):
                     NgramProposer(found, short_max=narrow),
                     DrafterProposer(
                         draft_lm,
-                        ids,
+                        drafter_ids or ids,
                         sampler,
                         generator,
                         vocab=loaded.model.config.vocab_size,
@@ -326,6 +333,7 @@ class ChatLocalLM(LocalChatBase):
                     costs=pair_costs(drafter, loaded),
                     # the running segment's prefill (an incremental decode sums it later)
                     prefill_s=lambda: (stats.segment or stats).prefill_s,
+                    prompt_share=len(drafter_ids or ids) / max(1, len(ids)),
                     paid=paid_prefills(drafter, loaded),
                     # a later prompt's segment prefill reads only the changed tail
                     book_paid=earlier is None,
@@ -349,7 +357,7 @@ class ChatLocalLM(LocalChatBase):
                 yield from decode(
                     lm,
                     prompt,
-                    proposer=make_proposer(prompt),
+                    proposer=make_proposer(prompt, drafter_prompt),
                     should_stop=should_stop,
                     stats=stats,
                     **common,

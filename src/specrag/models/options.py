@@ -80,6 +80,9 @@ class DecodeOptions:
     stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one found
     document: str | None = None  # RAPID: the long document the target reads
     drafter_context: str | None = None  # RAPID: the retrieved text the drafter reads
+    # refine/generate: the messages a separate drafter reads (e.g. fewer evidence blocks);
+    # None: the answer model's own. Not for incremental answers (a prompt_feed)
+    drafter_messages: tuple[Any, ...] | None = None
     # incremental answers: a PromptFeed of rebuilt message lists (the answer is re-verified
     # against each; see specrag.decoding.incremental)
     prompt_feed: Any = None

@@ -41,6 +41,21 @@ class AnswerCall:
 AnswerBuilder = Callable[[State, SpecRagContext], AnswerCall]
 
 
+def drafter_messages(
+    ctx: SpecRagContext,
+    chunks: list[dict[str, Any]],
+    make: Callable[[list[dict[str, Any]]], list[BaseMessage]],
+) -> tuple[BaseMessage, ...] | None:
+    """The prompt a separate drafter reads: ``make`` over the top ``ctx.drafter_evidence`` chunks.
+
+    None (the answer model's own prompt) where that would be every chunk. On the pair the
+    drafter's tokens mostly come from the top-ranked block, and its prefill is the cost it
+    must repay (docs/bench/2026-12-05-drafter-top-chunk/).
+    """
+    n = ctx.drafter_evidence
+    return tuple(make(chunks[:n])) if 0 < n < len(chunks) else None
+
+
 def run_timings(
     state: dict[str, Any], answer_ttft_abs: float | None, fallback_origin: float | None = None
 ) -> dict[str, float]:

@@ -9,12 +9,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
 from specrag import prompts
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
-from specrag.nodes.answer import AnswerCall, make_answer_node
+from specrag.nodes.answer import AnswerCall, drafter_messages, make_answer_node
 
 
 def make_refine(services: Services):  # noqa: ANN201
@@ -22,24 +26,24 @@ def make_refine(services: Services):  # noqa: ANN201
 
     def build(state: State, ctx: SpecRagContext) -> AnswerCall:
         question, chunks = state.get("question", ""), state.get("chunks") or []
-        if ctx.refine_mode == "verify":
-            messages = prompts.evidence_messages(
-                question, chunks, ctx.answer_prompt, state.get("history") or []
-            )
-        else:
-            messages = prompts.rewrite_messages(
-                question, chunks, state.get("draft", ""), ctx.rewrite_prompt
-            )
+        history, draft = state.get("history") or [], state.get("draft", "")
+
+        def make(some: list[dict[str, Any]]) -> list[BaseMessage]:
+            if ctx.refine_mode == "verify":
+                return prompts.evidence_messages(question, some, ctx.answer_prompt, history)
+            return prompts.rewrite_messages(question, some, draft, ctx.rewrite_prompt)
+
         return AnswerCall(
             model=services.chat_model(ctx.answer_spec, ctx),
-            messages=messages,
+            messages=make(chunks),
             options=DecodeOptions(
                 temperature=ctx.refine_temperature,
                 max_new_tokens=ctx.answer_max_tokens,
                 speculation=ctx.speculation,
-                draft=state.get("draft", ""),
+                draft=draft,
                 seed=state.get("seed"),
                 stop=ctx.stop_sequences(),
+                drafter_messages=drafter_messages(ctx, chunks, make),
             ),
         )
 
