@@ -89,6 +89,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # baselines stop as the graph does and answer nothing without a relevant chunk, ttft_s and
 # draft_ttft_s from the run's start/origin, a fixed draft seed) and every index warmed in every
 # retrieval mode (the HotpotQA index's BM25 copy loaded inside its first timed run).
+# 17 (squad, hotpot) and 18 (long): a separate drafter reads only the top-ranked evidence block
+# (``drafter_evidence`` 1: ``docs/bench/2026-12-05-drafter-top-chunk/``; the long set's first
+# run with it, 2026-12-05 01:00, was made under commit 99a58b6's label 17).
 # Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
 # int8 drafter too (``docs/bench/2026-12-02-rag-pair-long-bf16-int8/``); ``setup_tag`` keys
 # those records apart (``cpu:bfloat16+cpu:qint8``). Where wide passes are cheap (bf16 with AMX,
@@ -96,7 +99,7 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # proposes when nothing else does; ``proposer_rules`` marks bf16 and GPU setups' keys ``~ng1``,
 # so their records made before that (2026-12-02 17:44) are not resumed; and since weak
 # proposals stop at a timed width there too (2026-12-04 19:23), every key carries ``~wc``.
-PROTOCOL = {"squad": 16, "hotpot": 16, "long": 17}
+PROTOCOL = {"squad": 17, "hotpot": 17, "long": 18}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0
 LONG_PROMPT = "Explain in detail: {question}"
