@@ -419,11 +419,12 @@ def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypat
     assert len(paid.paid) == 2
 
 
-def test_a_drafter_reading_a_shorter_prompt_joins_sooner_and_books_per_token(pair, monkeypatch):
+def test_a_drafter_reading_a_shorter_prompt_waits_as_long_and_books_per_token(pair, monkeypatch):
     """A drafter that reads half the target's prompt (``prompt_share`` 0.5: fewer evidence
-    blocks) is estimated at half the prefill: with ratio 0.5 and a 1 s target prefill, 0.25 s,
-    so it joins after 0.5 s of decoding (factor 2). Its paid 0.2 s books 0.4: the ratio for
-    as many prompt tokens as the target's, the form a full-prompt join books."""
+    blocks) joins after the same wait as a whole-prompt drafter - with ratio 0.5 and a 1 s
+    target prefill, 2 x 0.5 s: the wait tells a long answer from a terse one, and a terse
+    answer does not repay even a small prefill. Its paid 0.2 s books 0.4: the ratio for as
+    many prompt tokens as the target's, the form a whole-prompt join books."""
     import specrag.decoding.drafter as drafter_module
 
     target, drafter = pair
@@ -441,11 +442,12 @@ def test_a_drafter_reading_a_shorter_prompt_joins_sooner_and_books_per_token(pai
         paid=paid,
     )
     assert proposer.propose([7], 4).tokens == []
-    clock["t"] += 0.45
-    assert proposer.propose([7, 8], 4).tokens == []  # 0.45 s < 2 x 0.25 s
-    clock["t"] += 0.1
-    assert proposer.propose([7, 8, 9], 4).source == "drafter"  # 0.55 s: joined
-    assert "(estimated drafter prefill 0.25s)" in proposer.events[0]
+    clock["t"] += 0.9
+    assert proposer.propose([7, 8], 4).tokens == []  # 0.9 s < 2 x 0.5 s, though it reads half
+    clock["t"] += 0.2
+    assert proposer.propose([7, 8, 9], 4).source == "drafter"  # 1.1 s: joined
+    assert "(estimated drafter prefill 0.50s)" in proposer.events[0]
+    assert "it reads 50% of the prompt" in proposer.events[0]
     assert list(paid.paid) == [pytest.approx(0.4)]
 
 
