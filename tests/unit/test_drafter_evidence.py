@@ -1,6 +1,6 @@
-"""A separate drafter reads only the top-ranked evidence blocks (``drafter_evidence``): the
-answer model's prompt keeps every block, so answers are unchanged, and the drafter's prefill
-shrinks (docs/bench/2026-12-05-drafter-top-chunk/)."""
+"""A separate drafter may read only the top-ranked evidence blocks (``drafter_evidence``; by
+default every block): the answer model's prompt keeps every block, so answers are unchanged,
+and the drafter's prefill shrinks (docs/bench/2026-12-05-drafter-top-chunk/)."""
 
 import pytest
 
@@ -48,7 +48,7 @@ def blocks(messages) -> int:
 @pytest.mark.parametrize("mode", ["verify", "rewrite"])
 async def test_the_drafter_reads_the_top_blocks_and_the_answer_model_all(seen, policy, route, mode):
     got, messages, options = await answer_call(
-        seen, draft_policy=policy, refine_mode=mode, min_draft_tokens=1
+        seen, draft_policy=policy, refine_mode=mode, min_draft_tokens=1, drafter_evidence=1
     )
     assert got == route
     assert blocks(messages) == 3
@@ -60,9 +60,9 @@ async def test_the_drafter_reads_the_top_blocks_and_the_answer_model_all(seen, p
     assert drafter[-1].content.endswith(messages[-1].content.rsplit("</evidence>", 1)[1])
 
 
-@pytest.mark.parametrize("n", [0, 3, 5])
-async def test_the_drafter_reads_the_answer_models_prompt_when_told_all_blocks(seen, n):
-    _, _, options = await answer_call(seen, drafter_evidence=n)
+@pytest.mark.parametrize("n", [None, 0, 3, 5])
+async def test_the_drafter_reads_the_answer_models_prompt_by_default_or_told_all_blocks(seen, n):
+    _, _, options = await answer_call(seen, **({} if n is None else {"drafter_evidence": n}))
     assert options.drafter_messages is None
 
 

@@ -93,7 +93,9 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # (``drafter_evidence`` 1: ``docs/bench/2026-12-05-drafter-top-chunk/``; the long set's first
 # run with it, 2026-12-05 01:00, was made under commit 99a58b6's label 17; that commit's join
 # waited for the drafter's share of the prompt's prefill, since the next one for the whole
-# prompt's, as before: ``docs/bench/2026-12-05-rag-pair-hotpot-top-block/``).
+# prompt's, as before: ``docs/bench/2026-12-05-rag-pair-hotpot-top-block/``). Since commit
+# af05a82's successor the default is every block again (1 block was level in a paired run), so
+# runs of 17/18 made after it decode as 16/17 did.
 # Not a protocol: since 2026-12-02 a bf16 target on an x86 CPU (``--dtype bfloat16``) gets the
 # int8 drafter too (``docs/bench/2026-12-02-rag-pair-long-bf16-int8/``); ``setup_tag`` keys
 # those records apart (``cpu:bfloat16+cpu:qint8``). Where wide passes are cheap (bf16 with AMX,

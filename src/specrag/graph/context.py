@@ -216,11 +216,12 @@ class SpecRagContext:
         le=1,
     )
     drafter_evidence: int = _f(
-        1,
+        0,
         "Evidence blocks a separate drafter reads in refine/generate: the top-ranked this many "
-        "(0 = all, the answer model's whole prompt). Fewer blocks make its prefill cheaper; the "
-        "answer model still reads every block and verifies every token, so answers are "
-        "unchanged (measured on the pair: see README).",
+        "(0 = all, the answer model's whole prompt). Fewer blocks make its prefill cheaper but "
+        "its proposals fewer; the answer model still reads every block and verifies every "
+        "token, so answers are unchanged (on the pair's long set 1 block was level with all: "
+        "see README).",
         ge=0,
     )
     drafter_vocab: int = _f(
