@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
-import specrag.models.chat as chat
-from specrag.decoding.drafter import MergedProposer
 from specrag.evaluation import bench_pair
 from specrag.evaluation.bench_rag import build_datasets, run_one
 from specrag.evaluation.metrics import ratio_ci
@@ -30,32 +26,7 @@ from specrag.graph.services import open_index
 from specrag.models.loading import load_lm
 from rich.console import Console
 
-VARIANT = {"name": "base"}
-TOKENIZER: list = []
-_BLOCK = re.compile(r'\n*<evidence id="(\d+)"[^>]*>.*?</evidence>', re.S)
-
-
-def keep_blocks(ids: list[int], n: int) -> list[int]:
-    """``ids`` re-encoded with the evidence blocks after the first ``n`` removed."""
-    tok = TOKENIZER[0]
-    text = tok.decode(ids, skip_special_tokens=False)
-    cut = _BLOCK.sub(lambda m: m.group(0) if int(m.group(1)) <= n else "", text)
-    return tok(cut, add_special_tokens=False)["input_ids"]
-
-
-
-class Variant(MergedProposer):
-    # not a dataclass: MergedProposer's generated __init__ would not call a __post_init__
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        name = VARIANT["name"]
-        if name in ("top1", "top2") and self.drafter is not None:
-            before = len(self.drafter.prompt)
-            self.drafter.prompt = keep_blocks(self.drafter.prompt, int(name[-1]))
-            VARIANT.setdefault("prompts", []).append((name, before, len(self.drafter.prompt)))
-
-
-SYSTEMS = sys.argv[3].split(",") if len(sys.argv) > 3 else ["base", "top1", "lookup"]
+SYSTEMS = sys.argv[3].split(",") if len(sys.argv) > 3 else ["all", "top1"]
 REAL = {"lookup": "serial_lookup"}
 
 
@@ -67,7 +38,7 @@ def main() -> None:
     items = build_datasets(1, 0, log)
     items = bench_pair.long_items(n, items[0])
     base = SpecRagContext(models="pair", refine_temperature=0.0)
-    TOKENIZER.append(load_lm(base.answer_spec, base.device, base.dtype).tokenizer)
+    load_lm(base.answer_spec, base.device, base.dtype)
     load_lm(base.draft_spec, base.device, base.draft_dtype)
     graph = build_graph()
     base = replace(
@@ -80,7 +51,6 @@ def main() -> None:
     )
 
     async def one(item, system):
-        VARIANT["name"] = system
         real = REAL.get(system, "spec_verify")
         ctx = replace(base, drafter_evidence=0 if system == "all" else 1)
         rec = await run_one(item, real, 0.0, graph, ctx)
@@ -123,7 +93,6 @@ def main() -> None:
             den = {q: by[b][q][field] for q in by[b]}
             summary["ratios"][f"{a}/{b} {field} (median)"] = ratio_ci(num, den, median, seed=0)
             summary["ratios"][f"{a}/{b} {field} (sum)"] = ratio_ci(num, den, sum, seed=0)
-    summary["drafter_prompts"] = VARIANT.get("prompts", [])
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(json.dumps(summary, indent=2, default=str))
 
