@@ -42,3 +42,14 @@ def test_a_write_that_fails_loses_only_the_record_and_leaves_no_temporary(tmp_pa
     blocked = Records(tmp_path / "r.json" / "under-a-file.json")  # mkdir fails
     blocked.put("c", {"z": 3})
     assert blocked.read() == {}
+
+
+def test_a_file_keeps_the_most_recently_written_records_up_to_its_limit(tmp_path):
+    records = Records(tmp_path / "r.json", limit=3)
+    for key in "abcd":
+        records.put(key, {"k": key})
+    assert list(records.read()) == ["b", "c", "d"]  # "a", written first, dropped
+    records.put("b", {"k": "b2"})  # rewritten: now the most recent
+    records.put("e", {"k": "e"})
+    assert list(records.read()) == ["d", "b", "e"]  # "c" was the least recently written
+    assert records.get("b") == {"k": "b2"}

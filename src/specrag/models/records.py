@@ -5,7 +5,9 @@ digests). An unreadable file or a record that is not an object counts as missing
 to a temporary file first, then is renamed over the old one, so a reader never sees half a
 file. Two processes writing at once may drop one's record, which only costs that record's
 work again later (a timing, a hash; a converted copy unused for an hour may be pruned and
-converted again); a failed write costs the same.
+converted again); a failed write costs the same. A file keeps at most :attr:`Records.limit`
+records, the most recently written: keys name a model file's path and mtime, so every
+reconverted or moved model adds new keys, and the file would otherwise grow forever.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 class Records:
     """Records by key in the JSON file at ``path`` (created on the first :meth:`put`)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limit: int = 256) -> None:
         self.path = path
+        self.limit = limit  # records kept: a write beyond it drops the least recently written
 
     def read(self) -> dict[str, Any]:
         """Every record ({} when the file is missing, unreadable or not a JSON object)."""
@@ -37,8 +40,16 @@ class Records:
         return found if isinstance(found, dict) else None
 
     def put(self, key: str, record: dict[str, Any]) -> None:
-        """Record ``record`` under ``key`` (best effort: an OSError only loses the record)."""
-        data = {**self.read(), key: record}
+        """Record ``record`` under ``key`` (best effort: an OSError only loses the record).
+
+        ``key`` becomes the most recently written record; beyond :attr:`limit` records the
+        least recently written are dropped.
+        """
+        data = self.read()
+        data.pop(key, None)  # a rewritten key moves to the end: the order is write order
+        data[key] = record
+        for old in list(data)[: max(0, len(data) - self.limit)]:
+            del data[old]
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
