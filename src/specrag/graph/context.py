@@ -290,7 +290,10 @@ class SpecRagContext:
         ge=0,
     )
     seed: int = _f(
-        -1, "Sampling seed; -1 draws a new one per run (reported in the output as `seed`).", ge=-1
+        -1,
+        "Sampling seed; -1 draws a new one per run (reported in the output as `seed`).",
+        ge=-1,
+        le=2**64 - 1,  # torch.Generator's largest
     )
     # --- prompts ----------------------------------------------------------------------------
     draft_prompt: str = _f(prompts.DRAFT_SYSTEM, "System prompt of the draft.")
