@@ -18,7 +18,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from specrag.graph.context import SpecRagContext
 from specrag.indexing.document_search import index_document, search_document
 from specrag.indexing.documents import Chunk
-from specrag.indexing.store import Batch, VectorIndex
+from specrag.indexing.store import Batch, VectorIndex, check_local
 from specrag.models.chat import LocalChatBase
 from specrag.models.loading import load_embeddings, load_lm
 from specrag.models.registry import chat_model_from_spec, local_model_name
@@ -73,6 +73,7 @@ def open_index(ctx: SpecRagContext) -> VectorIndex:
         )
     try:
         if key not in _INDEXES:
+            check_local(Path(directory), ctx.collection, ctx.index_url)  # before the model loads
             _INDEXES[key] = VectorIndex(
                 directory, load_embeddings(ctx.embedding_model), ctx.collection, url=ctx.index_url
             )

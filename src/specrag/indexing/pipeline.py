@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specrag.errors import InputError
 from specrag.indexing.documents import PAGE_MARK, Skipped, collect_files_report, read_records
-from specrag.indexing.store import IndexReport, VectorIndex, index_documents
+from specrag.indexing.store import IndexReport, VectorIndex, check_local, index_documents
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
 
 CHUNK_TOKENS = 200  # all-MiniLM-L6-v2 reads at most 256 word pieces
@@ -35,6 +35,7 @@ def open_for_writing(
     directory: Path, collection: str, embedding_model: str, url: str = ""
 ) -> VectorIndex:
     """Open (creating if needed) an index for indexing (on the Chroma server at ``url``)."""
+    check_local(directory, collection, url, create=True)  # a bad name: before the model loads
     return VectorIndex(
         directory, load_embeddings(embedding_model), collection, create=True, url=url
     )
@@ -82,7 +83,9 @@ def load_files(paths: Iterable[str]) -> Loaded:
         out.records.extend(records)
         out.files.append(str(f))
     if not out.records:
-        why = f" (skipped {len(out.skipped)}: see --json)" if out.skipped else ""
+        shown = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in out.skipped[:3])
+        more = f"; and {len(out.skipped) - 3} more" if len(out.skipped) > 3 else ""
+        why = f" (skipped {len(out.skipped)}: {shown}{more})" if out.skipped else ""
         raise InputError(f"no .txt/.md/.html/.pdf text found in the given paths{why}")
     return out
 

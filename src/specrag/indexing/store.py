@@ -81,6 +81,25 @@ def connect(url: str) -> Any:
     return client
 
 
+def check_local(directory: Path, collection: str, url: str | None, create: bool = False) -> None:
+    """The checks of an index to open that need no client and no embedding model.
+
+    A bad collection name, or (without ``url``) no index in ``directory`` to open: one-line
+    :class:`IndexError_` - run before the embedding model loads, so the commonest first
+    mistake (``ask`` before any ``index``) is told at once.
+    """
+    if not COLLECTION_NAME.fullmatch(collection) or ".." in collection:
+        raise IndexError_(
+            f"bad collection name {collection!r}: 3-512 letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit"
+        )
+    if not url and not create and not (Path(directory).expanduser() / "chroma.sqlite3").is_file():
+        raise IndexError_(
+            f"no index at {Path(directory).expanduser()}: run `specrag index PATH` or "
+            "`specrag demo` first"
+        )
+
+
 class VectorIndex:
     """A Chroma collection of chunks from named sources."""
 
@@ -102,11 +121,7 @@ class VectorIndex:
         self.collection_name = collection
         self.url = url
         self._lexical: LexicalIndex | None = None
-        if not COLLECTION_NAME.fullmatch(collection) or ".." in collection:
-            raise IndexError_(
-                f"bad collection name {collection!r}: 3-512 letters, digits, '.', '_' or '-', "
-                "starting and ending with a letter or digit"
-            )
+        check_local(self.directory, collection, url, create)
         client = connect(url) if url else None
         if client is not None and not create:
             try:
@@ -117,10 +132,6 @@ class VectorIndex:
                 raise
             except Exception as exc:  # noqa: BLE001 - a server that fails after its heartbeat
                 raise IndexError_(f"cannot list the collections at {url}: {_short(exc)}") from exc
-        if client is None and not create and not (self.directory / "chroma.sqlite3").is_file():
-            raise IndexError_(
-                f"no index at {self.directory}: run `specrag index PATH` or `specrag demo` first"
-            )
         from langchain_chroma import Chroma
 
         where = url or str(self.directory)
