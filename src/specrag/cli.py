@@ -70,10 +70,8 @@ def parse_sets(pairs: list[str]) -> dict[str, str]:
     return result
 
 
-def make_context(args: argparse.Namespace) -> Any:
-    """Context from --set overrides and --index-dir."""
-    from specrag.graph.context import SpecRagContext
-
+def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The context fields the command line sets: --set, --index-dir, --index-url, --models."""
     overrides: dict[str, Any] = parse_sets(getattr(args, "set", None) or [])
     if getattr(args, "index_dir", None):
         overrides["index_dir"] = str(args.index_dir)
@@ -81,7 +79,17 @@ def make_context(args: argparse.Namespace) -> Any:
         overrides["index_url"] = str(args.index_url)
     if getattr(args, "models", None):
         overrides["models"] = args.models
-    ctx = SpecRagContext.from_overrides(overrides)
+    return overrides
+
+
+def make_context(args: argparse.Namespace, saved: dict[str, Any] | None = None) -> Any:
+    """Context from --set overrides, --index-dir, --index-url and --models.
+
+    ``saved``: the settings of the run being resumed, under those given now.
+    """
+    from specrag.graph.context import SpecRagContext
+
+    ctx = SpecRagContext.from_overrides({**(saved or {}), **cli_overrides(args)})
     if ctx.models == "pair":
         check_pair_installed()
     from specrag.models.loading import check_local_model
@@ -184,9 +192,12 @@ def plural(n: int, noun: str) -> str:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
-    ctx = make_context(args)
+    from specrag.runner import save_thread_settings, thread_settings
+
     if args.thread is not None and not args.thread.strip():
         raise InputError("--thread needs a conversation id (got an empty one)")
+    # a resumed run goes on with its own settings (--models, --set, ...); flags given now win
+    ctx = make_context(args, thread_settings(args.thread) if args.resume and args.thread else None)
     if args.resume:
         if not args.thread:
             raise InputError("--resume needs --thread ID")
@@ -206,7 +217,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 f"thread {args.thread!r} has no interrupted run to resume (never run, or its "
                 "last run finished): ask a question with --thread to continue it"
             )
-        needs_index = not saved.has_document
+        needs_index = saved.needs_index
         question = ""
     else:
         question = validate_question(args.question or "", ctx.max_question_chars)
@@ -221,6 +232,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
         document = read_text(path)
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
+    if args.thread and not args.resume:  # kept for a --resume of this run, from any folder
+        settings = cli_overrides(args)
+        if "index_dir" in settings:
+            settings["index_dir"] = str(Path(settings["index_dir"]).expanduser().resolve())
+        save_thread_settings(args.thread, settings)
     started = time.perf_counter()
     if needs_index:
         from specrag.graph.services import open_index

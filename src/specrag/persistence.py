@@ -1,4 +1,11 @@
-"""Durable conversation state for the CLI (``specrag ask --thread ID``): a SQLite checkpointer."""
+"""Durable conversation state for the CLI (``specrag ask --thread ID``): a SQLite checkpointer.
+
+Every step of a run writes a checkpoint of the whole state (its question, evidence, a
+``--document``'s text, the conversation so far), so a thread's file would grow by several
+copies of all of it per question. Once a run has finished, :func:`keep_latest` drops the
+thread's earlier checkpoints: the latest holds the conversation a follow-up needs, and an
+interrupted run (the only one ``--resume`` can go on with) is never pruned.
+"""
 
 from __future__ import annotations
 
@@ -18,3 +25,27 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
         yield saver
+
+
+async def keep_latest(saver: Any, thread: str) -> None:
+    """Drop every checkpoint and pending write of ``thread`` but its latest checkpoint.
+
+    For a thread whose last run finished (nothing left to resume). The SQLite saver has no
+    pruning of its own (LangGraph's ``aprune`` is not implemented for it), so this deletes the
+    rows itself, under the saver's lock, in one transaction.
+    """
+    async with saver.lock, saver.conn.cursor() as cur:
+        await cur.execute(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' "
+            "ORDER BY checkpoint_id DESC LIMIT 1",
+            (thread,),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return
+        for table in ("checkpoints", "writes"):
+            await cur.execute(
+                f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_id != ?",  # noqa: S608
+                (thread, row[0]),
+            )
+        await saver.conn.commit()

@@ -63,17 +63,19 @@ async def run_graph(
 
     if not thread:
         return await _run(graph, run_inputs(question, document, False), ctx, stream, {})
-    from specrag.persistence import sqlite_checkpointer
+    from specrag.persistence import keep_latest, sqlite_checkpointer
 
     async with sqlite_checkpointer() as saver:
         app = build_graph(checkpointer=saver)
-        return await _run(
+        result = await _run(
             app,
             run_inputs(question, document, True),
             ctx,
             stream,
             {"configurable": {"thread_id": thread}},
         )
+        await keep_latest(saver, thread)  # finished: only the latest checkpoint is needed
+        return result
 
 
 def run_inputs(question: str, document: str | None, conversation: bool) -> dict[str, Any] | None:
@@ -104,6 +106,31 @@ class Unfinished:
     """The nodes it would go on with."""
     has_document: bool
     """It answers from its own document (saved with it), so it needs no index."""
+
+    @property
+    def needs_index(self) -> bool:
+        """Whether what is left of it searches the index (a run past retrieval does not)."""
+        return not self.has_document and any(n in ("prepare", "retrieve") for n in self.nodes)
+
+
+THREADS = "threads.json"  # in the data dir: each thread's latest run's command-line settings
+
+
+def save_thread_settings(thread: str, overrides: dict[str, Any]) -> None:
+    """Keep the settings a run of ``thread`` starts with, for ``specrag ask --resume``."""
+    from specrag.models.records import Records
+    from specrag.paths import data_dir
+
+    Records(data_dir() / THREADS, limit=4096).put(thread, {"settings": overrides})
+
+
+def thread_settings(thread: str) -> dict[str, Any]:
+    """The settings the latest run of ``thread`` started with ({} when none were kept)."""
+    from specrag.models.records import Records
+    from specrag.paths import data_dir
+
+    found = (Records(data_dir() / THREADS, limit=4096).get(thread) or {}).get("settings")
+    return found if isinstance(found, dict) else {}
 
 
 async def unfinished_run(thread: str) -> Unfinished | None:

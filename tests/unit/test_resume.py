@@ -120,3 +120,40 @@ async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_
     assert result["route"] == "generate" and result["answer"] == "Paris."
     t = result["timings"]
     assert 0 <= t["ttft_s"] <= t["total_s"] < 100, t  # from the resumed refine's start
+
+
+def test_what_is_left_of_a_run_says_whether_it_needs_the_index():
+    from specrag.runner import Unfinished
+
+    assert Unfinished(("retrieve", "draft"), False).needs_index
+    assert Unfinished(("prepare",), False).needs_index
+    assert not Unfinished(("refine",), False).needs_index  # past retrieval: evidence is saved
+    assert not Unfinished(("retrieve",), True).needs_index  # its own document
+
+
+async def test_a_finished_thread_keeps_only_its_latest_checkpoint_and_its_history(tmp_path):
+    """Every step checkpoints the whole state; after a finished run the earlier ones go, and
+    a follow-up still reads the conversation from the one kept."""
+    from langchain_core.messages import HumanMessage
+
+    from specrag.persistence import keep_latest
+
+    answer = FakeLogprobChat(reply="Rollo.", calls=[])
+    config = {"configurable": {"thread_id": "t-3"}}
+
+    async def rows(saver, table):
+        async with saver.conn.execute(f"SELECT COUNT(*) FROM {table} WHERE thread_id = 't-3'") as c:
+            return (await c.fetchone())[0]
+
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        graph = build_graph(services(answer=answer), checkpointer=saver)
+        for question in ("Who was the Norse leader?", "When did he die?"):
+            await graph.ainvoke({"messages": [HumanMessage(question)]}, config, context=ctx())
+            assert await rows(saver, "checkpoints") > 1  # a checkpoint per step
+            await keep_latest(saver, "t-3")
+            assert await rows(saver, "checkpoints") == 1 and await rows(saver, "writes") == 0
+        state = await graph.aget_state(config)
+    assert not state.next  # nothing left to resume
+    assert [m.type for m in state.values["messages"]] == ["human", "ai", "human", "ai"]
+    texts = [str(m.content) for m in answer.calls[-1]]
+    assert "Who was the Norse leader?" in texts and "Rollo." in texts  # the history was read
