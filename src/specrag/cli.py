@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -396,6 +397,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     module = importlib.import_module(f"specrag.evaluation.bench_{args.which}")
     models = args.models or "embedded"
+    if args.which == "retrieval" and args.models:  # it runs no language model
+        raise InputError("--models does not apply to `bench retrieval` (it runs no language model)")
     extra: dict[str, Any] = {}
     if args.sets is not None:
         from specrag.evaluation.bench_pair import PROTOCOL
@@ -414,19 +417,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.which not in ("rag", "rapid") or (args.which, models) == ("rag", "embedded"):
             raise InputError("--dtype applies to `bench rag --models pair` and `bench rapid` only")
         from specrag.models.loading import dtype_name, resolve_device, resolve_dtype
-        from specrag.models.options import refuse_int8_answer
+        from specrag.models.options import FLOAT_DTYPES, refuse_int8_answer
 
         device = resolve_device("auto")
         refuse_int8_answer(args.dtype, "--dtype")
+        if args.dtype not in ("auto", *FLOAT_DTYPES):  # the answer model's: int8 is not one
+            raise InputError(
+                f"--dtype: unknown dtype {args.dtype!r} (use auto, float32, bfloat16 or float16)"
+            )
         chosen = resolve_dtype(args.dtype, device)  # a bad name: a one-line error here
         # one name per dtype, so runs of bf16 and bfloat16 (or of auto and its dtype) share
         # their run-log keys
         same = chosen == resolve_dtype("auto", device)
         extra["dtype"] = "auto" if same else dtype_name(chosen)
+    out_dir = Path(args.out).expanduser()
+    try:  # before any model loads: a bad --out is the user's input, not a crash at the end
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {args.out}: cannot make the folder ({exc.strerror})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise InputError(f"--out {args.out}: the folder is not writable")
     if models == "pair":
         check_pair_installed()
     result = module.run(
-        quick=args.quick, out_dir=Path(args.out), log=err, fresh=args.fresh, models=models, **extra
+        quick=args.quick, out_dir=out_dir, log=err, fresh=args.fresh, models=models, **extra
     )
     if args.json:  # valid JSON whatever a summary holds (nan: a mean of no values)
         print_json(result)
@@ -592,6 +606,14 @@ def main(argv: list[str] | None = None) -> int:
         line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
         return 2
+    except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
+        with contextlib.suppress(OSError):  # nor one more when Python flushes stdout at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            finally:
+                os.close(devnull)
+        return 141  # as a process killed by SIGPIPE
     except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
         err.print("\nspecrag: interrupted", highlight=False, markup=False)
         return 130

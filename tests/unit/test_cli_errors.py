@@ -104,6 +104,43 @@ def test_an_unreadable_pdf_is_one_line_in_a_real_process_too(tmp_path):
     assert lines[0].startswith("specrag: error: cannot read PDF")
 
 
+def test_a_reader_that_stops_early_is_no_error(tmp_path):
+    """`specrag config --json | head -c 10` printed a BrokenPipeError as specrag's error."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from specrag.cli import main; raise SystemExit(main())"]
+        + ["config", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the CLI writes its JSON
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+def test_bad_bench_flags_fail_before_any_model_loads(capsys, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    line = one_line_error(capsys, main(["bench", "load", "--out", str(blocked / "sub")]))
+    assert "--out" in line and "cannot make the folder" in line
+    bad_dtype = ["bench", "rapid", "--dtype", "fp8", "--out", str(tmp_path)]
+    line = one_line_error(capsys, main(bad_dtype))
+    assert "unknown dtype 'fp8'" in line and "int8" not in line
+    line = one_line_error(capsys, main(["bench", "retrieval", "--models", "pair"]))
+    assert "--models does not apply" in line
+
+
+def test_an_empty_folder_says_what_it_skipped(capsys, tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.png").write_bytes(b"x")
+    (tmp_path / "d" / "b.txt").write_text("")
+    line = one_line_error(capsys, main(["index", str(tmp_path / "d"), "--json"]))
+    assert "skipped 2" in line and "b.txt: empty" in line and "see --json" not in line
+
+
 def test_missing_document(capsys, tmp_path):
     line = one_line_error(capsys, main(["ask", "q", "--document", str(tmp_path / "nope.txt")]))
     assert "file not found" in line
@@ -182,6 +219,18 @@ def test_resume_with_a_document(capsys, tmp_path):
     assert "drop --document" in line
 
 
+def test_resume_goes_on_with_the_settings_its_run_started_with(capsys):
+    """--resume reads the thread's kept settings (--models, --set, ...); flags given now win."""
+    from specrag.runner import save_thread_settings, thread_settings
+
+    save_thread_settings("t-set", {"seed": "-5"})  # as if its run had started with them
+    assert thread_settings("t-set") == {"seed": "-5"} and thread_settings("other") == {}
+    line = one_line_error(capsys, main(["ask", "--thread", "t-set", "--resume"]))
+    assert "seed" in line  # the kept setting was applied (and is out of range)
+    line = one_line_error(capsys, main(["ask", "--thread", "t-set", "--resume", "--set", "seed=3"]))
+    assert "has no interrupted run to resume" in line  # the flag given now replaced it
+
+
 def test_resume_with_a_question(capsys):
     line = one_line_error(capsys, main(["ask", "Who?", "--thread", "t", "--resume"]))
     assert "drop the question, or drop --resume" in line
@@ -224,7 +273,7 @@ def test_a_library_message_over_several_lines_stays_on_one(capsys, monkeypatch):
     import specrag.cli
     from specrag.errors import ModelLoadError
 
-    def failing(args):
+    def failing(args, saved=None):
         raise ModelLoadError("cannot create chat model 'x': 1 validation error\n  api_key\n")
 
     monkeypatch.setattr(specrag.cli, "make_context", failing)

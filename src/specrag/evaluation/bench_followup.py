@@ -65,7 +65,7 @@ def run(
     *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, models: str = "embedded"
 ) -> dict[str, Any]:
     """Run the check; write JSON and markdown; return the summary."""
-    out_dir = out_dir / "bench_followup"
+    out_dir = out_dir / ("bench_followup_pair" if models == "pair" else "bench_followup")
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = build_cases(8 if quick else 40)
     directory = _index("bench_squad", [(p.id, p.text) for p in squad_paragraphs()], log)

@@ -139,7 +139,7 @@ def run(
     *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, models: str = "embedded"
 ) -> dict[str, Any]:
     """Run the load benchmark; write JSON and markdown."""
-    out_dir = out_dir / "bench_load"
+    out_dir = out_dir / ("bench_load_pair" if models == "pair" else "bench_load")
     out_dir.mkdir(parents=True, exist_ok=True)
     questions, directory = load_questions(16)
     ctx = SpecRagContext(
@@ -169,6 +169,7 @@ def run(
     )
     summary = {
         "benchmark": "load",
+        "models": models,
         "quick": quick,
         "levels": {
             str(lv["concurrency"]): {
