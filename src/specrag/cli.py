@@ -30,8 +30,18 @@ from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E40
 from specrag.graph.context import validate_question  # noqa: E402
 from specrag.runner import preload, result_json, run_graph, unfinished_run  # noqa: E402
 
+
+class _Stdout(Console):
+    """rich's console on stdout; a closed pipe raises ``BrokenPipeError`` for :func:`main`."""
+
+    def on_broken_pipe(self) -> None:
+        """Rich exits with status 1 here; :func:`main` ends quietly instead."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 err = Console(stderr=True)
-out = Console()
+out = _Stdout()
 
 
 def own_warnings(record: logging.LogRecord) -> bool:
@@ -83,14 +93,33 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+INDEX_KEYS = ("index_dir", "index_url")  # one index: given either now, neither saved one holds
+PATH_KEYS = ("index_dir", "answer_model", "draft_model")  # kept absolute, for a resume elsewhere
+
+
+def thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`cli_overrides` as a thread keeps them for ``--resume``: local paths absolute."""
+    settings = cli_overrides(args)
+    for key in PATH_KEYS:
+        if key in settings and (path := Path(str(settings[key])).expanduser()).exists():
+            settings[key] = str(path.resolve())
+    return settings
+
+
 def make_context(args: argparse.Namespace, saved: dict[str, Any] | None = None) -> Any:
     """Context from --set overrides, --index-dir, --index-url and --models.
 
-    ``saved``: the settings of the run being resumed, under those given now.
+    ``saved``: the settings of the run being resumed, under those given now (an index given
+    now, by directory or URL, replaces the saved one whichever way that was given).
     """
     from specrag.graph.context import SpecRagContext
 
-    ctx = SpecRagContext.from_overrides({**(saved or {}), **cli_overrides(args)})
+    given = cli_overrides(args)
+    base = dict(saved or {})
+    if any(key in given for key in INDEX_KEYS):
+        for key in INDEX_KEYS:
+            base.pop(key, None)
+    ctx = SpecRagContext.from_overrides({**base, **given})
     if ctx.models == "pair":
         check_pair_installed()
     from specrag.models.loading import check_local_model
@@ -233,11 +262,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
         document = read_text(path)
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
-    if args.thread and not args.resume:  # kept for a --resume of this run, from any folder
-        settings = cli_overrides(args)
-        if "index_dir" in settings:
-            settings["index_dir"] = str(Path(settings["index_dir"]).expanduser().resolve())
-        save_thread_settings(args.thread, settings)
     started = time.perf_counter()
     if needs_index:
         from specrag.graph.services import open_index
@@ -246,6 +270,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         open_index(ctx)
     preload(ctx, document, index=False)  # opened just above where the run needs it
     loading = time.perf_counter() - started  # the index's embedding model too
+    if args.thread and not args.resume:  # the run starts now: kept for its --resume
+        save_thread_settings(args.thread, thread_overrides(args))
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
     )
@@ -421,11 +447,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         device = resolve_device("auto")
         refuse_int8_answer(args.dtype, "--dtype")
-        if args.dtype not in ("auto", *FLOAT_DTYPES):  # the answer model's: int8 is not one
+        if args.dtype not in ("", "auto", *FLOAT_DTYPES):  # the answer model's: not int8
             raise InputError(
                 f"--dtype: unknown dtype {args.dtype!r} (use auto, float32, bfloat16 or float16)"
             )
-        chosen = resolve_dtype(args.dtype, device)  # a bad name: a one-line error here
+        chosen = resolve_dtype(args.dtype, device)
         # one name per dtype, so runs of bf16 and bfloat16 (or of auto and its dtype) share
         # their run-log keys
         same = chosen == resolve_dtype("auto", device)
@@ -601,7 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quiet_libraries()
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe is found here, not by Python's flush at exit
+        return code
     except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
         line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)

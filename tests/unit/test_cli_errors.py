@@ -3,6 +3,7 @@
 import pytest
 
 from specrag.cli import main
+from specrag.errors import InputError
 
 
 @pytest.fixture(autouse=True)
@@ -104,19 +105,30 @@ def test_an_unreadable_pdf_is_one_line_in_a_real_process_too(tmp_path):
     assert lines[0].startswith("specrag: error: cannot read PDF")
 
 
-def test_a_reader_that_stops_early_is_no_error(tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [
+        "",  # config --json itself: more than a buffer
+        "c.cmd_config = lambda a: c.print_json({'a': 1})",  # a small JSON: found at the flush
+        "c.cmd_config = lambda a: c.out.print('answer')",  # rich's console (ask without --json)
+    ],
+)
+def test_a_reader_that_stops_early_is_no_error(command):
     """`specrag config --json | head -c 10` printed a BrokenPipeError as specrag's error."""
+    import os
     import subprocess
     import sys
 
+    code = f"import specrag.cli as c; {command or 'pass'}; raise SystemExit(c.main())"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from specrag.cli import main; raise SystemExit(main())"]
-        + ["config", "--json"],
+        [sys.executable, "-c", code, "config", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env=env,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # the reader is gone before the CLI writes its JSON
+    proc.stdout.close()  # the reader is gone before the CLI writes
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141 and err == "", err
 
@@ -229,6 +241,60 @@ def test_resume_goes_on_with_the_settings_its_run_started_with(capsys):
     assert "seed" in line  # the kept setting was applied (and is out of range)
     line = one_line_error(capsys, main(["ask", "--thread", "t-set", "--resume", "--set", "seed=3"]))
     assert "has no interrupted run to resume" in line  # the flag given now replaced it
+
+
+def test_a_thread_keeps_its_settings_only_once_its_run_starts(capsys, monkeypatch, tmp_path):
+    """A command that fails before its run (a model that does not load, no index) must not
+    replace the settings of the thread's interrupted run, which --resume goes on with."""
+    import specrag.cli
+    from specrag.errors import ModelLoadError
+    from specrag.runner import save_thread_settings, thread_settings
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Paris is the capital of France.")
+    save_thread_settings("t-run", {"models": "pair"})  # the interrupted run's
+
+    def no_load(*a, **k):
+        raise ModelLoadError("cannot load")
+
+    monkeypatch.setattr(specrag.cli, "preload", no_load)
+    ask = ["ask", "Capital?", "--thread", "t-run", "--document", str(doc), "--set", "seed=3"]
+    assert "cannot load" in one_line_error(capsys, main(ask))
+    assert thread_settings("t-run") == {"models": "pair"}  # kept as it was
+    seen = {}
+
+    async def run_graph(*a, **k):
+        seen.update(thread_settings("t-run"))
+        raise InputError("stopped here")
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    assert "stopped here" in one_line_error(capsys, main(ask))
+    assert seen == {"seed": "3"}  # saved before the run: this command's own settings
+
+
+def test_an_index_given_with_resume_replaces_the_saved_one(tmp_path):
+    import argparse
+
+    from specrag.cli import make_context
+
+    args = argparse.Namespace(set=["seed=4"], index_dir=str(tmp_path), index_url=None, models=None)
+    saved = {"index_url": "http://localhost:8000", "seed": "2", "top_k": "2"}
+    ctx = make_context(args, saved)
+    assert (ctx.index_url, ctx.index_dir, ctx.seed, ctx.top_k) == ("", str(tmp_path), 4, 2)
+
+
+def test_no_index_is_told_before_the_embedding_model_loads(capsys, monkeypatch, tmp_path):
+    import importlib
+
+    services = importlib.import_module("specrag.graph.services")  # specrag.graph: the graph
+
+    def loading(*a, **k):
+        raise AssertionError("the embedding model loaded before the index was checked")
+
+    monkeypatch.setattr(services, "load_embeddings", loading)
+    line = one_line_error(capsys, main(["ask", "Who?", "--index-dir", str(tmp_path / "none")]))
+    assert "no index" in line
 
 
 def test_resume_with_a_question(capsys):

@@ -5,9 +5,12 @@ digests). An unreadable file or a record that is not an object counts as missing
 to a temporary file first, then is renamed over the old one, so a reader never sees half a
 file. Two processes writing at once may drop one's record, which only costs that record's
 work again later (a timing, a hash; a converted copy unused for an hour may be pruned and
-converted again); a failed write costs the same. A file keeps at most :attr:`Records.limit`
-records, the most recently written: keys name a model file's path and mtime, so every
-reconverted or moved model adds new keys, and the file would otherwise grow forever.
+converted again); a failed write costs the same. (A thread's kept settings,
+``<data dir>/threads.json``, are the exception: a lost record there makes ``--resume`` of that
+thread start from the defaults and the flags given with it.) A file keeps at most
+:attr:`Records.limit` records, the most recently written: keys name a model file's path and
+mtime, so every reconverted or moved model adds new keys, and the file would otherwise grow
+forever.
 """
 
 from __future__ import annotations
