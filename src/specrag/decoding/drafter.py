@@ -335,6 +335,9 @@ class MergedProposer:
     With ``ngrams_first`` (set where a wide verify pass costs about one step, so a rejected
     n-gram candidate costs nothing), an n-gram match of any length comes before the drafter,
     whose own steps cost time, and where neither proposes a match of one token does. With
+    ``single_matches`` (set where a pass at the narrow width costs about one step, so a round
+    that would be a plain step loses nothing by verifying a few candidates) a match of one
+    token is proposed too where nothing else proposes, the drafter still coming first. With
     ``narrow`` (set where a verify pass over a few more tokens costs about twice a step:
     :func:`narrow_cap`) a drafter proposal has at most ``narrow`` tokens.
 
@@ -367,6 +370,7 @@ class MergedProposer:
     book_paid: bool = True  # a join here adds its prefill ratio to ``paid``
     plain_step_s: float = 0.0
     ngrams_first: bool = False
+    single_matches: bool = False
     narrow: int = 0
     choices: dict[str, int] = field(default_factory=dict)  # steps per chosen source
     events: list[str] = field(default_factory=list)
@@ -463,7 +467,7 @@ class MergedProposer:
             self._last = (len(generated), list(proposal.tokens))
         elif tokens and (strong or not self._weak_off):
             proposal = Proposal(tokens, source)
-        elif self.ngrams_first and not self._weak_off:
+        elif (self.ngrams_first or self.single_matches) and not self._weak_off:
             # no drafter now and no 2-gram match: where a rejected candidate costs ~nothing a
             # single shared token is worth a try (HF's prompt lookup does the same)
             proposal = Proposal(*self.ngrams.propose(generated, k, min_ngram=1))

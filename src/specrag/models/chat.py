@@ -100,6 +100,7 @@ class ChatLocalLM(LocalChatBase):
     drafter_confidence: float = 0.7
     drafter_vocab: int = 32768  # the drafter scores these first ids + its prompt's (0: all)
     wide_pass_cheap: float = 1.5
+    single_match_cost: float = 1.1  # 1-token matches where a narrow pass costs <= this x a step
     wide_candidates: int = 16
     narrow_acceptance: float = 0.7
 
@@ -209,7 +210,12 @@ class ChatLocalLM(LocalChatBase):
         accepted, run on. Cheap is not flat: on 2 AMD EPYC cores with the packed fp32 layout
         (2026-12-04) the 1.5B's passes of 4 / 8 / 12 / 17 tokens on a 900-token cache cost
         0.90 / 1.06 / 1.12 / 1.37x a step, and weak matches run to 16 candidates had ~1.2
-        accepted.
+        accepted. Where the pass at the narrow width costs at most ``single_match_cost`` x a
+        step (that machine: a 4-token pass 0.77-0.90x a step, timed in two processes, while the
+        17-token pass read 1.46x in one and 1.53x in the other - either side of
+        ``wide_pass_cheap``) a 1-token n-gram match is proposed too where nothing else
+        proposes: that round would be a plain step (``single_matches``; the pay check turns
+        weak matches off for an answer whose rounds cost more per token than its plain steps).
         """
         if speculation == "none":
             return {"max_candidates": 0, "why": "speculation=none (plain decoding)"}
@@ -220,6 +226,9 @@ class ChatLocalLM(LocalChatBase):
         ratios = {c: wide_pass_ratio(loaded, c + 1) for c in widths}
         ratios[self.wide_candidates] = ratio
         narrow = narrow_cap(ratios, self.narrow_acceptance)
+        # a round nothing else proposes in is a plain step: where a pass at the narrow width
+        # costs about as much, a 1-token match's candidates cost nothing when rejected
+        single = cheap or ratios[narrow or self.wide_candidates] <= self.single_match_cost
         capped = (
             f"; drafter and weak n-gram proposals stop at {narrow} (a {narrow + 1}-token pass "
             f"costs {ratios[narrow]:.2f}x a step)"
@@ -233,6 +242,7 @@ class ChatLocalLM(LocalChatBase):
             "layout": loaded.layout,
             "pass_ratio_by_candidates": {c: round(r, 3) for c, r in sorted(ratios.items())},
             "narrow_candidates": narrow,
+            "single_matches": single,
         }
         if cheap:
             return {
@@ -242,11 +252,18 @@ class ChatLocalLM(LocalChatBase):
                 "candidates per pass, n-gram matches before the drafter, 1-token matches "
                 "where neither proposes" + capped,
             }
+        at = (narrow or self.wide_candidates) + 1
+        singles = (
+            f"; 1-token matches where nothing else proposes (a {at}-token pass costs <= "
+            f"{self.single_match_cost}x a step)"
+            if single
+            else ""
+        )
         return {
             **plan,
             "max_candidates": self.max_candidates,
             "why": f"{width} (> {self.wide_pass_cheap}): up to {self.max_candidates} "
-            "candidates, fewer after a rejection" + capped,
+            "candidates, fewer after a rejection" + capped + singles,
         }
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
@@ -338,6 +355,7 @@ class ChatLocalLM(LocalChatBase):
                     # a later prompt's segment prefill reads only the changed tail
                     book_paid=earlier is None,
                     ngrams_first=bool(verify.get("cheap")),
+                    single_matches=bool(verify.get("single_matches")),
                     narrow=narrow,
                 )
                 if earlier is not None:
