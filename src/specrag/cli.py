@@ -28,7 +28,14 @@ from rich.markup import escape  # noqa: E402
 
 from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
 from specrag.graph.context import validate_question  # noqa: E402
-from specrag.runner import preload, result_json, run_graph, unfinished_run  # noqa: E402
+from specrag.runner import (  # noqa: E402
+    preload,
+    result_json,
+    run_graph,
+    save_thread_settings,
+    thread_settings,
+    unfinished_run,
+)
 
 
 class _Stdout(Console):
@@ -171,6 +178,7 @@ def index_with_progress(
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
+    from specrag.indexing.documents import describe_skipped
     from specrag.indexing.pipeline import load_files, prune_prefixes
 
     ctx = make_context(args)
@@ -201,9 +209,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                 f"{'was' if gone == 1 else 'were'} removed from the index"
             )
         if loaded.skipped:
-            shown = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in loaded.skipped[:5])
-            more = f"; and {len(loaded.skipped) - 5} more" if len(loaded.skipped) > 5 else ""
-            line += f"; skipped {len(loaded.skipped)} ({shown}{more})"
+            line += f"; skipped {len(loaded.skipped)} ({describe_skipped(loaded.skipped, 5)})"
         err.print(line, highlight=False, markup=False, soft_wrap=True)
     return 0
 
@@ -222,8 +228,6 @@ def plural(n: int, noun: str) -> str:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
-    from specrag.runner import save_thread_settings, thread_settings
-
     if args.thread is not None and not args.thread.strip():
         raise InputError("--thread needs a conversation id (got an empty one)")
     # a resumed run goes on with its own settings (--models, --set, ...); flags given now win

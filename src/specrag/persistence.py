@@ -45,7 +45,7 @@ async def keep_latest(saver: Any, thread: str) -> None:
             return
         for table in ("checkpoints", "writes"):
             await cur.execute(
-                f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_id != ?",  # noqa: S608
+                f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_id != ?",
                 (thread, row[0]),
             )
         await saver.conn.commit()

@@ -121,20 +121,22 @@ class Unfinished:
 THREADS = "threads.json"  # in the data dir: each thread's latest run's command-line settings
 
 
-def save_thread_settings(thread: str, overrides: dict[str, Any]) -> None:
-    """Keep the settings a run of ``thread`` starts with, for ``specrag ask --resume``."""
+def _threads() -> Any:
+    """The records of :data:`THREADS` (a Records file of up to 4,096 threads)."""
     from specrag.models.records import Records
     from specrag.paths import data_dir
 
-    Records(data_dir() / THREADS, limit=4096).put(thread, {"settings": overrides})
+    return Records(data_dir() / THREADS, limit=4096)
+
+
+def save_thread_settings(thread: str, overrides: dict[str, Any]) -> None:
+    """Keep the settings a run of ``thread`` starts with, for ``specrag ask --resume``."""
+    _threads().put(thread, {"settings": overrides})
 
 
 def thread_settings(thread: str) -> dict[str, Any]:
     """The settings the latest run of ``thread`` started with ({} when none were kept)."""
-    from specrag.models.records import Records
-    from specrag.paths import data_dir
-
-    found = (Records(data_dir() / THREADS, limit=4096).get(thread) or {}).get("settings")
+    found = (_threads().get(thread) or {}).get("settings")
     return found if isinstance(found, dict) else {}
 
 

@@ -46,6 +46,12 @@ class Skipped:
         return {"path": self.path, "reason": self.reason}
 
 
+def describe_skipped(skipped: list[Skipped], shown: int) -> str:
+    """``a.png: unsupported ...; b.txt: empty (no text); and 3 more``: the first ``shown``."""
+    text = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in skipped[:shown])
+    return text + (f"; and {len(skipped) - shown} more" if len(skipped) > shown else "")
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a source document; ``score`` is set when it comes from a search."""

@@ -9,7 +9,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from specrag.errors import InputError
-from specrag.indexing.documents import PAGE_MARK, Skipped, collect_files_report, read_records
+from specrag.indexing.documents import (
+    PAGE_MARK,
+    Skipped,
+    collect_files_report,
+    describe_skipped,
+    read_records,
+)
 from specrag.indexing.store import IndexReport, VectorIndex, check_local, index_documents
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
 
@@ -83,9 +89,8 @@ def load_files(paths: Iterable[str]) -> Loaded:
         out.records.extend(records)
         out.files.append(str(f))
     if not out.records:
-        shown = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in out.skipped[:3])
-        more = f"; and {len(out.skipped) - 3} more" if len(out.skipped) > 3 else ""
-        why = f" (skipped {len(out.skipped)}: {shown}{more})" if out.skipped else ""
+        shown = describe_skipped(out.skipped, 3)
+        why = f" (skipped {len(out.skipped)}: {shown})" if out.skipped else ""
         raise InputError(f"no .txt/.md/.html/.pdf text found in the given paths{why}")
     return out
 

@@ -93,11 +93,9 @@ def check_local(directory: Path, collection: str, url: str | None, create: bool 
             f"bad collection name {collection!r}: 3-512 letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit"
         )
-    if not url and not create and not (Path(directory).expanduser() / "chroma.sqlite3").is_file():
-        raise IndexError_(
-            f"no index at {Path(directory).expanduser()}: run `specrag index PATH` or "
-            "`specrag demo` first"
-        )
+    where = Path(directory).expanduser()
+    if not url and not create and not (where / "chroma.sqlite3").is_file():
+        raise IndexError_(f"no index at {where}: run `specrag index PATH` or `specrag demo` first")
 
 
 class VectorIndex:
