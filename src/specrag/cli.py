@@ -29,6 +29,7 @@ from rich.markup import escape  # noqa: E402
 from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
 from specrag.graph.context import validate_question  # noqa: E402
 from specrag.runner import (  # noqa: E402
+    check_checkpoints,
     preload,
     result_json,
     run_graph,
@@ -101,15 +102,30 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 INDEX_KEYS = ("index_dir", "index_url")  # one index: given either now, neither saved one holds
-PATH_KEYS = ("index_dir", "answer_model", "draft_model")  # kept absolute, for a resume elsewhere
+# settings that may name a local path: kept absolute, for a resume from another directory
+PATH_KEYS = ("index_dir", "answer_model", "draft_model", "embedding_model")
 
 
 def thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """:func:`cli_overrides` as a thread keeps them for ``--resume``: local paths absolute."""
+    """:func:`cli_overrides` as a thread keeps them for ``--resume``: local paths absolute.
+
+    A model's path is the part after ``hf:`` (``hf:./mymodel``); a name that is not a path
+    (``embedded``, a pair model's name, a hub id) stays as it is, even where a folder of that
+    name happens to exist here.
+    """
+    from specrag.models.loading import EMBEDDED_LM
+    from specrag.models.pair import PAIR
+
     settings = cli_overrides(args)
     for key in PATH_KEYS:
-        if key in settings and (path := Path(str(settings[key])).expanduser()).exists():
-            settings[key] = str(path.resolve())
+        value = str(settings.get(key, ""))
+        prefix = "hf:" if key.endswith("_model") and value.startswith("hf:") else ""
+        name = value[len(prefix) :]
+        if key in ("answer_model", "draft_model") and not prefix:
+            continue  # a name the registry resolves, never a path
+        if name and name != EMBEDDED_LM and name not in PAIR:
+            if (path := Path(name).expanduser()).exists():
+                settings[key] = prefix + str(path.resolve())
     return settings
 
 
@@ -157,34 +173,51 @@ def index_dir_of(ctx: Any) -> Path:
 
 
 def index_with_progress(
-    records: list[tuple[str, str]], ctx: Any, label: str, prune_roots: list[str] | None = None
+    records: list[tuple[str, str]],
+    ctx: Any,
+    label: str,
+    prune_roots: list[str] | None = None,
+    keep: list[str] | None = None,
 ) -> Any:
-    """Index records into the context's index with a progress bar on stderr."""
-    from specrag.indexing.pipeline import index_records
+    """Index records into the context's index with a progress bar on stderr.
+
+    The index opens before the bar starts: an index that cannot be used is one line.
+    """
+    from specrag.indexing.pipeline import index_records, open_for_writing
     from specrag.progress import progress_bar
 
+    directory = index_dir_of(ctx)
+    index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
     with progress_bar(err) as bar:
         task = bar.add_task(label, total=len(records))
         return index_records(
             records,
-            index_dir_of(ctx),
+            directory,
             collection=ctx.collection,
             embedding_model=ctx.embedding_model,
             progress=lambda n: bar.advance(task, n),
             prune_roots=prune_roots or (),
+            keep=keep or (),
             url=ctx.index_url,
+            index=index,
         )
 
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
     from specrag.indexing.documents import describe_skipped
-    from specrag.indexing.pipeline import load_files, prune_prefixes
+    from specrag.indexing.pipeline import kept_paths, load_files, prune_prefixes
 
     ctx = make_context(args)
     directory = index_dir_of(ctx)
     loaded = load_files(args.paths)  # validates every input before the index is opened
-    report = index_with_progress(loaded.records, ctx, "indexing files", prune_prefixes(args.paths))
+    report = index_with_progress(
+        loaded.records,
+        ctx,
+        "indexing files",
+        prune_prefixes(args.paths),
+        keep=kept_paths(loaded.skipped),  # unreadable now: what was indexed stays
+    )
     summary = {
         "index_dir": ctx.index_url or str(directory),
         "files": len(loaded.files),
@@ -214,11 +247,20 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+_JSON_PRINTED = False  # this process printed its one --json document
+
+
 def print_json(value: Any) -> None:
-    """The one JSON document of a ``--json`` flag, on stdout (NaN and infinities: null)."""
+    """The one JSON document of a ``--json`` flag, on stdout (NaN and infinities: null).
+
+    ASCII with escapes: a file name that is not UTF-8 (a lone surrogate in Python) would
+    otherwise reach stdout as bytes no JSON reader accepts.
+    """
     from specrag.evaluation.metrics import json_ready
 
-    print(json.dumps(json_ready(value), ensure_ascii=False, allow_nan=False))
+    global _JSON_PRINTED
+    _JSON_PRINTED = True
+    print(json.dumps(json_ready(value), ensure_ascii=True, allow_nan=False))
 
 
 def plural(n: int, noun: str) -> str:
@@ -256,6 +298,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     else:
         question = validate_question(args.question or "", ctx.max_question_chars)
         needs_index = not args.document
+        if args.thread:  # its checkpoints must open before anything loads
+            asyncio.run(check_checkpoints())
     document = None
     path = Path(args.document).expanduser() if args.document else None
     if path is not None:
@@ -615,6 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
+    global _JSON_PRINTED
+    _JSON_PRINTED = False
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -633,11 +679,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe is found here, not by Python's flush at exit
+        if cache := sys.modules.get("specrag.decoding.prefix_cache"):  # a RAPID run's prefix
+            cache.DEFAULT_PREFIX_CACHE.flush()  # written before exit; Ctrl-C: "interrupted"
         return code
     except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
         line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
-        return 2
+        return _json_error(args, line, 2)
     except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
         with contextlib.suppress(OSError):  # nor one more when Python flushes stdout at exit
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -648,18 +696,31 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # as a process killed by SIGPIPE
     except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
         err.print("\nspecrag: interrupted", highlight=False, markup=False)
-        return 130
+        return _json_error(args, "interrupted", 130)
     except Exception as exc:  # noqa: BLE001 - never a traceback for a CLI user
         if os.environ.get("SPECRAG_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
+        line = f"{type(exc).__name__}: {first}"
         err.print(
-            f"specrag: error: {type(exc).__name__}: {first} (set SPECRAG_DEBUG=1 for details)",
+            f"specrag: error: {line} (set SPECRAG_DEBUG=1 for details)",
             highlight=False,
             markup=False,
             soft_wrap=True,
         )
-        return 1
+        return _json_error(args, line, 1)
+
+
+def _json_error(args: argparse.Namespace, message: str, code: int) -> int:
+    """Under ``--json``, a failed run's error as its one JSON document on stdout.
+
+    ``{"error": ..., "exit_code": ...}``, so a script reading stdout gets JSON either way.
+    """
+    if getattr(args, "json", False) and not _JSON_PRINTED:
+        with contextlib.suppress(OSError):
+            print_json({"error": message, "exit_code": code})
+            sys.stdout.flush()
+    return code
 
 
 if __name__ == "__main__":

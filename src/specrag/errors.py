@@ -15,3 +15,7 @@ class IndexError_(SpecRagError):
 
 class InputError(SpecRagError):
     """The user's question, document or configuration is not acceptable."""
+
+
+class DataDirError(SpecRagError):
+    """The data dir, or a file specrag keeps there (thread checkpoints), cannot be used."""

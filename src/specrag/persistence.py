@@ -9,21 +9,41 @@ interrupted run (the only one ``--resume`` can go on with) is never pruned.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+from specrag.errors import DataDirError
 from specrag.paths import data_dir
 
 
 @asynccontextmanager
 async def sqlite_checkpointer() -> AsyncIterator[Any]:
-    """An AsyncSqliteSaver on ``<data dir>/checkpoints.sqlite``, closed on exit."""
+    """An AsyncSqliteSaver on ``<data dir>/checkpoints.sqlite``, closed on exit.
+
+    A data dir that cannot be made or written, or a file that is not a SQLite database: a
+    one-line :class:`DataDirError` when it opens (the file is left as it is).
+    """
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     path = data_dir() / "checkpoints.sqlite"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where the folder should be, a read-only parent
+        raise DataDirError(
+            f"cannot use the data dir {path.parent}: {exc.strerror or exc} "
+            "(set SPECRAG_DATA_DIR to a writable folder)"
+        ) from exc
+    async with AsyncExitStack() as stack:
+        try:
+            saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
+            await saver.setup()  # reads the file now: a corrupt one is told here, not mid-run
+        except sqlite3.Error as exc:
+            raise DataDirError(
+                f"cannot use the thread checkpoints at {path}: {exc} (move the file aside "
+                "to start every thread over)"
+            ) from exc
         yield saver
 
 

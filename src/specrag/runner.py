@@ -140,6 +140,18 @@ def thread_settings(thread: str) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+async def check_checkpoints() -> None:
+    """Open the thread checkpoints once, before any model loads.
+
+    An unusable data dir or a corrupt file is one line
+    (:class:`~specrag.errors.DataDirError`) then, not after the models loaded.
+    """
+    from specrag.persistence import sqlite_checkpointer
+
+    async with sqlite_checkpointer():
+        pass
+
+
 async def unfinished_run(thread: str) -> Unfinished | None:
     """The interrupted run of ``thread``; None when it has none.
 

@@ -12,12 +12,19 @@ def isolated(tmp_path, monkeypatch):
 
 
 def one_line_error(capsys, code, expected_code=2):
+    """The one stderr line; stdout holds nothing, or under --json the error as one document."""
+    import json
+
     captured = capsys.readouterr()
     assert code == expected_code
     lines = [line for line in captured.err.strip().splitlines() if line.strip()]
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("specrag: error:")
-    assert "Traceback" not in captured.err and captured.out == ""
+    assert "Traceback" not in captured.err
+    if captured.out:
+        doc = json.loads(captured.out)
+        assert lines[0].startswith(f"specrag: error: {doc['error']}")
+        assert doc["exit_code"] == code
     return lines[0]
 
 
@@ -370,3 +377,94 @@ def test_a_hub_id_not_in_the_cache_says_the_cli_runs_offline(capsys, monkeypatch
     line = one_line_error(capsys, main(argv))
     assert "could not load model 'no-such-org/x'" in line
     assert "HF_HUB_OFFLINE=0 downloads" in line
+
+
+def test_a_failed_json_run_still_prints_one_json_document(capsys):
+    """`--json` promises one JSON document on stdout: a run that fails prints its error there
+    too (beside the one line on stderr), so a script reading stdout gets JSON either way."""
+    import json
+
+    assert main(["ask", "  ", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().startswith("specrag: error:") and "empty" in captured.err
+    doc = json.loads(captured.out)
+    assert doc["exit_code"] == 2 and "empty" in doc["error"]
+    assert main(["ask", "  "]) == 2 and capsys.readouterr().out == ""  # without --json: none
+
+
+def test_a_duration_too_long_for_the_os_timers_is_refused(capsys):
+    """`retrieval_timeout_s=1e10` passed the range check and overflowed a lock's timeout
+    (`OverflowError: timestamp out of range`, exit 1) when the index opened."""
+    line = one_line_error(capsys, main(["ask", "q", "--set", "retrieval_timeout_s=1e10"]))
+    assert "retrieval_timeout_s" in line and "86400" in line
+
+
+def test_a_malformed_index_url_is_told_before_the_embedding_model_loads(capsys, monkeypatch):
+    """'http://[::1' raised ValueError outside the check (exit 1), and only after the
+    embedding model had loaded."""
+    import importlib
+
+    services = importlib.import_module("specrag.graph.services")
+
+    def loading(*a, **k):
+        raise AssertionError("the embedding model loaded before the URL was checked")
+
+    monkeypatch.setattr(services, "load_embeddings", loading)
+    line = one_line_error(capsys, main(["ask", "Who?", "--index-url", "http://[::1"]))
+    assert "bad --index-url" in line
+
+
+def test_unusable_thread_checkpoints_are_one_line_before_any_model_loads(
+    capsys, monkeypatch, tmp_path
+):
+    """A corrupt checkpoints file, or a data dir that is a file, gave a DatabaseError /
+    FileExistsError with exit 1, and for a new question only after the models had loaded."""
+    import specrag.cli
+
+    def no_load(*a, **k):
+        raise AssertionError("models loaded before the checkpoints were checked")
+
+    monkeypatch.setattr(specrag.cli, "preload", no_load)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Paris is the capital of France.")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "checkpoints.sqlite").write_bytes(b"not a database at all" * 100)
+    ask = ["ask", "Capital?", "--thread", "t1", "--document", str(doc)]
+    line = one_line_error(capsys, main(ask))
+    assert "checkpoints" in line and "move the file aside" in line
+    assert (data / "checkpoints.sqlite").read_bytes().startswith(b"not a database")  # kept
+    line = one_line_error(capsys, main(["ask", "--thread", "t1", "--resume"]))
+    assert "checkpoints" in line
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(doc))  # a file where the folder should be
+    line = one_line_error(capsys, main(ask))
+    assert "cannot use the data dir" in line
+
+
+def test_a_thread_keeps_local_model_paths_absolute_and_names_as_given(tmp_path, monkeypatch):
+    """`hf:./mymodel` was kept as written, so `--resume` from another directory failed or
+    loaded another model; a folder named like a model name must not turn the name into a
+    path."""
+    import argparse
+
+    from specrag.cli import thread_overrides
+
+    (tmp_path / "mymodel").mkdir()
+    (tmp_path / "embedded").mkdir()
+    (tmp_path / "minilm").mkdir()
+    monkeypatch.chdir(tmp_path)
+    sets = ["answer_model=hf:./mymodel", "draft_model=embedded", "embedding_model=minilm"]
+    args = argparse.Namespace(set=sets, index_dir="idx", index_url=None, models=None)
+    (tmp_path / "idx").mkdir()
+    kept = thread_overrides(args)
+    assert kept["answer_model"] == f"hf:{tmp_path / 'mymodel'}"
+    assert kept["draft_model"] == "embedded"
+    assert kept["embedding_model"] == str(tmp_path / "minilm")
+    assert kept["index_dir"] == str(tmp_path / "idx")
+
+
+@pytest.mark.parametrize("spec", ["hf:", "openai:", ":gpt"])
+def test_a_model_spec_that_names_no_model_is_refused(capsys, spec):
+    """`--set answer_model=hf:` skipped the path check and loaded the current folder."""
+    line = one_line_error(capsys, main(["ask", "q", "--set", f"answer_model={spec}"]))
+    assert "names no model" in line

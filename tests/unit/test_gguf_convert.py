@@ -202,3 +202,19 @@ def test_half_a_copy_left_by_a_removal_cut_short_is_replaced(tmp_path, monkeypat
     (target / "model.safetensors").write_bytes(b"half")  # no config.json
     convert_gguf(tmp_path / "model.gguf", target, None)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]
+
+
+def test_a_cache_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A cache dir that cannot be made (a file in its place, a read-only parent) raised a bare
+    PermissionError / FileExistsError (exit 1) before the conversion's own error handling."""
+    import pytest
+
+    from specrag.errors import ModelLoadError
+    from specrag.models.loading import _load_lm_uncached
+
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache dir should be")
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(blocker))
+    with pytest.raises(ModelLoadError, match="SPECRAG_CACHE_DIR") as err:
+        _load_lm_uncached("embedded", torch.device("cpu"), torch.float32)
+    assert "\n" not in str(err.value)

@@ -206,3 +206,114 @@ def test_text_that_is_not_utf8_is_read_with_a_warning(tmp_path, caplog):
     plain.write_bytes("\ufeffCaf\u00e9".encode())
     caplog.clear()
     assert read_text(plain) == "Caf\u00e9" and not caplog.text  # UTF-8: no warning
+
+
+def test_a_file_name_that_is_not_utf8_is_indexed_and_its_json_is_valid(
+    tmp_path, monkeypatch, capsys
+):
+    """A Latin-1 file name (`caf\\xe9.txt`) stopped `index` part-way (UnicodeEncodeError in
+    the chunk ids), and `--json` wrote its name as a raw byte no JSON reader accepts."""
+    import os
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d = tmp_path / "docs"
+    d.mkdir()
+    with open(os.path.join(os.fsencode(d), b"caf\xe9.txt"), "wb") as fh:
+        fh.write(b"The cafe opened in 1911.")
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    assert main(["index", str(d), "--json"]) == 0
+    raw = capsys.readouterr().out
+    assert raw.isascii()
+    summary = json.loads(raw)
+    assert summary["files"] == 2 and summary["sources"] == 2
+
+
+def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch, capsys):
+    """Re-indexing a folder pruned the chunks of a file it could not read now (a PDF broken
+    mid-copy, a permission error) or of a subfolder it could not list, as if they were gone."""
+    import os
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d = tmp_path / "docs"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    (d / "gone.md").write_text("This file will be deleted.")
+    (d / "sub" / "c.md").write_text("The treaty of Saint-Clair-sur-Epte.")
+    write_pdf(d / "b.pdf", ["The treaty was signed in 911."])
+    assert main(["index", str(d), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sources"] == 4
+
+    (d / "b.pdf").write_bytes(b"%PDF-1.4 truncated")  # unreadable now
+    (d / "gone.md").unlink()  # really gone
+    listing = os.scandir
+
+    def scandir(path="."):
+        if not isinstance(path, int) and os.fspath(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert main(["index", str(d), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["files_removed"] == 1  # gone.md only
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+
+    sources = open_index(SpecRagContext()).sources()
+    real = d.resolve()
+    assert sorted(sources) == sorted(
+        [str(real / "a.md"), f"{real / 'b.pdf'}#page=1", str(real / "sub" / "c.md")]
+    ), sources
+
+
+def test_an_interrupted_re_index_leaves_the_old_chunks(tmp_path, monkeypatch, capsys):
+    """The stale chunks of a changed file were deleted before the new ones were embedded and
+    added: Ctrl-C (or a full disk) in between left the file half gone from the index."""
+    from langchain_chroma import Chroma
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    f = tmp_path / "notes.md"
+    f.write_text("Rollo led the Norse settlers of Normandy.")
+    assert main(["index", str(f)]) == 0
+    capsys.readouterr()
+    f.write_text("Rollo was baptised in 912 and took the name Robert.")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Chroma, "add_texts", interrupted)
+    assert main(["index", str(f)]) == 130
+    capsys.readouterr()
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+
+    index = open_index(SpecRagContext())
+    (hit,) = index.search("Who led the Norse settlers?", 1, "dense")
+    assert "Norse settlers" in hit.text  # the old text is still there
+    assert main(["index", str(f), "--json"]) == 0  # the next run finishes the job
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["added"], summary["removed"], summary["chunks"]) == (1, 1, 1)
+
+
+def test_an_index_refuses_another_embedding_model(tmp_path, monkeypatch, capsys):
+    """Another embedding model's vectors in the same collection: a 768-dimension model failed
+    only after the old chunks were deleted, one of the same dimension mixed two spaces."""
+    from specrag.models.loading import embedded_embeddings_path
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    f = tmp_path / "notes.md"
+    f.write_text("Rollo led the Norse settlers of Normandy.")
+    assert main(["index", str(f)]) == 0
+    (tmp_path / "minilm").symlink_to(embedded_embeddings_path())  # another name: refused
+    other = ["--set", f"embedding_model={tmp_path / 'minilm'}"]
+    f.write_text("Rollo was baptised in 912.")
+    capsys.readouterr()
+    assert main(["index", str(f), *other]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "was built with embedding model 'embedded'" in err and "\n" not in err
+    assert main(["ask", "Who led?", *other]) == 2
+    assert "was built with embedding model" in capsys.readouterr().err
+    # another collection takes the other model, and records it
+    assert main(["index", str(f), *other, "--set", "collection=other-model", "--json"]) == 0

@@ -195,3 +195,29 @@ def test_a_full_prefix_kept_on_disk_only_replaces_its_partial_start_in_memory(tm
     cache.flush()
     got = cache.get(key, model)
     assert got is not None and got.tokens == tokens and cache.disk_hits == 1
+
+
+def test_a_cache_dir_that_refuses_deletes_never_fails_a_run(tmp_path, monkeypatch, caplog):
+    """A read-only cache dir: pruning (on `limit`) and dropping a corrupt entry raised
+    PermissionError, which ended the RAPID route (a silent fallback to plain generation)."""
+    from pathlib import Path
+
+    model = tiny_llama()
+    tokens = list(range(3, 60))
+    key = prefix_key("m", tokens)
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(key, prefilled(model, tokens))
+    cache.flush()
+    (entry,) = tmp_path.glob("*.kv")
+    bad_key = prefix_key("m", [5, 6, 7])
+    (tmp_path / cache._path(bad_key).name).write_bytes(b"corrupt")
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with caplog.at_level("WARNING"):
+        cache.limit(cache.max_bytes, 1)  # prunes: every delete refused
+        assert PrefixCache(disk_dir=tmp_path).get(bad_key, model) is None  # a miss, kept
+    assert entry.exists() and "could not prune" in caplog.text
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is not None

@@ -14,6 +14,8 @@ question in a NEW process (each ``specrag ask`` call is one) skips the document 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -120,9 +122,12 @@ class PrefixCache:
                 self._entries.pop(key, None)
         if kv is not None:
             writer = threading.Thread(
-                target=self._write, args=(key, list(state.tokens), kv), name="specrag-prefix-write"
+                target=self._write,
+                args=(key, list(state.tokens), kv),
+                name="specrag-prefix-write",
+                daemon=True,  # waited for at exit by flush_at_exit; Ctrl-C there abandons it
             )
-            writer.start()  # not a daemon: a CLI process waits for it at exit
+            writer.start()
             self._writers = [w for w in self._writers if w.is_alive()] + [writer]
 
     @property
@@ -136,6 +141,15 @@ class PrefixCache:
         """Wait for pending disk writes."""
         for writer in list(self._writers):
             writer.join()
+
+    def flush_at_exit(self) -> None:
+        """:meth:`flush` at interpreter exit.
+
+        Ctrl-C abandons the writes (a writer's temporary file is pruned later) instead of
+        printing a traceback.
+        """
+        with contextlib.suppress(KeyboardInterrupt):
+            self.flush()
 
     def _evict(self) -> None:
         while self._entries and self.nbytes() > self.max_bytes:
@@ -187,7 +201,8 @@ class PrefixCache:
             LMState.check_kv(model, data["tokens"], data["kv"])
         except Exception as exc:  # noqa: BLE001 - a corrupt entry is a miss, and removed
             log.warning("prefix cache: dropping unreadable %s: %s", path.name, exc)
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only cache dir: it stays, a miss
+                path.unlink(missing_ok=True)
             return None
         try:  # a sound entry that cannot be placed now (device memory) is a miss, and kept
             state = LMState.from_kv(model, data["tokens"], data["kv"])
@@ -209,20 +224,24 @@ class PrefixCache:
             try:
                 if tmp.stat().st_mtime < stale:
                     tmp.unlink(missing_ok=True)
-            except FileNotFoundError:
+            except OSError:  # gone meanwhile, or a read-only directory
                 continue
         files = []
         for path in directory.glob("*.kv"):
             try:
                 st = path.stat()
-            except FileNotFoundError:
+            except OSError:
                 continue
             files.append((st.st_mtime, st.st_size, path))
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total <= self.disk_max_bytes:
                 break
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a read-only cache dir: a cache must never fail a run
+                log.warning("prefix cache: could not prune %s: %s", path, exc)
+                return
             total -= size
 
     def nbytes(self) -> int:
@@ -243,3 +262,4 @@ def default_disk_dir() -> Path:
 
 
 DEFAULT_PREFIX_CACHE = PrefixCache(disk_dir=default_disk_dir)
+atexit.register(DEFAULT_PREFIX_CACHE.flush_at_exit)

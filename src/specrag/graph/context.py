@@ -16,6 +16,8 @@ from specrag import prompts
 from specrag.errors import InputError
 from specrag.models.options import check_placement
 
+DAY_S = 86400.0  # the most any duration may be: longer waits overflow the OS's timers
+
 
 def _f(
     default: Any,
@@ -109,17 +111,20 @@ class SpecRagContext:
         "Retrieval budget; past it the run takes the fallback route (or answers from the "
         "relevant evidence earlier batches found).",
         gt=0,
+        le=DAY_S,
     )
     added_retrieval_latency_s: float = _f(
         0.0,
         "INJECTED delay before retrieval results return (models a remote store; benchmarks).",
         ge=0,
+        le=DAY_S,
     )
     added_batch_latency_s: float = _f(
         0.0,
         "INJECTED delay before each retrieval batch after the first (models slower sources: "
         "a remote store, a reranker; benchmarks).",
         ge=0,
+        le=DAY_S,
     )
     answer_policy: Literal["wait", "incremental"] = _f(
         "wait",
@@ -135,6 +140,7 @@ class SpecRagContext:
         "prompt (no rebuild). A local store delivers the rest within it; a slower source "
         "costs at most this much of the first token's time.",
         ge=0,
+        le=DAY_S,
     )
     # --- draft ----------------------------------------------------------------------------
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
@@ -142,7 +148,9 @@ class SpecRagContext:
         "until_retrieval: draft while retrieval runs and stop within one token of it "
         "finishing; complete: draft to the end or the budget; off: no draft.",
     )
-    draft_timeout_s: float = _f(2.0, "Draft budget (the decode loop itself stops at it).", gt=0)
+    draft_timeout_s: float = _f(
+        2.0, "Draft budget (the decode loop itself stops at it).", gt=0, le=DAY_S
+    )
     draft_temperature: float = _f(0.8, "Draft sampling temperature.", ge=0)
     draft_max_tokens: int = _f(64, "Maximum draft tokens.", ge=1)
     min_draft_tokens: int = _f(
@@ -182,6 +190,7 @@ class SpecRagContext:
         "One answer budget for the run: refine or rapid_generate, and a generate that runs "
         "after either failed, share it (prefill included).",
         gt=0,
+        le=DAY_S,
     )
     drafter_max_cost_ratio: float = _f(
         0.5,
@@ -339,6 +348,13 @@ class SpecRagContext:
                 )
 
         check_placement(self.device, self.dtype, self.drafter_dtype, "invalid configuration: ")
+        for name in ("draft_model", "answer_model"):
+            spec = getattr(self, name).strip()
+            if spec.endswith(":") or spec.startswith(":"):  # 'hf:' read the current folder
+                raise InputError(
+                    f"invalid configuration: {name}={spec!r} names no model "
+                    "(use 'hf:<hub id or path>' or 'provider:model')"
+                )
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:

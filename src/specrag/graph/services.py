@@ -75,7 +75,11 @@ def open_index(ctx: SpecRagContext) -> VectorIndex:
         if key not in _INDEXES:
             check_local(Path(directory), ctx.collection, ctx.index_url)  # before the model loads
             _INDEXES[key] = VectorIndex(
-                directory, load_embeddings(ctx.embedding_model), ctx.collection, url=ctx.index_url
+                directory,
+                load_embeddings(ctx.embedding_model),
+                ctx.collection,
+                url=ctx.index_url,
+                embedding_model=ctx.embedding_model,
             )
         return _INDEXES[key]
     finally:

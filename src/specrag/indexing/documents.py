@@ -19,6 +19,7 @@ from specrag.errors import InputError
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
 PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited as such
+UNREADABLE = "unreadable"  # the start of a skip reason for a file or folder that could not be read
 HIDDEN = "hidden (name starts with '.')"  # a folder's; a hidden file named itself is indexed
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,11 @@ class Skipped:
     def as_dict(self) -> dict[str, str]:
         """JSON-friendly form."""
         return {"path": self.path, "reason": self.reason}
+
+    @property
+    def still_there(self) -> bool:
+        """The file (or folder) is there but was not read: a re-index keeps what it indexed."""
+        return self.reason == HIDDEN or self.reason.startswith(UNREADABLE)
 
 
 def describe_skipped(skipped: list[Skipped], shown: int) -> str:
@@ -120,18 +126,27 @@ def read_pdf_pages(path: Path) -> list[str]:
         raise InputError(f"cannot read PDF {path}: {first}") from exc
 
 
+def source_name(path: str | Path) -> str:
+    r"""A path as the index names its source.
+
+    Itself, but for a file name that is not UTF-8, whose bytes show as ``\xNN`` (the store
+    refuses the lone surrogates Python reads them as), the same on every run.
+    """
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def read_records(path: Path) -> list[tuple[str, str]]:
-    """``(source, text)`` records of one file.
+    """``(source, text)`` records of one file (sources named by :func:`source_name`).
 
     One per PDF page (``path#page=n``, empty pages left out), else one for the file.
     """
     if path.suffix.lower() == ".pdf":
         return [
-            (f"{path}{PAGE_MARK}{n}", text)
+            (f"{source_name(path)}{PAGE_MARK}{n}", text)
             for n, text in enumerate(read_pdf_pages(path), start=1)
             if text
         ]
-    return [(str(path), read_text(path))]
+    return [(source_name(path), read_text(path))]
 
 
 def read_text(path: Path) -> str:
@@ -220,7 +235,7 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
 
     def unreadable(exc: OSError) -> None:  # a subfolder os.walk cannot list
         where = Path(exc.filename).absolute() if exc.filename else folder.absolute()
-        skipped.append(Skipped(str(where), f"unreadable folder ({exc.strerror or exc})"))
+        skipped.append(Skipped(str(where), f"{UNREADABLE} folder ({exc.strerror or exc})"))
 
     for root, dirs, names in os.walk(folder, onerror=unreadable, followlinks=True):
         here = Path(root)

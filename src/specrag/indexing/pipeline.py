@@ -11,10 +11,12 @@ from pathlib import Path
 from specrag.errors import InputError
 from specrag.indexing.documents import (
     PAGE_MARK,
+    UNREADABLE,
     Skipped,
     collect_files_report,
     describe_skipped,
     read_records,
+    source_name,
 )
 from specrag.indexing.store import IndexReport, VectorIndex, check_local, index_documents
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
@@ -43,7 +45,12 @@ def open_for_writing(
     """Open (creating if needed) an index for indexing (on the Chroma server at ``url``)."""
     check_local(directory, collection, url, create=True)  # a bad name: before the model loads
     return VectorIndex(
-        directory, load_embeddings(embedding_model), collection, create=True, url=url
+        directory,
+        load_embeddings(embedding_model),
+        collection,
+        create=True,
+        url=url,
+        embedding_model=embedding_model,
     )
 
 
@@ -79,7 +86,7 @@ def load_files(paths: Iterable[str]) -> Loaded:
         except InputError as exc:
             if f in named:
                 raise
-            out.skipped.append(Skipped(str(f), f"unreadable: {exc}"))
+            out.skipped.append(Skipped(str(f), f"{UNREADABLE}: {exc}"))
             continue
         if not records:
             if f in named:
@@ -95,6 +102,14 @@ def load_files(paths: Iterable[str]) -> Loaded:
     return out
 
 
+def kept_paths(skipped: Iterable[Skipped]) -> list[str]:
+    """The skipped files and folders that are still there (unreadable, hidden).
+
+    A re-index keeps their indexed sources instead of pruning them as gone.
+    """
+    return [s.path for s in skipped if s.still_there]
+
+
 def prune_prefixes(paths: Iterable[str]) -> list[str]:
     """Source prefixes whose sources a re-index of ``paths`` replaces.
 
@@ -106,9 +121,9 @@ def prune_prefixes(paths: Iterable[str]) -> list[str]:
     for p in paths:
         path = Path(p).expanduser()
         if path.is_dir():
-            out.append(str(path.resolve()).rstrip(os.sep) + os.sep)
+            out.append(source_name(path.resolve()).rstrip(os.sep) + os.sep)
         elif path.suffix.lower() == ".pdf":
-            out.append(f"{path.resolve()}{PAGE_MARK}")
+            out.append(f"{source_name(path.resolve())}{PAGE_MARK}")
     return out
 
 
@@ -120,21 +135,31 @@ def index_records(
     embedding_model: str = EMBEDDED_LM,
     progress: Callable[[int], None] | None = None,
     prune_roots: Iterable[str] = (),
+    keep: Iterable[str] = (),
     url: str = "",
+    index: VectorIndex | None = None,
 ) -> IndexReport:
     """Index ``(source, text)`` records.
 
     Sources that start with a ``prune_roots`` prefix (:func:`prune_prefixes`) and are not
-    among the records are dropped.
+    among the records are dropped, but for those of the files and folders in ``keep``
+    (:func:`kept_paths`: there, but not read this time), which stay as they were indexed.
+    ``index``: the index already opened with :func:`open_for_writing` (else opened here).
     """
-    index = open_for_writing(directory, collection, embedding_model, url)
+    if index is None:
+        index = open_for_writing(directory, collection, embedding_model, url)
     roots = list(prune_roots)
+    kept = [source_name(Path(k).expanduser().resolve()) for k in keep]
     removed: list[str] = []
     pruned = 0  # chunks of sources no longer there
     if roots:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
-            if source not in present and any(source.startswith(r) for r in roots):
+            if source in present or any(
+                source == k or source.startswith((k + os.sep, k + PAGE_MARK)) for k in kept
+            ):
+                continue
+            if any(source.startswith(r) for r in roots):
                 pruned += index.remove_source(source)
                 removed.append(source)
     report = index_documents(

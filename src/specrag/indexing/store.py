@@ -24,6 +24,19 @@ log = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "specrag"
 EMBED_BATCH = 64
+EMBEDDING_KEY = "specrag:embedding_model"  # collection metadata: the model that built it
+
+
+def embedding_stamp(name: str) -> str:
+    """How a collection records its embedding model.
+
+    A local folder as its absolute path (so ``./minilm`` from another directory is the same
+    model), any other name as given.
+    """
+    local = Path(name).expanduser()
+    return str(local.resolve()) if local.is_dir() else name
+
+
 Progress = Callable[[int], None]
 
 
@@ -56,25 +69,34 @@ def _short(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def parse_url(url: str) -> tuple[str, int, bool]:
+    """``(host, port, ssl)`` of a Chroma server's ``http(s)://HOST:PORT``.
+
+    Anything else is a one-line ``IndexError_``.
+    """
+    from urllib.parse import urlparse
+
+    bad = f"bad --index-url {url!r}: use http://HOST:PORT of a `chroma run` server"
+    try:
+        parsed = urlparse(url)  # ValueError: a bracketed host left open ('http://[::1')
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise IndexError_(bad)
+        port = parsed.port or (443 if parsed.scheme == "https" else 8000)
+    except ValueError:  # that, or a port that is not a number, or over 65535
+        raise IndexError_(bad) from None
+    return parsed.hostname, port, parsed.scheme == "https"
+
+
 def connect(url: str) -> Any:
     """A client of the Chroma server at ``url`` (``http(s)://host:port``), checked to answer.
 
     A malformed URL or a server that does not answer is a one-line ``IndexError_``.
     """
-    from urllib.parse import urlparse
-
     import chromadb
 
-    bad = f"bad --index-url {url!r}: use http://HOST:PORT of a `chroma run` server"
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise IndexError_(bad)
+    host, port, ssl = parse_url(url)
     try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 8000)
-    except ValueError:  # a port that is not a number, or over 65535
-        raise IndexError_(bad) from None
-    try:
-        client = chromadb.HttpClient(host=parsed.hostname, port=port, ssl=parsed.scheme == "https")
+        client = chromadb.HttpClient(host=host, port=port, ssl=ssl)
         client.heartbeat()
     except Exception as exc:  # noqa: BLE001 - connection errors come in many types
         raise IndexError_(f"cannot reach the Chroma server at {url}: {_short(exc)}") from exc
@@ -84,15 +106,17 @@ def connect(url: str) -> Any:
 def check_local(directory: Path, collection: str, url: str | None, create: bool = False) -> None:
     """The checks of an index to open that need no client and no embedding model.
 
-    A bad collection name, or (without ``url``) no index in ``directory`` to open: one-line
-    :class:`IndexError_` - run before the embedding model loads, so the commonest first
-    mistake (``ask`` before any ``index``) is told at once.
+    A bad collection name, a malformed ``url``, or (without ``url``) no index in
+    ``directory`` to open: one-line :class:`IndexError_` - run before the embedding model
+    loads, so the commonest first mistake (``ask`` before any ``index``) is told at once.
     """
     if not COLLECTION_NAME.fullmatch(collection) or ".." in collection:
         raise IndexError_(
             f"bad collection name {collection!r}: 3-512 letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit"
         )
+    if url:
+        parse_url(url)  # its form; whether a server answers is told when it is opened
     where = Path(directory).expanduser()
     if not url and not create and not (where / "chroma.sqlite3").is_file():
         raise IndexError_(f"no index at {where}: run `specrag index PATH` or `specrag demo` first")
@@ -109,11 +133,15 @@ class VectorIndex:
         *,
         create: bool = False,
         url: str = "",
+        embedding_model: str | None = None,
     ) -> None:
         """Open the collection in ``directory`` (embedded Chroma), or on a Chroma server.
 
         ``url``: ``chroma run --path DIR --port N``'s address; one index shared by processes
-        and hosts.
+        and hosts. ``embedding_model``: the name ``embeddings`` was loaded from; a collection
+        it creates records it, and one that recorded another model is refused (one-line
+        ``IndexError_``): vectors of two models must not share an index. Collections made
+        before the record (or with no name given) are not checked.
         """
         self.directory = Path(directory).expanduser()
         self.collection_name = collection
@@ -143,18 +171,26 @@ class VectorIndex:
                     _require_collection(
                         client, collection, f"in the index at {where}", f"--index-dir {where}"
                     )
+            stamp = {EMBEDDING_KEY: embedding_stamp(embedding_model)} if embedding_model else {}
             self.store = Chroma(
                 collection_name=collection,
                 embedding_function=embeddings,
-                collection_metadata={"hnsw:space": "cosine"},
+                collection_metadata={"hnsw:space": "cosine", **stamp},  # kept if it exists
                 client=client,
             )
             self._collection = self.store._collection
             self._collection.count()
+            built_with = (self._collection.metadata or {}).get(EMBEDDING_KEY)
         except IndexError_:
             raise
         except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
             raise IndexError_(f"cannot open index at {where}: {_short(exc)}") from exc
+        if stamp and built_with and built_with != stamp[EMBEDDING_KEY]:
+            raise IndexError_(
+                f"collection {collection!r} at {where} was built with embedding model "
+                f"{built_with!r}, not {stamp[EMBEDDING_KEY]!r}: use --set "
+                f"embedding_model={built_with} or another --set collection=NAME"
+            )
 
     def count(self) -> int:
         """Number of chunks stored."""
@@ -180,9 +216,17 @@ class VectorIndex:
         got = self._collection.get(where={"source": source}, include=["metadatas"])
         stored = dict(zip(got["ids"], got["metadatas"] or [{}] * len(got["ids"]), strict=True))
         existing = set(stored)
-        stale = sorted(existing - wanted.keys())
-        if stale:
-            self._collection.delete(ids=stale)
+        # New chunks first, stale ones last: an interrupted or failed run (Ctrl-C, a full
+        # disk, an embedding error) leaves the source's old chunks beside some new ones, never
+        # a source half gone; the next run finishes the job.
+        missing = [c for c in chunks if c.id not in existing]
+        for start in range(0, len(missing), EMBED_BATCH):
+            batch = missing[start : start + EMBED_BATCH]
+            self.store.add_texts(
+                texts=[c.text for c in batch],
+                metadatas=[{"source": c.source, "position": c.position} for c in batch],
+                ids=[c.id for c in batch],
+            )
         moved = [
             c
             for c in chunks
@@ -193,14 +237,9 @@ class VectorIndex:
                 ids=[c.id for c in moved],
                 metadatas=[{**(stored[c.id] or {}), "position": c.position} for c in moved],
             )
-        missing = [c for c in chunks if c.id not in existing]
-        for start in range(0, len(missing), EMBED_BATCH):
-            batch = missing[start : start + EMBED_BATCH]
-            self.store.add_texts(
-                texts=[c.text for c in batch],
-                metadatas=[{"source": c.source, "position": c.position} for c in batch],
-                ids=[c.id for c in batch],
-            )
+        stale = sorted(existing - wanted.keys())
+        if stale:
+            self._collection.delete(ids=stale)
         return len(missing), len(stale)
 
     def remove_source(self, source: str) -> int:

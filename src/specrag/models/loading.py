@@ -258,7 +258,13 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         source = converted_dir(gguf, dtype, cache_dir() / "models")
         if not (source / "config.json").is_file():
             from_cache = False
-            source.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                source.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a read-only cache dir
+                raise ModelLoadError(
+                    f"cannot write the converted model to {source.parent}: "
+                    f"{exc.strerror or exc} (set SPECRAG_CACHE_DIR to a writable folder)"
+                ) from exc
             try:
                 convert_gguf(gguf, source, dtype)
             except Exception as exc:  # noqa: BLE001 - reported as one line

@@ -14,6 +14,7 @@ fairly and a quick task (embedding a question) waits at most one decode step. At
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -65,7 +66,7 @@ class ModelThread:
         process ("terminate called without an active exception").
         """
         self.closing = True
-        with self._cv:
+        with contextlib.suppress(KeyboardInterrupt), self._cv:  # Ctrl-C again: stop waiting
             self._cv.wait_for(lambda: not self._busy and not self._tasks, timeout=timeout)
 
     def _push(self, task: Callable[[], None]) -> None:
