@@ -123,9 +123,10 @@ def thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
         name = value[len(prefix) :]
         if key in ("answer_model", "draft_model") and not prefix:
             continue  # a name the registry resolves, never a path
-        if name and name != EMBEDDED_LM and name not in PAIR:
-            if (path := Path(name).expanduser()).exists():
-                settings[key] = prefix + str(path.resolve())
+        if key.endswith("_model") and (name == EMBEDDED_LM or name in PAIR):
+            continue  # a model's name, even where a folder of that name exists here
+        if name and (path := Path(name).expanduser()).exists():
+            settings[key] = prefix + str(path.resolve())
     return settings
 
 
@@ -259,8 +260,9 @@ def print_json(value: Any) -> None:
     from specrag.evaluation.metrics import json_ready
 
     global _JSON_PRINTED
+    text = json.dumps(json_ready(value), ensure_ascii=True, allow_nan=False)
     _JSON_PRINTED = True
-    print(json.dumps(json_ready(value), ensure_ascii=True, allow_nan=False))
+    print(text)
 
 
 def plural(n: int, noun: str) -> str:
@@ -526,13 +528,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""
-        err.print(
-            f"specrag: error: {message} (see `{self.prog} --help`)",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
-        raise SystemExit(2)
+        line = f"{message} (see `{self.prog} --help`)"
+        err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
+        raise UsageError(line)
+
+
+class UsageError(SystemExit):
+    """A usage error :meth:`Parser.error` printed; its line, for ``--json``'s document."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(2)
+        self.line = line
 
 
 def package_version() -> str:
@@ -662,19 +668,17 @@ def main(argv: list[str] | None = None) -> int:
     global _JSON_PRINTED
     _JSON_PRINTED = False
     parser = build_parser()
+    raw = sys.argv[1:] if argv is None else list(argv)
     try:
         args, extra = parser.parse_known_args(argv)
-    except SystemExit as exc:  # --help (0), or a usage error (2) Parser.error printed
+    except UsageError as exc:  # before the flags are known: --json as typed
+        return _json_error(argparse.Namespace(json="--json" in raw), exc.line, 2)
+    except SystemExit as exc:  # --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     if extra:  # named with the subcommand whose --help lists what it takes
-        err.print(
-            f"specrag: error: unrecognized arguments: {' '.join(extra)} "
-            f"(see `specrag {args.command} --help`)",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
-        return 2
+        line = f"unrecognized arguments: {' '.join(extra)} (see `specrag {args.command} --help`)"
+        err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
+        return _json_error(args, line, 2)
     quiet_libraries()
     try:
         code = int(args.func(args) or 0)

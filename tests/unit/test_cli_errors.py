@@ -468,3 +468,27 @@ def test_a_model_spec_that_names_no_model_is_refused(capsys, spec):
     """`--set answer_model=hf:` skipped the path check and loaded the current folder."""
     line = one_line_error(capsys, main(["ask", "q", "--set", f"answer_model={spec}"]))
     assert "names no model" in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["ask", "q", "--json", "--nope"], ["index", "--json"], ["ask", "--json", "--models", "big"]],
+)
+def test_a_usage_error_under_json_is_a_json_document_too(capsys, argv):
+    import json
+
+    line = one_line_error(capsys, main(argv))
+    assert "--help" in line
+    main(argv)
+    assert json.loads(capsys.readouterr().out)["exit_code"] == 2
+
+
+def test_a_thread_keeps_an_index_dir_named_like_a_model_absolute(tmp_path, monkeypatch):
+    import argparse
+
+    from specrag.cli import thread_overrides
+
+    (tmp_path / "embedded").mkdir()
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(set=[], index_dir="embedded", index_url=None, models=None)
+    assert thread_overrides(args)["index_dir"] == str(tmp_path / "embedded")

@@ -238,13 +238,15 @@ def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch
     (d / "sub").mkdir(parents=True)
     (d / "a.md").write_text("Rollo led the Norse settlers.")
     (d / "gone.md").write_text("This file will be deleted.")
+    (d / "bin.md").write_text("This file will hold binary data.")
     (d / "sub" / "c.md").write_text("The treaty of Saint-Clair-sur-Epte.")
     write_pdf(d / "b.pdf", ["The treaty was signed in 911."])
     assert main(["index", str(d), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["sources"] == 4
+    assert json.loads(capsys.readouterr().out)["sources"] == 5
 
     (d / "b.pdf").write_bytes(b"%PDF-1.4 truncated")  # unreadable now
     (d / "gone.md").unlink()  # really gone
+    (d / "bin.md").write_bytes(bytes(range(256)) * 4)  # no longer text: its text is gone
     listing = os.scandir
 
     def scandir(path="."):
@@ -255,7 +257,10 @@ def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch
     monkeypatch.setattr(os, "scandir", scandir)
     assert main(["index", str(d), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["files_removed"] == 1  # gone.md only
+    assert summary["files_removed"] == 2  # gone.md and bin.md
+    reasons = {s["path"].split("/")[-1]: s["reason"] for s in summary["skipped"]}
+    assert reasons["bin.md"].startswith("not a text file")
+    assert reasons["b.pdf"].startswith("unreadable: cannot read PDF")
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import open_index
 
@@ -306,7 +311,11 @@ def test_an_index_refuses_another_embedding_model(tmp_path, monkeypatch, capsys)
     f = tmp_path / "notes.md"
     f.write_text("Rollo led the Norse settlers of Normandy.")
     assert main(["index", str(f)]) == 0
-    (tmp_path / "minilm").symlink_to(embedded_embeddings_path())  # another name: refused
+    import os
+    import shutil
+
+    # another folder (hard links to the bundled files, so it loads): another model to the record
+    shutil.copytree(embedded_embeddings_path(), tmp_path / "minilm", copy_function=os.link)
     other = ["--set", f"embedding_model={tmp_path / 'minilm'}"]
     f.write_text("Rollo was baptised in 912.")
     capsys.readouterr()
@@ -317,3 +326,40 @@ def test_an_index_refuses_another_embedding_model(tmp_path, monkeypatch, capsys)
     assert "was built with embedding model" in capsys.readouterr().err
     # another collection takes the other model, and records it
     assert main(["index", str(f), *other, "--set", "collection=other-model", "--json"]) == 0
+
+
+def test_the_embedding_record_names_the_model_not_a_folder_that_happens_to_be_here(
+    tmp_path, monkeypatch
+):
+    """`embedded` run from a directory holding a folder `embedded` was recorded as that
+    folder's path, and the bundled model's own folder counted as another model."""
+    from specrag.errors import IndexError_
+    from specrag.indexing.store import check_embedding_stamp, embedding_stamp
+    from specrag.models.loading import embedded_embeddings_path
+
+    (tmp_path / "embedded").mkdir()
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert embedding_stamp("embedded") == "embedded"
+    assert embedding_stamp(str(embedded_embeddings_path())) == "embedded"
+    assert embedding_stamp("other") == str(tmp_path / "other")
+    assert embedding_stamp("org/some-model") == "org/some-model"
+    check_embedding_stamp(None, "org/x", "c", "here")  # no record: not checked
+    check_embedding_stamp("/gone/minilm", "org/x", "c", "here")  # a moved folder: a warning
+    with pytest.raises(IndexError_, match="built with embedding model 'embedded'"):
+        check_embedding_stamp("embedded", str(tmp_path / "other"), "c", "here")
+
+
+def test_a_collection_made_before_the_record_opens_with_any_model(tmp_path):
+    """Indexes made before 2026-12-05 (the demo's, the benches') have no record: they open
+    and take writes as before, and stay unrecorded."""
+    import chromadb
+
+    from specrag.indexing.store import EMBEDDING_KEY, VectorIndex
+    from specrag.models.loading import load_embeddings
+
+    client = chromadb.PersistentClient(path=str(tmp_path))
+    client.get_or_create_collection("old-one", metadata={"hnsw:space": "cosine"})
+    for name in ("embedded", "org/another-model"):
+        index = VectorIndex(tmp_path, load_embeddings(), "old-one", embedding_model=name)
+        assert EMBEDDING_KEY not in (index._collection.metadata or {})

@@ -25,6 +25,14 @@ HIDDEN = "hidden (name starts with '.')"  # a folder's; a hidden file named itse
 log = logging.getLogger(__name__)
 
 
+class Unreadable(InputError):
+    """A file that is there but could not be read now.
+
+    An OS error (permissions), a PDF that is damaged (cut off mid-copy) or encrypted. A
+    re-index keeps what it indexed from it; a file gone, or no longer text, is pruned instead.
+    """
+
+
 def _latin1(exc: UnicodeError) -> tuple[str, int]:
     """Decode error handler: a byte Windows-1252 leaves undefined is read as Latin-1."""
     assert isinstance(exc, UnicodeDecodeError)
@@ -43,8 +51,8 @@ class Skipped:
     reason: str
 
     def as_dict(self) -> dict[str, str]:
-        """JSON-friendly form."""
-        return {"path": self.path, "reason": self.reason}
+        """JSON-friendly form (a name that is not UTF-8 as :func:`source_name` shows it)."""
+        return {"path": source_name(self.path), "reason": source_name(self.reason)}
 
     @property
     def still_there(self) -> bool:
@@ -115,7 +123,7 @@ def read_pdf_pages(path: Path) -> list[str]:
 
         reader = PdfReader(str(path))
         if reader.is_encrypted:
-            raise InputError(f"cannot read {path}: the PDF is encrypted")
+            raise Unreadable(f"cannot read {path}: the PDF is encrypted")
         return [(page.extract_text() or "").strip() for page in reader.pages]
     except InputError:
         raise
@@ -123,7 +131,7 @@ def read_pdf_pages(path: Path) -> list[str]:
         raise InputError(f"file not found: {path}") from exc
     except Exception as exc:  # noqa: BLE001 - pypdf raises many kinds; one line for the user
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InputError(f"cannot read PDF {path}: {first}") from exc
+        raise Unreadable(f"cannot read PDF {path}: {first}") from exc
 
 
 def source_name(path: str | Path) -> str:
@@ -158,7 +166,7 @@ def read_text(path: Path) -> str:
     except FileNotFoundError as exc:
         raise InputError(f"file not found: {path}") from exc
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise Unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
     text = decode_text(raw, path)
     if path.suffix.lower() in (".html", ".htm"):
         text = html_to_text(text)

@@ -13,6 +13,7 @@ from specrag.indexing.documents import (
     PAGE_MARK,
     UNREADABLE,
     Skipped,
+    Unreadable,
     collect_files_report,
     describe_skipped,
     read_records,
@@ -86,7 +87,8 @@ def load_files(paths: Iterable[str]) -> Loaded:
         except InputError as exc:
             if f in named:
                 raise
-            out.skipped.append(Skipped(str(f), f"{UNREADABLE}: {exc}"))
+            why = f"{UNREADABLE}: {exc}" if isinstance(exc, Unreadable) else str(exc)
+            out.skipped.append(Skipped(str(f), why))
             continue
         if not records:
             if f in named:
@@ -150,16 +152,15 @@ def index_records(
         index = open_for_writing(directory, collection, embedding_model, url)
     roots = list(prune_roots)
     kept = [source_name(Path(k).expanduser().resolve()) for k in keep]
+    kept_prefixes = tuple(k + end for k in kept for end in (os.sep, PAGE_MARK))
     removed: list[str] = []
     pruned = 0  # chunks of sources no longer there
     if roots:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
-            if source in present or any(
-                source == k or source.startswith((k + os.sep, k + PAGE_MARK)) for k in kept
-            ):
+            if source in present or not source.startswith(tuple(roots)):
                 continue
-            if any(source.startswith(r) for r in roots):
+            if source not in kept and not source.startswith(kept_prefixes):
                 pruned += index.remove_source(source)
                 removed.append(source)
     report = index_documents(

@@ -30,11 +30,48 @@ EMBEDDING_KEY = "specrag:embedding_model"  # collection metadata: the model that
 def embedding_stamp(name: str) -> str:
     """How a collection records its embedding model.
 
-    A local folder as its absolute path (so ``./minilm`` from another directory is the same
-    model), any other name as given.
+    ``embedded`` as itself (whatever folders the current directory holds: the name is what
+    ``load_embeddings`` reads), the bundled model's folder as ``embedded`` too, another local
+    folder as its absolute path (``./minilm`` from another directory is the same model), any
+    other name (a hub id) as given.
     """
+    from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path
+
+    if name == EMBEDDED_LM:
+        return name
     local = Path(name).expanduser()
-    return str(local.resolve()) if local.is_dir() else name
+    if not local.is_dir():
+        return name
+    real = local.resolve()
+    try:
+        bundled = embedded_embeddings_path().resolve()
+    except Exception:  # noqa: BLE001 - not installed: no folder is the bundled one
+        bundled = None
+    return EMBEDDED_LM if real == bundled else str(real)
+
+
+def check_embedding_stamp(built_with: str | None, using: str, collection: str, where: str) -> None:
+    """Refuse to open a collection built with another embedding model (one-line error).
+
+    Not checked: a collection with no record (made before 2026-12-05), or one whose recorded
+    folder is gone (a moved model: a warning, since the names cannot be compared).
+    """
+    if not built_with or built_with == using:
+        return
+    if Path(built_with).is_absolute() and not Path(built_with).exists():
+        log.warning(
+            "collection %r was built with the embedding model at %s, which is gone; using %s "
+            "as if it were the same model",
+            collection,
+            built_with,
+            using,
+        )
+        return
+    raise IndexError_(
+        f"collection {collection!r} at {where} was built with embedding model {built_with!r}, "
+        f"not {using!r} (the index records the model's name or folder): use --set "
+        f"embedding_model={built_with} or another --set collection=NAME"
+    )
 
 
 Progress = Callable[[int], None]
@@ -185,12 +222,8 @@ class VectorIndex:
             raise
         except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
             raise IndexError_(f"cannot open index at {where}: {_short(exc)}") from exc
-        if stamp and built_with and built_with != stamp[EMBEDDING_KEY]:
-            raise IndexError_(
-                f"collection {collection!r} at {where} was built with embedding model "
-                f"{built_with!r}, not {stamp[EMBEDDING_KEY]!r}: use --set "
-                f"embedding_model={built_with} or another --set collection=NAME"
-            )
+        if stamp:
+            check_embedding_stamp(built_with, stamp[EMBEDDING_KEY], collection, where)
 
     def count(self) -> int:
         """Number of chunks stored."""
