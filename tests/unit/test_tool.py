@@ -108,3 +108,35 @@ async def test_tool_tells_its_agent_why_a_question_is_refused():
         assert str(exc) == "the question is 11 characters long (max 10)"
     else:
         raise AssertionError("an over-long question in messages was answered")
+
+
+async def test_a_graph_that_fails_gives_its_agent_a_line_not_an_exception():
+    """Only InputError was caught: any other failure (a graph with a checkpointer and no
+    thread_id, a broken setting) reached the agent's ToolNode, which re-raises it and ends
+    the agent's run."""
+
+    class Broken:
+        async def ainvoke(self, *a, **k):
+            raise KeyError("pairs")
+
+    tool = make_specrag_tool(ctx(), graph=Broken())
+    assert await tool.ainvoke({"question": "q"}) == "specrag: error: KeyError: 'pairs'"
+    assert tool.invoke({"question": "q"}) == "specrag: error: KeyError: 'pairs'"
+
+
+def test_a_context_stays_as_checked():
+    """A field changed after construction skipped every check (`ctx.models = "pairs"` raised
+    a KeyError deep in a run); model names are not checked here, since a graph's own
+    services may know more of them than the registry."""
+    import dataclasses
+
+    import pytest
+
+    from specrag.errors import InputError
+    from specrag.graph.context import SpecRagContext
+
+    ctx = SpecRagContext()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.models = "pairs"
+    with pytest.raises(InputError):
+        dataclasses.replace(ctx, models="pairs")  # the way to change one: checked again

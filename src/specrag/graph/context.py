@@ -50,7 +50,7 @@ MODEL_PRESETS: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)  # checked once, in __post_init__: no unchecked edits
 class SpecRagContext:
     """Models, budgets, thresholds and prompts of one specrag run."""
 

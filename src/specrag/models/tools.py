@@ -240,5 +240,9 @@ class ToolCapture:
         tail, self.pending = self.pending, ""
         if not self.captured:
             return tail, []
-        content, chunks = parse_tool_calls(self.captured)
+        # A verify pass can accept several tokens at once, past the object's end: cut there,
+        # as a one-token decode stops there (``done``), so the text after it never counts.
+        span = _first_object(self.captured)
+        captured = self.captured[: span[1]] if span else self.captured
+        content, chunks = parse_tool_calls(captured)
         return tail + content, chunks

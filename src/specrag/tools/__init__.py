@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -13,6 +14,8 @@ from pydantic import BaseModel, Field
 
 from specrag.errors import InputError
 from specrag.graph.context import SpecRagContext
+
+log = logging.getLogger(__name__)
 
 
 class AskInput(BaseModel):
@@ -96,6 +99,10 @@ def make_specrag_tool(
             result = await graph.ainvoke({"question": question}, context=ctx)
         except InputError as exc:  # an empty or over-long question: the agent reads why
             return f"specrag: error: {exc}"
+        except Exception as exc:  # noqa: BLE001 - an agent's ToolNode re-raises: its run would end
+            log.warning("the specrag tool failed", exc_info=True)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return f"specrag: error: {type(exc).__name__}: {first}"
         return fmt(result)
 
     def run(question: str) -> str:
