@@ -58,3 +58,26 @@ async def test_stream_model_drops_log_probs_of_tokens_in_the_stop_sequence():
     )
     assert out.text == "Rollo led them."
     assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)
+
+
+def test_a_models_own_stop_list_applies_to_calls_that_name_none():
+    """`ChatLocalLM(stop=[...])` was silently dropped (unknown arguments were ignored)."""
+    model = Words(steps=len(TEXT), step_s=0.0, words=TEXT, stop=["\nQuestion:"])
+    assert model.invoke("q").content == "Rollo led them.\n"
+    assert model.invoke("q", stop=["them"]).content == "Rollo led "  # a call's own wins
+
+
+def test_unknown_constructor_arguments_are_errors_and_langchain_names_are_aliases():
+    """`ChatLocalLM(model="qwen2.5-coder-1.5b", max_tokens=100)` loaded SmolLM2 and decoded
+    256 tokens: pydantic ignored both names."""
+    import pytest
+    from pydantic import ValidationError
+
+    from specrag.models.chat import ChatLocalLM
+    from specrag.models.options import DecodeOptions
+
+    model = ChatLocalLM(model="qwen2.5-coder-1.5b", max_tokens=100)
+    assert (model.model_name, model.max_new_tokens) == ("qwen2.5-coder-1.5b", 100)
+    with pytest.raises(ValidationError, match="modle"):
+        ChatLocalLM(modle="embedded")
+    assert DecodeOptions.from_call({"max_tokens": 12}).max_new_tokens == 12  # per call too

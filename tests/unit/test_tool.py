@@ -140,3 +140,38 @@ def test_a_context_stays_as_checked():
         ctx.models = "pairs"
     with pytest.raises(InputError):
         dataclasses.replace(ctx, models="pairs")  # the way to change one: checked again
+
+
+async def test_a_remote_model_gets_the_stages_temperature_limit_seed_and_stops():
+    """`provider:model` models streamed with their construction defaults: draft_temperature,
+    answer_max_tokens, seed and the stop sequences reached only local models."""
+    from typing import Any
+
+    from langchain_core.messages import HumanMessage
+
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+    from tests.fakes import FakeLogprobChat
+
+    seen: list[dict[str, Any]] = []
+
+    class Remote(FakeLogprobChat):
+        temperature: float = 0.7
+        max_tokens: int | None = None
+        seed: int | None = None
+
+        def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+            seen.append(
+                {"t": self.temperature, "n": self.max_tokens, "seed": self.seed, "stop": stop}
+            )
+            yield from super()._stream(messages, stop, run_manager, **kwargs)
+
+    model = Remote(reply="Paris.")
+    opts = DecodeOptions(temperature=0.0, max_new_tokens=12, seed=7, stop=("\n\n",))
+    out = await stream_model(model, [HumanMessage("q")], budget_s=5, tags=["draft"], options=opts)
+    assert out.text.strip() == "Paris."
+    assert seen == [{"t": 0.0, "n": 12, "seed": 7, "stop": ["\n\n"]}]
+    assert model.temperature == 0.7  # a copy carries them: the shared model is unchanged
+    await stream_model(
+        FakeLogprobChat(reply="x"), [HumanMessage("q")], budget_s=5, tags=["a"], options=opts
+    )  # a model without those fields streams as it is

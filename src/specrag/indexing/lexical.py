@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,13 +51,14 @@ class LexicalIndex:
     def save(self, directory: Path) -> None:
         """Write atomically: a reader sees the old index or the new one, never half."""
         directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
+        me = f"{os.getpid()}.{threading.get_ident()}"  # two threads never share a folder
+        tmp = directory.with_name(f"{directory.name}.tmp{me}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         if self.ids:
             self.retriever.save(str(tmp))
         (tmp / "ids.json").write_text(json.dumps({"key": self.key, "ids": self.ids}))
-        old = directory.with_name(f"{directory.name}.old{os.getpid()}")
+        old = directory.with_name(f"{directory.name}.old{me}")
         if directory.exists():
             os.replace(directory, old)
         os.replace(tmp, directory)

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +185,7 @@ class VectorIndex:
         self.collection_name = collection
         self.url = url
         self._lexical: LexicalIndex | None = None
+        self._lexical_lock = threading.Lock()  # one rebuild at a time (searches run in threads)
         check_local(self.directory, collection, url, create)
         client = connect(url) if url else None
         if client is not None and not create:
@@ -293,6 +295,10 @@ class VectorIndex:
 
     def lexical(self) -> LexicalIndex:
         """The BM25 index of this collection, rebuilt when the collection's chunks changed."""
+        with self._lexical_lock:
+            return self._lexical_now()
+
+    def _lexical_now(self) -> LexicalIndex:
         ids = [str(i) for i in self._collection.get(include=[])["ids"]]
         key = fingerprint(ids)
         if self._lexical is not None and self._lexical.key == key:

@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import (
@@ -76,12 +76,18 @@ class ChatLocalLM(LocalChatBase):
     decoding stops once it is set and ``min_tokens`` tokens exist) and ``min_tokens``.
     """
 
-    model_name: str = Field(default=EMBEDDED_LM, description="embedded, a local path or a hub id")
+    model_name: str = Field(
+        default=EMBEDDED_LM,
+        validation_alias=AliasChoices("model_name", "model"),  # LangChain's usual name too
+        description="embedded, a local path or a hub id",
+    )
     device: str = "auto"
     dtype: str = "auto"
     temperature: float = 0.0
     top_p: float = 1.0
-    max_new_tokens: int = 256
+    max_new_tokens: int = Field(
+        default=256, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
+    )
     speculation: Speculation = "prompt"
     max_candidates: int = 8
     seed: int | None = None

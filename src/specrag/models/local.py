@@ -165,8 +165,11 @@ class LocalChatBase(BaseChatModel):
     build a :class:`DecodeJob`.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    # a misspelt or foreign argument is an error, not ignored (ChatLocalLM also takes
+    # LangChain's usual ``model=`` and ``max_tokens=`` for its fields)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     max_time: float | None = None
+    stop: list[str] | None = None  # stop sequences of every call that names none
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         raise NotImplementedError
@@ -192,6 +195,7 @@ class LocalChatBase(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        stop = stop or self.stop
         options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
         run = _Run(self, self._job(messages, options), options)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -220,6 +224,7 @@ class LocalChatBase(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         # Native async: the decode runs in its own thread and hands tokens to the event loop,
         # so a run waiting for the model (queued behind others) holds no executor thread.
+        stop = stop or self.stop
         options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
         job = await asyncio.to_thread(self._job, messages, options)
         run = _Run(self, job, options)

@@ -65,6 +65,10 @@ def refuse_int8_answer(dtype: str, setting: str, prefix: str = "") -> None:
 _LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id")
 
 
+# LangChain's usual names for decode options
+_ALIASES = {"max_tokens": "max_new_tokens"}
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """Per-call decode settings; ``None`` means "the model's own default"."""
@@ -100,6 +104,7 @@ class DecodeOptions:
         for key, value in kwargs.items():
             if key == "options" or key in _LANGCHAIN_KWARGS or key.startswith("ls_"):
                 continue
+            key = _ALIASES.get(key, key)
             if key not in names:
                 raise TypeError(
                     f"unknown decode option {key!r} (known: {', '.join(sorted(names))})"

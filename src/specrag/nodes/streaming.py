@@ -81,6 +81,30 @@ class Streamed:
         return math.exp(sum(self.logprobs) / len(self.logprobs))
 
 
+# A remote chat model's own fields for the context's settings, by the names integrations use
+REMOTE_FIELDS = {
+    "temperature": ("temperature",),
+    "max_new_tokens": ("max_tokens", "max_output_tokens", "max_completion_tokens"),
+    "seed": ("seed",),
+}
+
+
+def with_remote_settings(model: BaseChatModel, options: DecodeOptions) -> BaseChatModel:
+    """A copy of a remote (``provider:model``) chat model with the stage's settings.
+
+    Temperature, token limit and seed, set on the fields its class declares; others are left
+    to the provider's defaults (a field it does not have would be refused by its API).
+    """
+    fields = getattr(type(model), "model_fields", {})
+    update: dict[str, Any] = {}
+    for option, names in REMOTE_FIELDS.items():
+        value = getattr(options, option)
+        name = next((n for n in names if n in fields), None)
+        if value is not None and name is not None:
+            update[name] = value
+    return model.model_copy(update=update) if update else model
+
+
 async def stream_model(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -108,6 +132,10 @@ async def stream_model(
             stop_event=stop_event,
             min_tokens=min_tokens,
         )
+    elif options is not None:
+        model = with_remote_settings(model, options)
+        if options.stop:
+            kwargs["stop"] = list(options.stop)
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
     try:
         async with asyncio.timeout(budget_s + GRACE_S):
