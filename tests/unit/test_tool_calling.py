@@ -240,3 +240,22 @@ def test_tokens_accepted_past_a_complete_call_do_not_count(call, after):
     assert (shown + content).strip() == "Let me search."
     assert [c["name"] for c in chunks] == ["search_docs"]
     assert "Ragnar" not in content
+
+
+def lookup_date(event: str) -> str:
+    """The date of an event."""
+    return event
+
+
+def test_any_tool_among_several_forces_a_call_whose_name_the_model_writes(scripted):
+    """`tool_choice="any"` with two tools forced nothing (the model could answer in text,
+    which create_agent's structured output relies on it not doing)."""
+    # the scripted model continues after the forced opening `<tool_call>\n{"name": "`
+    model = scripted('lookup_date", "arguments": {"event": "Hastings"}}\n</tool_call>')
+    bound = model.bind_tools([search_docs, lookup_date], tool_choice="any")
+    msg = bound.invoke([HumanMessage("When was Hastings?")])
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == [
+        ("lookup_date", {"event": "Hastings"})
+    ]
+    free = scripted("It was in 1066.").bind_tools([search_docs, lookup_date])
+    assert free.invoke([HumanMessage("When?")]).tool_calls == []  # "auto": text stays text

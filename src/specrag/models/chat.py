@@ -60,7 +60,7 @@ from specrag.models.local import (
     make_generator,
 )
 from specrag.models.options import DecodeOptions, Speculation
-from specrag.models.tools import forced_call_prefix, supports_tools, tool_choice_name
+from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +279,7 @@ class ChatLocalLM(LocalChatBase):
         tools = options.tools
         if tools and not supports_tools(loaded.tokenizer):
             raise ValueError(no_tools_message(loaded.name))
-        forced_name = tool_choice_name(options.tool_choice, tools) if tools else None
-        forced = forced_call_prefix(forced_name) if forced_name else ""
+        forced = forced_prefix(options.tool_choice, tools) if tools else ""
         limit = loaded.max_context - 1
         stats = DecodeStats()
 

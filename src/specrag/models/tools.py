@@ -55,6 +55,20 @@ def forced_call_prefix(name: str) -> str:
     return f'{TOOL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
 
 
+def forced_prefix(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str:
+    """What an answer under ``tool_choice`` starts with.
+
+    A named tool's call head; a call's opening for ``"any"`` among several tools (the model
+    writes which); else nothing.
+    """
+    name = tool_choice_name(tool_choice, tools)
+    if name is not None:
+        return forced_call_prefix(name)
+    if tool_choice in ("any", "required", True):
+        return f'{TOOL_OPEN}\n{{"name": "'
+    return ""
+
+
 def template_messages(messages: Sequence[BaseMessage], tools: bool) -> list[dict[str, Any]]:
     """LangChain messages -> chat-template dicts (text defused by the caller).
 
