@@ -58,14 +58,19 @@ def test_disk_entries_are_lru_bounded_by_bytes(tmp_path):
     assert fresh.get(keys[0], model) is None and fresh.get(keys[3], model) is not None
 
 
+def saved(directory, model, tokens):
+    """A cache on ``directory`` holding the prefix ``tokens`` on disk: (cache, key, file)."""
+    key = prefix_key("m", tokens)
+    cache = PrefixCache(disk_dir=directory)
+    cache.put(key, prefilled(model, tokens))
+    cache.flush()
+    (path,) = directory.glob("*.kv")
+    return cache, key, path
+
+
 def test_a_corrupt_file_is_a_miss_and_removed(tmp_path):
     model = tiny_llama()
-    prefix = list(range(5, 40))
-    key = prefix_key("m", prefix)
-    cache = PrefixCache(disk_dir=tmp_path)
-    cache.put(key, prefilled(model, prefix))
-    cache.flush()
-    (path,) = tmp_path.glob("*.kv")
+    _, key, path = saved(tmp_path, model, list(range(5, 40)))
     path.write_bytes(b"not a tensor file")
     assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
     assert not path.exists()
@@ -203,12 +208,7 @@ def test_a_cache_dir_that_refuses_deletes_never_fails_a_run(tmp_path, monkeypatc
     from pathlib import Path
 
     model = tiny_llama()
-    tokens = list(range(3, 60))
-    key = prefix_key("m", tokens)
-    cache = PrefixCache(disk_dir=tmp_path)
-    cache.put(key, prefilled(model, tokens))
-    cache.flush()
-    (entry,) = tmp_path.glob("*.kv")
+    cache, key, entry = saved(tmp_path, model, list(range(3, 60)))
     bad_key = prefix_key("m", [5, 6, 7])
     (tmp_path / cache._path(bad_key).name).write_bytes(b"corrupt")
 
