@@ -74,3 +74,38 @@ def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch)
     assert head > 8 and got["prompt_cut"] == len(full) - keep
     fed = seen[0]  # the prefill: the whole head, then the prompt's end
     assert fed[:head] == full[:head] and fed[head:] == full[-(keep - head) :]
+
+
+def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_path, monkeypatch):
+    """max_new_tokens near the context cut the prompt to 16 tokens (the question gone); now
+    the answer takes what the prompt leaves, the prompt keeping at least half the context."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specrag.models.registry import chat_model_from_spec
+
+    tokenizer = load_lm().tokenizer
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "short")
+    tokenizer.save_pretrained(tmp_path / "short")
+    short = rag("Who led them?")
+    model = chat_model_from_spec(
+        f"hf:{tmp_path / 'short'}", max_new_tokens=1000, speculation="none"
+    )
+    got = model.invoke(short).response_metadata["decoding"]
+    prompt = len(encode_chat(model.load(), short))
+    assert "prompt_cut" not in got and got["prompt_tokens"] == prompt
+    assert got["answer_cap"] == 255 - prompt  # what the prompt leaves
+    assert got["new_tokens"] <= got["answer_cap"]
+    long = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
+    got = model.invoke(long).response_metadata["decoding"]
+    assert got["prompt_tokens"] == 255 - 127 and got["answer_cap"] == 127  # half each

@@ -54,6 +54,7 @@ class DecodeStats:
     cache_refills: int = 0  # crops done by re-reading the answer's context (LMState.refills)
     cache_restores: int = 0  # crops done from a snapshot of its states (LMState.restores)
     prompt_cut: int = 0  # tokens cut from the prompt's middle to fit the model's context
+    answer_cap: int = 0  # new tokens the answer was capped at to fit the context (0: not)
     # an incremental decode (:mod:`specrag.decoding.incremental`): the final answer's tokens
     # by source, and one record per prompt rebuild
     sources: dict[str, int] | None = None
@@ -94,6 +95,7 @@ class DecodeStats:
             **({"cache_restores": self.cache_restores} if self.cache_restores else {}),
             **({"rebuilds": list(self.rebuilds)} if self.rebuilds else {}),
             **({"prompt_cut": self.prompt_cut} if self.prompt_cut else {}),
+            **({"answer_cap": self.answer_cap} if self.answer_cap else {}),
         }
 
 

@@ -284,7 +284,23 @@ class ChatLocalLM(LocalChatBase):
         stats = DecodeStats()
 
         def encode(msgs: list[BaseMessage]) -> list[int]:
+            nonlocal max_new
             ids = encode_chat(loaded, msgs, tools, forced)
+            # An answer limit past the context caps the answer, not the prompt: it takes what
+            # the prompt leaves, and the prompt keeps at least half the context (a prompt
+            # cut to 16 tokens for max_new_tokens near the context answered nothing asked).
+            fit = max(min(max_new, limit - len(ids)), min(max_new, limit // 2))
+            if fit < max_new and not stats.answer_cap:
+                log.warning(
+                    "the answer is capped at %d tokens (max_new_tokens %d): %s reads %d "
+                    "tokens at most, and the prompt has %d",
+                    fit,
+                    max_new,
+                    loaded.name,
+                    loaded.max_context,
+                    len(ids),
+                )
+                max_new = stats.answer_cap = fit
             if len(ids) + max_new > limit:  # keep the chat head and the question end
                 keep = max(limit - max_new, 16)
                 head = min(chat_head(loaded, msgs, ids, tools, forced) or 8, keep // 2)
