@@ -102,31 +102,26 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 INDEX_KEYS = ("index_dir", "index_url")  # one index: given either now, neither saved one holds
-# settings that may name a local path: kept absolute, for a resume from another directory
-PATH_KEYS = ("index_dir", "answer_model", "draft_model", "embedding_model")
 
 
 def thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """:func:`cli_overrides` as a thread keeps them for ``--resume``: local paths absolute.
+    """:func:`cli_overrides` as a thread keeps them for ``--resume``, from any directory.
 
-    A model's path is the part after ``hf:`` (``hf:./mymodel``); a name that is not a path
-    (``embedded``, a pair model's name, a hub id) stays as it is, even where a folder of that
-    name happens to exist here.
+    ``index_dir`` and a model's ``hf:`` path (``hf:./mymodel``) absolute; the embedding model
+    as an index records it (:func:`~specrag.indexing.store.embedding_stamp`: ``embedded`` stays
+    a name, a local folder absolute). Model names (``embedded``, the pair's, provider specs)
+    stay as they are, even where a folder of that name happens to exist here.
     """
-    from specrag.models.loading import EMBEDDED_LM
-    from specrag.models.pair import PAIR
+    from specrag.indexing.store import embedding_stamp
 
     settings = cli_overrides(args)
-    for key in PATH_KEYS:
+    for key, prefix in (("index_dir", ""), ("answer_model", "hf:"), ("draft_model", "hf:")):
         value = str(settings.get(key, ""))
-        prefix = "hf:" if key.endswith("_model") and value.startswith("hf:") else ""
-        name = value[len(prefix) :]
-        if key in ("answer_model", "draft_model") and not prefix:
-            continue  # a name the registry resolves, never a path
-        if key.endswith("_model") and (name == EMBEDDED_LM or name in PAIR):
-            continue  # a model's name, even where a folder of that name exists here
-        if name and (path := Path(name).expanduser()).exists():
-            settings[key] = prefix + str(path.resolve())
+        if value.startswith(prefix) and (name := value[len(prefix) :]):
+            if (path := Path(name).expanduser()).exists():
+                settings[key] = prefix + str(path.resolve())
+    if "embedding_model" in settings:
+        settings["embedding_model"] = embedding_stamp(str(settings["embedding_model"]))
     return settings
 
 
