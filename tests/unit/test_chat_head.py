@@ -37,10 +37,9 @@ def test_the_head_ends_where_the_last_message_begins():
     assert chat_head(loaded, one, p1[: h1 - 2] + p1[-20:]) == 0  # all of the head, or nothing
 
 
-def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch):
-    """A prompt past the model's context is cut in the middle: the chat head (the system
-    prompt) stays whole - the cut kept only 8 tokens of it - and the stats say how much was
-    cut (found by a new-user review with top_k=500, 2026-12-03)."""
+def short_model(tmp_path, monkeypatch, max_new_tokens):
+    """A chat model over a tiny random Llama with a 256-token context and the embedded
+    model's tokenizer, saved under ``tmp_path`` (the cache dir moved there too)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specrag.models.registry import chat_model_from_spec
@@ -59,7 +58,16 @@ def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch)
     )
     LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "short")
     tokenizer.save_pretrained(tmp_path / "short")
-    model = chat_model_from_spec(f"hf:{tmp_path / 'short'}", max_new_tokens=8, speculation="none")
+    return chat_model_from_spec(
+        f"hf:{tmp_path / 'short'}", max_new_tokens=max_new_tokens, speculation="none"
+    )
+
+
+def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch):
+    """A prompt past the model's context is cut in the middle: the chat head (the system
+    prompt) stays whole - the cut kept only 8 tokens of it - and the stats say how much was
+    cut (found by a new-user review with top_k=500, 2026-12-03)."""
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=8)
     loaded = model.load()
     seen: list[list[int]] = []
     loaded.model.register_forward_pre_hook(
@@ -79,28 +87,8 @@ def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch)
 def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_path, monkeypatch):
     """max_new_tokens near the context cut the prompt to 16 tokens (the question gone); now
     the answer takes what the prompt leaves, the prompt keeping at least half the context."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specrag.models.registry import chat_model_from_spec
-
-    tokenizer = load_lm().tokenizer
-    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "short")
-    tokenizer.save_pretrained(tmp_path / "short")
     short = rag("Who led them?")
-    model = chat_model_from_spec(
-        f"hf:{tmp_path / 'short'}", max_new_tokens=1000, speculation="none"
-    )
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=1000)
     got = model.invoke(short).response_metadata["decoding"]
     prompt = len(encode_chat(model.load(), short))
     assert "prompt_cut" not in got and got["prompt_tokens"] == prompt
