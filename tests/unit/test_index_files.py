@@ -363,3 +363,43 @@ def test_a_collection_made_before_the_record_opens_with_any_model(tmp_path):
     for name in ("embedded", "org/another-model"):
         index = VectorIndex(tmp_path, load_embeddings(), "old-one", embedding_model=name)
         assert EMBEDDING_KEY not in (index._collection.metadata or {})
+
+
+def test_a_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch, capsys):
+    """A file is read whole into memory (then tokenized and embedded): a multi-GiB log named
+    by mistake ran the machine out of memory instead of saying why. Past SPECRAG_MAX_FILE_MIB
+    a named file is one error line; in a folder it is skipped as unreadable and a re-index
+    keeps what it indexed from it; a bad setting fails the run before any file is skipped."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    (d / "big.txt").write_text("The treaty was signed in 911. " * 100)  # 3,000 bytes
+    write_pdf(d / "b.pdf", ["Rollo died around 930."])
+    assert main(["index", str(d), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sources"] == 3
+
+    monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", str(2_000 / 2**20))  # 2,000 bytes
+    assert read_text(d / "a.md") == "Rollo led the Norse settlers."
+    assert main(["ask", "Who led them?", "--document", str(d / "big.txt")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specrag: error: ") and "\n" not in err
+    assert "big.txt is too large: 0.0 MiB" in err and "SPECRAG_MAX_FILE_MIB" in err
+    assert main(["index", str(d / "big.txt")]) != 0
+    assert "too large" in capsys.readouterr().err
+
+    assert main(["index", str(d), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    reasons = {s["path"].split("/")[-1]: s["reason"] for s in summary["skipped"]}
+    assert reasons["big.txt"].startswith("unreadable: ") and "too large" in reasons["big.txt"]
+    assert summary["files_removed"] == 0  # kept, not pruned
+
+    for bad in ("0", "-1", "lots", "inf", "nan"):
+        monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", bad)
+        assert main(["index", str(d), "--json"]) == 2
+        out = json.loads(capsys.readouterr().out)
+        assert out["error"] == f"SPECRAG_MAX_FILE_MIB must be a positive number of MiB, got {bad!r}"
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+
+    assert len(open_index(SpecRagContext()).sources()) == 3  # nothing pruned by a bad setting

@@ -21,6 +21,8 @@ SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
 PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited as such
 UNREADABLE = "unreadable"  # the start of a skip reason for a file or folder that could not be read
 HIDDEN = "hidden (name starts with '.')"  # a folder's; a hidden file named itself is indexed
+MAX_FILE_MIB_ENV = "SPECRAG_MAX_FILE_MIB"  # overrides DEFAULT_MAX_FILE_MIB
+DEFAULT_MAX_FILE_MIB = 100.0  # a file is read whole into memory, then tokenized and embedded
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,40 @@ class Unreadable(InputError):
     An OS error (permissions), a PDF that is damaged (cut off mid-copy) or encrypted. A
     re-index keeps what it indexed from it; a file gone, or no longer text, is pruned instead.
     """
+
+
+def max_file_bytes() -> int:
+    """The largest file specrag reads (``SPECRAG_MAX_FILE_MIB``, default 100 MiB)."""
+    raw = os.environ.get(MAX_FILE_MIB_ENV, "").strip()
+    if not raw:
+        return int(DEFAULT_MAX_FILE_MIB * 2**20)
+    try:
+        mib = float(raw)
+    except ValueError:
+        mib = -1.0
+    if not 0 < mib < float("inf"):
+        raise InputError(f"{MAX_FILE_MIB_ENV} must be a positive number of MiB, got {raw!r}")
+    return int(mib * 2**20)
+
+
+def check_size(path: Path) -> None:
+    """One-line ``Unreadable`` for a file past :func:`max_file_bytes` (before it is read).
+
+    Unreadable, not a plain ``InputError``: a re-index keeps what it indexed from a file
+    that has grown past the limit rather than pruning it.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError as exc:
+        raise InputError(f"file not found: {path}") from exc
+    except OSError as exc:
+        raise Unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+    limit = max_file_bytes()
+    if size > limit:
+        raise Unreadable(
+            f"{path} is too large: {size / 2**20:.1f} MiB, past the {limit / 2**20:g} MiB "
+            f"limit (split it, or raise {MAX_FILE_MIB_ENV})"
+        )
 
 
 def _latin1(exc: UnicodeError) -> tuple[str, int]:
@@ -118,6 +154,7 @@ def html_to_text(markup: str) -> str:
 
 def read_pdf_pages(path: Path) -> list[str]:
     """The text of each page of a PDF (pypdf); one-line ``InputError`` if it cannot be read."""
+    check_size(path)
     try:
         from pypdf import PdfReader
 
@@ -161,6 +198,7 @@ def read_text(path: Path) -> str:
     """Text of a .txt/.md/.html/.pdf file; one-line ``InputError`` for anything unreadable."""
     if path.suffix.lower() == ".pdf":
         return "\n\n".join(p for p in read_pdf_pages(path) if p)
+    check_size(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:

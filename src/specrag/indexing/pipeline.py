@@ -14,6 +14,7 @@ from specrag.indexing.documents import (
     UNREADABLE,
     Skipped,
     Unreadable,
+    max_file_bytes,
     collect_files_report,
     describe_skipped,
     read_records,
@@ -78,6 +79,7 @@ def load_files(paths: Iterable[str]) -> Loaded:
     folder that is unreadable, empty or of another type is skipped and reported instead.
     """
     paths = list(paths)
+    max_file_bytes()  # a bad SPECRAG_MAX_FILE_MIB fails the run, not each file (no pruning)
     files, skipped = collect_files_report(paths)
     named = {Path(p).expanduser().resolve() for p in paths if not Path(p).expanduser().is_dir()}
     out = Loaded([], [], skipped)
