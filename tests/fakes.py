@@ -80,7 +80,7 @@ def services(
     found = chunks if chunks is not None else [chunk("Paris is the capital of France.")]
 
     def chat_model(spec: str, ctx: SpecRagContext) -> BaseChatModel:
-        return draft if spec == "draft" else answer
+        return draft if spec == "fake:draft" else answer
 
     def retriever(question: str, document: str | None, ctx: SpecRagContext) -> list[Chunk]:
         if retrieve_delay_s:
@@ -103,7 +103,10 @@ def ctx(**kw: Any) -> SpecRagContext:
     # fake models answer at once: a generous draft budget, so that no route here depends on
     # how busy the machine is (tests of the draft timeout set their own)
     base = dict(
-        draft_model="draft", answer_model="answer", draft_policy="complete", draft_timeout_s=30.0
+        draft_model="fake:draft",
+        answer_model="fake:answer",
+        draft_policy="complete",
+        draft_timeout_s=30.0,
     )
     base.update(kw)
     return SpecRagContext(**base)

@@ -92,6 +92,12 @@ def parse_sets(pairs: list[str]) -> dict[str, str]:
 def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The context fields the command line sets: --set, --index-dir, --index-url, --models."""
     overrides: dict[str, Any] = parse_sets(getattr(args, "set", None) or [])
+    for flag, what in (("index_dir", "a folder"), ("index_url", "a URL")):
+        value = getattr(args, flag, None)  # an unset $DIR would quietly mean the default index
+        if value is not None and not str(value).strip():
+            raise InputError(f"--{flag.replace('_', '-')} is empty: give {what}")
+    if getattr(args, "index_dir", None) and getattr(args, "index_url", None):
+        raise InputError("--index-dir and --index-url name two indexes: give one")
     if getattr(args, "index_dir", None):
         overrides["index_dir"] = str(args.index_dir)
     if getattr(args, "index_url", None):
@@ -125,11 +131,15 @@ def thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def make_context(args: argparse.Namespace, saved: dict[str, Any] | None = None) -> Any:
+def make_context(
+    args: argparse.Namespace, saved: dict[str, Any] | None = None, *, answers: bool = True
+) -> Any:
     """Context from --set overrides, --index-dir, --index-url and --models.
 
     ``saved``: the settings of the run being resumed, under those given now (an index given
     now, by directory or URL, replaces the saved one whichever way that was given).
+    ``answers``: the command runs the language models, so the pair must be installed when
+    ``--models pair`` asks for it (``config`` and ``index`` run none).
     """
     from specrag.graph.context import SpecRagContext
 
@@ -139,7 +149,7 @@ def make_context(args: argparse.Namespace, saved: dict[str, Any] | None = None) 
         for key in INDEX_KEYS:
             base.pop(key, None)
     ctx = SpecRagContext.from_overrides({**base, **given})
-    if ctx.models == "pair":
+    if ctx.models == "pair" and answers:
         check_pair_installed()
     from specrag.models.loading import check_local_model
     from specrag.models.registry import local_model_name
@@ -203,9 +213,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
     from specrag.indexing.documents import describe_skipped
     from specrag.indexing.pipeline import kept_paths, load_files, prune_prefixes
+    from specrag.indexing.store import check_local
 
-    ctx = make_context(args)
+    ctx = make_context(args, answers=False)
     directory = index_dir_of(ctx)
+    check_local(directory, ctx.collection, ctx.index_url, create=True)  # before reading files
     loaded = load_files(args.paths)  # validates every input before the index is opened
     report = index_with_progress(
         loaded.records,
@@ -269,6 +281,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
     if args.thread is not None and not args.thread.strip():
         raise InputError("--thread needs a conversation id (got an empty one)")
+    if args.document is not None and not args.document.strip():  # an unset $FILE
+        raise InputError("--document needs a file (got an empty name)")
     # a resumed run goes on with its own settings (--models, --set, ...); flags given now win
     ctx = make_context(args, thread_settings(args.thread) if args.resume and args.thread else None)
     if args.resume:
@@ -302,6 +316,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if path is not None:
         from specrag.indexing.documents import read_text, require_supported
 
+        if path.is_dir():
+            raise InputError(
+                f"--document {args.document} is a folder, not a file (index a folder with "
+                "`specrag index` and ask without --document)"
+            )
         if path.exists():  # a missing file is "file not found", whatever its name
             require_supported(path, args.document)
         document = read_text(path)
@@ -440,7 +459,7 @@ def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the context fields with defaults and descriptions."""
-    ctx = make_context(args)
+    ctx = make_context(args, answers=False)
     allowed = ctx.allowed()
     rows = [
         {"name": n, "value": v, "allowed": allowed[n], "description": d}
@@ -488,11 +507,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.which not in ("rag", "rapid") or (args.which, models) == ("rag", "embedded"):
             raise InputError("--dtype applies to `bench rag --models pair` and `bench rapid` only")
         from specrag.models.loading import dtype_name, resolve_device, resolve_dtype
-        from specrag.models.options import FLOAT_DTYPES, refuse_int8_answer
+        from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 
         device = resolve_device("auto")
-        refuse_int8_answer(args.dtype, "--dtype")
-        if args.dtype not in ("", "auto", *FLOAT_DTYPES):  # the answer model's: not int8
+        if args.dtype in INT8_NAMES:  # the drafter's own choice, not a bench flag
+            raise InputError(
+                f"--dtype {args.dtype}: int8 is for a drafter only (bench already runs the "
+                "drafter in int8 beside an fp32 or bf16 answer model on an x86 CPU)"
+            )
+        if args.dtype not in ("auto", *FLOAT_DTYPES):  # the answer model's: not int8
             raise InputError(
                 f"--dtype: unknown dtype {args.dtype!r} (use auto, float32, bfloat16 or float16)"
             )
@@ -501,6 +524,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # their run-log keys
         same = chosen == resolve_dtype("auto", device)
         extra["dtype"] = "auto" if same else dtype_name(chosen)
+    if not args.out.strip():  # Path("") is the current folder
+        raise InputError("--out is empty: give a folder for the results")
     out_dir = Path(args.out).expanduser()
     try:  # before any model loads: a bad --out is the user's input, not a crash at the end
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -519,7 +544,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with specrag's error format: one line on stderr, exit 2 (subcommands too)."""
+    """argparse with specrag's error format: one line on stderr, exit 2 (subcommands too).
+
+    No abbreviated flags (``--js`` for ``--json``): a script's typo fails instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""
@@ -664,12 +696,19 @@ def main(argv: list[str] | None = None) -> int:
     _JSON_PRINTED = False
     parser = build_parser()
     raw = sys.argv[1:] if argv is None else list(argv)
+    wants_json = any(tok == "--json" or tok.startswith("--json=") for tok in raw)
     try:
         args, extra = parser.parse_known_args(argv)
     except UsageError as exc:  # before the flags are known: --json as typed
-        return _json_error(argparse.Namespace(json="--json" in raw), exc.line, 2)
+        return _json_error(argparse.Namespace(json=wants_json), exc.line, 2)
     except SystemExit as exc:  # --help (0)
         return exc.code if isinstance(exc.code, int) else 2
+    if "--json" in extra and hasattr(args, "json"):  # `specrag --json ask ...`: before the
+        extra.remove("--json")  # subcommand, the top-level parser left it over
+        args.json = True
+    if args.command == "index":  # `index a --json b`: argparse ends the paths at the flag
+        args.paths += [tok for tok in extra if not tok.startswith("-")]
+        extra = [tok for tok in extra if tok.startswith("-")]
     if extra:  # named with the subcommand whose --help lists what it takes
         line = f"unrecognized arguments: {' '.join(extra)} (see `specrag {args.command} --help`)"
         err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
@@ -697,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print("\nspecrag: interrupted", highlight=False, markup=False)
         return _json_error(args, "interrupted", 130)
     except Exception as exc:  # noqa: BLE001 - never a traceback for a CLI user
-        if os.environ.get("SPECRAG_DEBUG"):
+        if debug_mode():
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
         line = f"{type(exc).__name__}: {first}"
@@ -708,6 +747,11 @@ def main(argv: list[str] | None = None) -> int:
             soft_wrap=True,
         )
         return _json_error(args, line, 1)
+
+
+def debug_mode() -> bool:
+    """``SPECRAG_DEBUG`` is on (1, true, yes, on): unexpected errors raise with a traceback."""
+    return os.environ.get("SPECRAG_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _json_error(args: argparse.Namespace, message: str, code: int) -> int:

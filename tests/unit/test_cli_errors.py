@@ -471,6 +471,22 @@ def test_a_model_spec_that_names_no_model_is_refused(capsys, spec):
 
 
 @pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("answer_model=foo", "unknown model answer_model='foo'"),
+        ("draft_model=qwen-0.5b", "unknown model draft_model='qwen-0.5b'"),
+        ("embedding_model=", "embedding_model='' names no model"),
+    ],
+)
+def test_a_model_name_no_loader_knows_is_refused_by_the_config_check(capsys, setting, why):
+    """`answer_model=foo` passed `specrag config` and failed only after the index and its
+    embedding model had loaded; an empty embedding_model read the current folder."""
+    for argv in (["config", "--set", setting], ["ask", "q", "--set", setting]):
+        line = one_line_error(capsys, main(argv))
+        assert line.startswith("specrag: error: invalid configuration: ") and why in line
+
+
+@pytest.mark.parametrize(
     "argv",
     [["ask", "q", "--json", "--nope"], ["index", "--json"], ["ask", "--json", "--models", "big"]],
 )
@@ -492,3 +508,67 @@ def test_a_thread_keeps_an_index_dir_named_like_a_model_absolute(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     args = argparse.Namespace(set=[], index_dir="embedded", index_url=None, models=None)
     assert thread_overrides(args)["index_dir"] == str(tmp_path / "embedded")
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["ask", "q", "--document", ""], "--document needs a file"),
+        (["ask", "q", "--document", "."], "is a folder, not a file"),
+        (["ask", "q", "--index-dir", ""], "--index-dir is empty: give a folder"),
+        (["index", "x", "--index-url", " "], "--index-url is empty: give a URL"),
+        (["config", "--index-dir", "a", "--index-url", "http://h:1"], "name two indexes"),
+        (["bench", "rag", "--out", ""], "--out is empty"),
+        (["bench", "rapid", "--dtype", ""], "unknown dtype ''"),
+        (["bench", "rapid", "--dtype", "int8"], "bench already runs the drafter in int8"),
+        (["config", "--js"], "unrecognized arguments: --js"),
+    ],
+)
+def test_an_empty_or_misplaced_value_is_refused_not_read_as_the_default(capsys, argv, why):
+    """An unset $FILE or $DIR (`--document ""`, `--index-dir ""`) quietly meant "no document"
+    or the default index (which the demo's paragraphs share); `--out ""` wrote results into
+    the current folder; an abbreviated flag was taken for the whole one."""
+    line = one_line_error(capsys, main(argv))
+    assert why in line
+
+
+def test_json_before_the_subcommand_or_with_a_value_still_gets_a_json_document(capsys):
+    import json
+
+    assert main(["--json", "config"]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), list)
+    line = one_line_error(capsys, main(["ask", "q", "--json=1"]))
+    assert "--json" in line  # one_line_error read the JSON document on stdout too
+
+
+def test_index_paths_after_a_flag_are_all_indexed(tmp_path, monkeypatch, capsys):
+    import json
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "a.md").write_text("Rollo led the Norse settlers.")
+    (tmp_path / "b.md").write_text("The treaty was signed in 911.")
+    assert main(["index", str(tmp_path / "a.md"), "--json", str(tmp_path / "b.md")]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == 2
+
+
+def test_config_and_index_do_not_need_the_pair_installed(capsys, monkeypatch):
+    """`config --models pair` (listing what the preset sets) failed when the pair was not
+    installed; neither it nor `index` runs a language model."""
+    import json
+
+    from specrag.models import pair
+
+    monkeypatch.setattr(pair, "installed", lambda: False)
+    assert main(["config", "--models", "pair", "--json"]) == 0
+    rows = {r["name"]: r["value"] for r in json.loads(capsys.readouterr().out)}
+    assert rows["models"] == "pair"
+    line = one_line_error(capsys, main(["ask", "q", "--models", "pair"]))
+    assert "make models-pair" in line
+
+
+def test_specrag_debug_0_is_off(capsys, monkeypatch):
+    from specrag.cli import debug_mode
+
+    for value, on in (("1", True), ("true", True), ("0", False), ("", False), ("no", False)):
+        monkeypatch.setenv("SPECRAG_DEBUG", value)
+        assert debug_mode() is on

@@ -348,6 +348,8 @@ class SpecRagContext:
                 )
 
         check_placement(self.device, self.dtype, self.drafter_dtype, "invalid configuration: ")
+        from specrag.models.pair import PAIR
+
         for name in ("draft_model", "answer_model"):
             spec = getattr(self, name).strip()
             if spec.endswith(":") or spec.startswith(":"):  # 'hf:' read the current folder
@@ -355,6 +357,16 @@ class SpecRagContext:
                     f"invalid configuration: {name}={spec!r} names no model "
                     "(use 'hf:<hub id or path>' or 'provider:model')"
                 )
+            if spec and spec != "embedded" and spec not in PAIR and ":" not in spec:
+                raise InputError(  # told before any model loads, not after the index opened
+                    f"invalid configuration: unknown model {name}={spec!r} (use 'embedded', "
+                    f"{', '.join(map(repr, PAIR))}, 'hf:<hub id or path>' or 'provider:model')"
+                )
+        if not self.embedding_model.strip():
+            raise InputError(
+                "invalid configuration: embedding_model='' names no model "
+                "(use 'embedded' or a sentence-transformers path or hub id)"
+            )
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:

@@ -14,9 +14,9 @@ from specrag.indexing.documents import (
     UNREADABLE,
     Skipped,
     Unreadable,
-    max_file_bytes,
     collect_files_report,
     describe_skipped,
+    max_file_bytes,
     read_records,
     source_name,
 )
