@@ -173,3 +173,49 @@ def test_sampled_incremental_answer_has_the_final_prompts_distribution():
     tv = tv_to_exact(counts, exact)
     assert dropped > 0 and kept > 0, (dropped, kept)
     assert tv < 0.075, f"TV={tv:.3f} kept={kept} dropped={dropped}"
+
+
+def test_a_stop_sequence_in_an_early_answer_does_not_skip_the_rebuild():
+    """A first answer that wrote a stop sequence (an invented "\\nQuestion:") set the
+    consumer's stop flag; the rebuild's prefill read that flag, stopped before verifying, and
+    the first batch's answer was returned as the final evidence's. The consumer here works as
+    ``_Run`` does: the flag is set when a shown token is the stop token and looked for again
+    in what a ``Revise`` keeps. The answer must be serial RAG's over the final prompt, cut at
+    its own first stop token."""
+    checked = revised = 0
+    for seed in range(8):
+        model = tiny_llama(seed=seed)
+        first, final = greedy(model, P1, 12), greedy(model, P2, 12)
+        stop_token = first[3]  # the first answer "writes a stop sequence" at its 4th token
+        expected = final[: final.index(stop_token)] if stop_token in final else final
+        for put_after in (5, 99):  # while it decodes past the stop, or once it has ended
+            feed, stats, lm = PromptFeed(), DecodeStats(), LMState(model)
+            shown: list[int] = []
+            pending = [P2]
+            hit = [False]
+            gen = decode_incremental(
+                lm,
+                P1,
+                feed,
+                list,
+                make_proposer=lambda p: NgramProposer({"prompt": p}),
+                should_stop=lambda _n: "stop_sequence" if hit[0] else None,
+                stats=stats,
+                max_new_tokens=12,
+                sampler=Sampler(0.0),
+            )
+            for item in gen:
+                if isinstance(item, Revise):
+                    del shown[item.keep :]
+                    revised += 1
+                else:
+                    shown.extend(t.id for t in item)
+                hit[0] = stop_token in shown
+                if pending and (len(shown) >= put_after or item == []):
+                    feed.put(pending.pop())
+                    feed.close()
+            visible = shown[: shown.index(stop_token)] if stop_token in shown else shown
+            assert visible == expected, (seed, put_after)
+            assert len(stats.rebuilds) == 1 and stats.rebuilds[0]["prompt_tokens"] == len(P2)
+            checked += visible != first[:3]  # the final evidence changed the answer
+    assert checked >= 4 and revised >= 4, (checked, revised)

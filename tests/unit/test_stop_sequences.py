@@ -1,5 +1,8 @@
 """Stop sequences end a local model's text before an invented next turn (issue 9 #9a)."""
 
+import time
+
+from specrag.decoding.speculative import Token
 from tests.unit.test_budgets import SlowLocal
 
 
@@ -81,3 +84,59 @@ def test_unknown_constructor_arguments_are_errors_and_langchain_names_are_aliase
     with pytest.raises(ValidationError, match="modle"):
         ChatLocalLM(modle="embedded")
     assert DecodeOptions.from_call({"max_tokens": 12}).max_new_tokens == 12  # per call too
+
+
+class Revising(Words):
+    """An incremental answer as the model thread sends it: tokens that write a stop sequence,
+    then (new evidence) a Revise keeping ``keep`` of them, then ``after`` more tokens."""
+
+    keep: int = 2
+    after: list[int] = []
+
+    def _job(self, messages, options):
+        job = super()._job(messages, options)
+        keep, after = self.keep, self.after
+
+        def produce(should_stop):
+            from specrag.decoding.speculative import Revise
+
+            yield [Token(0, -0.1, "model"), Token(1, -0.1, "model"), Token(2, -0.1, "model")]
+            yield [Token(3, -0.1, "model"), Token(4, -0.1, "model"), Token(5, -0.1, "model")]
+            waited = time.monotonic() + 10
+            while should_stop(6) != "stop_sequence" and time.monotonic() < waited:
+                time.sleep(0.002)  # the consumer has seen the stop sequence
+            yield Revise(keep=keep, dropped=6 - keep)
+            if should_stop(keep):  # at once, before the consumer can apply the Revise
+                return
+            yield [Token(i, -0.1, "model") for i in after]
+
+        job.produce = produce
+        return job
+
+
+async def test_a_revise_is_applied_before_its_stop_sequence_ends_the_decode():
+    """The consumer's stop flag described the retracted text until it applied the Revise;
+    the model thread, checking at once, ended the corrected answer after its kept tokens."""
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    words = [*TEXT[:6], " the", " Norse."]  # "Rollo led them.\n\nQuestion: What" then more
+    model = Revising(words=words, keep=2, after=[6, 7])
+    opts = DecodeOptions(stop=("\nQuestion:",))
+    out = await stream_model(model, "q", budget_s=5.0, tags=["answer"], options=opts)
+    assert out.text == "Rollo led the Norse."
+    assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)
+    assert out.revisions and out.revisions[0]["kept_tokens"] == 2
+
+
+async def test_a_revise_that_keeps_the_stop_sequence_counts_only_the_tokens_before_it():
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    words = ["Rollo", " led", " them", ".\n", "\nQuestion:", " What"]
+    model = Revising(words=words, keep=5, after=[])
+    opts = DecodeOptions(stop=("\nQuestion:",))
+    out = await stream_model(model, "q", budget_s=5.0, tags=["answer"], options=opts)
+    assert out.text == "Rollo led them."
+    assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)
+    assert out.metadata["finish_reason"] == "stop_sequence"

@@ -85,10 +85,13 @@ class PromptFeed(Generic[T]):
             self._cv.wait_for(lambda: self._pending or self._closed, timeout=timeout)
 
 
-def absorb(total: DecodeStats, part: DecodeStats, first: bool) -> None:
-    """Add one segment's work counters to the whole decode's."""
+def absorb(total: DecodeStats, part: DecodeStats, first: bool, judged: bool = True) -> None:
+    """Add one segment's work counters to the whole decode's.
+
+    ``judged``: the segment's prefill pass ran to its end (not stopped between slices).
+    """
     # every segment after the first starts with a prefill+verify pass of its own
-    total.forward_passes += part.forward_passes + (0 if first else 1)
+    total.forward_passes += part.forward_passes + (0 if first or not judged else 1)
     for name in ("proposed", "accepted"):
         into = getattr(total, name)
         for key, value in getattr(part, name).items():
@@ -129,18 +132,22 @@ def decode_incremental(
     """
     answer: list[Token] = []
     first = True
+    verifying = False  # a rebuild's prefill pass, which verifies the answer shown so far
     while True:
         part = DecodeStats()
         stats.segment = part  # summed into ``stats`` when the segment ends
 
         def stop(n: int) -> str | None:
             reason = should_stop(n)
+            if reason == "stop_sequence" and verifying:
+                reason = None  # the old answer's stop sequence: this pass judges that answer
             if reason and reason != "stop_sequence":
                 return reason
             return NEW_EVIDENCE if feed.pending else reason
 
         reused = shared_prefix(lm.tokens, prompt)
         before = len(answer)
+        verifying, judged = not first, False
         t0 = time.perf_counter()
         for item in decode(
             lm,
@@ -151,13 +158,15 @@ def decode_incremental(
             prior=answer,
             **decode_kwargs,
         ):
+            verifying, judged = False, True  # a stop sequence in what is kept now stops it
             if isinstance(item, Revise):
                 del answer[item.keep :]
             else:
                 answer.extend(item)
             yield item
         if not first:
-            kept = part.accepted.get("kept", 0)
+            # a rebuild stopped in its prefill (time, cancellation) kept the answer unjudged
+            kept = part.accepted.get("kept", 0) if judged else before
             stats.rebuilds.append(
                 {
                     "at_tokens": before,
@@ -169,7 +178,7 @@ def decode_incremental(
                     "at_s": round(t0 - stats.started, 4),
                 }
             )
-        absorb(stats, part, first)
+        absorb(stats, part, first, judged)
         first = False
         stats.new_tokens = len(answer)
         stats.sources = dict(Counter(t.source for t in answer))

@@ -288,6 +288,10 @@ class _Run:
         self.stops = tuple(s for s in options.stop if s)
         self.held = ""  # text that may be the start of a stop sequence
         self.stop_hit = False
+        # Revise steps the model thread has sent that the consumer has not applied yet: until
+        # it has, ``stop_hit`` may describe retracted text (ignored by ``should_stop``)
+        self.revising = 0
+        self._revising_lock = threading.Lock()
         self.starts: list[int] = []  # character where each counted token's text starts
         self.retracted = 0  # tokens streamed before a stop sequence was seen that belong to it
         self.capture = ToolCapture(job.forced) if job.tools else None
@@ -301,7 +305,7 @@ class _Run:
             return "time"
         if self.stop_event is not None and self.stop_event.is_set() and n >= self.min_tokens:
             return "stop_event"
-        if self.stop_hit:
+        if self.stop_hit and not self.revising:
             return "stop_sequence"
         if self.capture is not None and self.capture.done:
             return "tool_call"
@@ -325,9 +329,16 @@ class _Run:
 
         def on_step(step: Step) -> None:
             if step:  # an empty step: an incremental decode waiting for evidence
+                self.sending(step)
                 put(("step", step))
 
         MODEL_THREAD.run_steps(begin, on_step, end)
+
+    def sending(self, step: Step) -> None:
+        """On the model thread, before ``step`` goes to the consumer: count a Revise in flight."""
+        if isinstance(step, Revise):
+            with self._revising_lock:
+                self.revising += 1
 
     def release(self, delta: str) -> str:
         """The part of ``delta`` that can be shown now.
@@ -360,18 +371,23 @@ class _Run:
         """
         del self.ids[revise.keep :]
         del self.starts[revise.keep :]
-        self.n_tokens = revise.keep
         self.text.ids = [i for i in self.ids if i not in self.text.skip]
         text = self.job.tokenizer.decode(self.text.ids, skip_special_tokens=True)
         self.text.emitted = text.rstrip("\ufffd")
         cut = first_stop(text, self.stops)
         self.stop_hit = cut is not None
+        # kept tokens whose text starts at the stop sequence are not the answer's: the
+        # revision's kept_tokens leaves them out, so nothing is retracted at the end
+        past = 0 if cut is None else sum(1 for start in self.starts if start >= cut)
+        self.n_tokens, self.retracted = revise.keep - past, 0
+        with self._revising_lock:
+            self.revising -= 1
         keep = shared_prefix(self.shown, text[:cut])
         dropped_text, self.shown = self.shown[keep:], self.shown[:keep]
         self.held = "" if self.stop_hit else self.text.emitted[keep:]
         revision = {
             "keep": keep,
-            "kept_tokens": revise.keep,
+            "kept_tokens": self.n_tokens,
             "dropped_tokens": revise.dropped,
             "dropped_text": dropped_text,
         }
