@@ -174,3 +174,43 @@ def test_embeddings_never_wait_behind_a_model_load():
         waited = worker.is_alive()  # still blocked while the model load holds its lock
     worker.join()
     assert got and not waited
+
+
+async def test_an_incremental_answer_cites_the_evidence_it_read_not_a_batch_after_it():
+    """A batch offered to a local decode that ended before reading it (its budget, or here a
+    decode that never takes new prompts) replaced the cited chunks all the same, and the
+    evidence was reported complete: citation numbers pointed at sources the answer never
+    saw. The answer's evidence is the last prompt it read."""
+    from tests.unit.test_budgets import SlowLocal
+
+    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
+    later = threading.Event()
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [first])
+        later.wait(5)  # once the answer is decoding
+        yield Batch("hybrid", [rest], [rest, first])
+
+    class Deaf(SlowLocal):  # a local decode that never takes a new prompt from its feed
+        def _job(self, messages, options):
+            job = super()._job(messages, options)
+            produce = job.produce
+
+            def steps(should_stop):
+                for i, step in enumerate(produce(should_stop)):
+                    if i == 2:
+                        later.set()
+                    yield step
+
+            job.produce = steps
+            return job
+
+    svc = dataclasses.replace(services(answer=Deaf(steps=40, step_s=0.01)), batch_retriever=batches)
+    async with asyncio.timeout(20):
+        result, _ = await timed(
+            svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
+        )
+    assert result["route"] == "generate" and result["answer"].startswith("t0 t1")
+    assert [c["id"] for c in result["chunks"]] == ["id0"]  # what the answer read
+    assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
+    assert any("later batches were not woven in" in e for e in result["errors"])

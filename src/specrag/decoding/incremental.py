@@ -49,6 +49,7 @@ class PromptFeed(Generic[T]):
         self._pending = False
         self._closed = False
         self.puts = 0
+        self.taken_puts = 0  # ``puts`` when the newest prompt taken was put: it is the last read
 
     def put(self, item: T) -> None:
         """Offer a new prompt (replaces one not yet taken)."""
@@ -76,6 +77,8 @@ class PromptFeed(Generic[T]):
     def take(self) -> T | None:
         """The newest prompt not yet taken, or None."""
         with self._cv:
+            if self._pending:
+                self.taken_puts = self.puts
             item, self._latest, self._pending = self._latest, None, False
             return item
 

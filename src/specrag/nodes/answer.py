@@ -131,11 +131,17 @@ async def weave(
     ctx: SpecRagContext,
     build: AnswerBuilder,
     feed: PromptFeed[list[BaseMessage]] | None,
+    offered: list[list[dict[str, Any]]] | None = None,
 ) -> None:
-    """Update ``chunks`` to each later batch's evidence; with a feed, offer the new prompt."""
+    """Update ``chunks`` to each later batch's evidence; with a feed, offer the new prompt.
+
+    ``offered`` gets the evidence of each prompt put in the feed, in order (``feed.puts``).
+    """
     while (more := await stream.next()) is not None:
         chunks[:] = more
         if feed is not None:
+            if offered is not None:
+                offered.append(list(chunks))
             feed.put(build({**state, "chunks": list(chunks)}, ctx).messages)
     if feed is not None:
         feed.close()
@@ -157,22 +163,27 @@ async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s
         return False
 
 
-def evidence(stream: EvidenceStream, chunks: list[dict[str, Any]]) -> dict[str, Any]:
+def evidence(
+    stream: EvidenceStream, chunks: list[dict[str, Any]], unread: bool = False
+) -> dict[str, Any]:
     """State keys for the final evidence of an incremental run.
 
-    A stream that has not ended (the answer budget ended the answer while the search went
-    on) is stopped here: the answer is final, the batches still to come would change nothing.
+    ``chunks``: the evidence of the last prompt the answer read. A stream that has not ended
+    (the answer budget ended the answer while the search went on) is stopped here: the answer
+    is final, the batches still to come would change nothing. ``unread``: batches came that
+    the answer ended before reading (their prompt was offered, never taken).
     """
     if not stream.ended:
         if stream.task is not None:
             stream.task.cancel()
+    if not stream.ended or unread:
         stream.errors.append(
             "retrieve: later batches were not woven in: the answer budget ended the answer first"
         )
     return {
         "chunks": list(chunks),
         "batches": [dict(r) for r in stream.records],
-        "evidence_complete": stream.ended,
+        "evidence_complete": stream.ended and not unread,
     }
 
 
@@ -193,6 +204,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         chunks = list(state.get("chunks") or [])
         stream = None if state.get("evidence_complete", True) else evidence_stream(dict(state))
         weaving: asyncio.Task[None] | None = None
+        feed: PromptFeed[list[BaseMessage]] | None = None
+        offered: list[list[dict[str, Any]]] = []  # the evidence of each prompt put in the feed
         try:
             budget = answer_budget(state, ctx, started)
             if budget <= 0:
@@ -206,10 +219,13 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
                 if not ended:
-                    feed: PromptFeed[list[BaseMessage]] = PromptFeed()
+                    feed = PromptFeed()
+                    offered.append(list(chunks))  # the first prompt's (taken at the start)
                     options = dataclasses.replace(call.options, prompt_feed=feed)
                     call = dataclasses.replace(call, options=options)
-                    weaving = asyncio.create_task(weave(stream, chunks, state, ctx, build, feed))
+                    weaving = asyncio.create_task(
+                        weave(stream, chunks, state, ctx, build, feed, offered)
+                    )
             elif stream is not None:  # a remote model cannot re-verify: wait for the rest
                 await weave(stream, chunks, state, ctx, build, None)
                 call = build({**state, "chunks": chunks}, ctx)
@@ -238,6 +254,10 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         finally:
             if weaving is not None and not weaving.done():  # the decode ended by its budget
                 weaving.cancel()
+        unread = False
+        if feed is not None:  # cite what the answer read, not a batch that came after it
+            chunks = offered[feed.taken_puts]
+            unread = feed.puts > feed.taken_puts
         decoding = dict(result.metadata.get("decoding") or {})
         if result.timed_out:
             decoding["truncated"] = True
@@ -261,7 +281,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             "revisions": result.revisions,
         }
         if stream is not None:
-            update.update(evidence(stream, chunks))
+            update.update(evidence(stream, chunks, unread))
             if stream.errors:
                 update["errors"] = list(stream.errors)
         if state.get("answer_error"):  # reached after a failed refine / rapid_generate
