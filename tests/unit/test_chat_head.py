@@ -97,3 +97,29 @@ def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_pat
     long = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
     got = model.invoke(long).response_metadata["decoding"]
     assert got["prompt_tokens"] == 255 - 127 and got["answer_cap"] == 127  # half each
+
+
+async def test_a_later_longer_prompt_of_an_incremental_answer_caps_the_answer(
+    tmp_path, monkeypatch
+):
+    """The cap a later prompt set (encode lowers the answer limit for a longer prompt) never
+    reached the decode, which went on to the first prompt's limit: prompt and answer ran
+    past the model's context."""
+    from specrag.decoding.incremental import PromptFeed
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=140)  # the short prompt fits
+    short = rag("Who led them?")
+    long = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
+    feed = PromptFeed()
+    feed.put(long)  # taken after the first step: the rebuild reads the long prompt
+    feed.close()
+    out = await stream_model(
+        model, short, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
+    )
+    got = out.metadata["decoding"]
+    assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] == 255 - 127
+    assert got["answer_cap"] == 127 and got["new_tokens"] <= 127
+    assert got["rebuilds"][0]["prompt_tokens"] + got["new_tokens"] <= 255
+    assert len(encode_chat(model.load(), short)) + 140 <= 255  # no cap for the first prompt

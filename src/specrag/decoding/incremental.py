@@ -122,6 +122,7 @@ def decode_incremental(
     should_stop: Callable[[int], str | None],
     stats: DecodeStats,
     poll_s: float = 0.01,
+    answer_cap: Callable[[], int] | None = None,
     **decode_kwargs: Any,
 ) -> Iterator[Step]:
     """:func:`decode` over a prompt that is rebuilt while the answer is decoded.
@@ -131,7 +132,8 @@ def decode_incremental(
     token lists and :class:`Revise` steps, and - while it waits for evidence after the answer
     ended - empty lists (the model thread serves other work in between). ``stats`` gets the
     summed counters, the answer's tokens by source, and one record per rebuild in
-    ``stats.rebuilds``.
+    ``stats.rebuilds``. ``answer_cap``: read after each ``encode``, the answer's token
+    limit for that prompt (a longer prompt may leave the answer less of the context).
     """
     answer: list[Token] = []
     first = True
@@ -148,6 +150,8 @@ def decode_incremental(
                 return reason
             return NEW_EVIDENCE if feed.pending else reason
 
+        if answer_cap is not None:
+            decode_kwargs["max_new_tokens"] = answer_cap()
         reused = shared_prefix(lm.tokens, prompt)
         before = len(answer)
         verifying, judged = not first, False

@@ -267,8 +267,8 @@ def decode(
         first = first[:max_new_tokens]  # all kept at the length limit: no bonus token
     generated.extend(t.id for t in first)
     lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
-    if n_kept < len(before):
-        yield Revise(keep=n_kept, dropped=len(before) - n_kept)
+    if n_kept < len(prior or []):  # rejected, or past a lower max_new_tokens than before
+        yield Revise(keep=n_kept, dropped=len(prior or []) - n_kept)
     if first[n_kept:]:
         yield first[n_kept:]
     last = generated[-1]

@@ -410,6 +410,7 @@ class ChatLocalLM(LocalChatBase):
                     make_proposer=make_proposer,
                     should_stop=should_stop,
                     stats=stats,
+                    answer_cap=lambda: max_new,  # encode() lowers it for a longer prompt
                     **common,
                 )
 
