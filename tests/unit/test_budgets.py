@@ -172,3 +172,22 @@ async def _aenumerate(aiter):
     async for item in aiter:
         yield i, item
         i += 1
+
+
+async def test_the_decode_budget_counts_from_the_call_so_its_last_chunk_is_not_lost():
+    """The local decode's deadline started after the job was built (tokenizing a long
+    document), while the caller's timeout had started before: building for more than the
+    grace got the consumer cancelled before the decode's own "time" end, and the final chunk
+    (finish_reason, the decode's stats) was lost."""
+    from specrag.nodes.streaming import GRACE_S, stream_model
+
+    class SlowToBuild(SlowLocal):
+        def _job(self, messages, options):
+            time.sleep(GRACE_S + 0.3)  # tokenizing a long document
+            return super()._job(messages, options)
+
+    model = SlowToBuild(steps=400, step_s=0.01)
+    out = await stream_model(model, "q", budget_s=0.5, tags=["answer"])
+    assert out.timed_out
+    assert out.metadata.get("finish_reason") == "time", out.metadata
+    assert "decoding" in out.metadata

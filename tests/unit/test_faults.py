@@ -214,3 +214,27 @@ async def test_an_incremental_answer_cites_the_evidence_it_read_not_a_batch_afte
     assert [c["id"] for c in result["chunks"]] == ["id0"]  # what the answer read
     assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
     assert any("later batches were not woven in" in e for e in result["errors"])
+
+
+async def test_a_remote_answers_wait_for_the_evidence_is_part_of_its_budget():
+    """A remote answer model waits for every batch (it cannot re-verify); that wait was not
+    charged to the one answer budget, so the model got the whole budget again after it."""
+    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(1.5)  # past the 1 s answer budget, within the 10 s retrieval budget
+        yield Batch("hybrid", [rest], [rest, first])
+
+    svc = dataclasses.replace(services(), batch_retriever=batches)
+    async with asyncio.timeout(20):
+        result, _ = await timed(
+            svc,
+            answer_policy="incremental",
+            incremental_grace_s=0.0,
+            draft_policy="off",
+            answer_timeout_s=1.0,
+            retrieval_timeout_s=10.0,
+        )
+    assert "spent waiting for the rest of the evidence" in result["reason"], result["reason"]
+    assert [c["id"] for c in result["chunks"]] == ["id1", "id0"]  # all of it, for the fallback

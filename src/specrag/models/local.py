@@ -197,7 +197,8 @@ class LocalChatBase(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         stop = stop or self.stop
         options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
-        run = _Run(self, self._job(messages, options), options)
+        started = time.monotonic()  # the budget covers building the job (tokenizing) too
+        run = _Run(self, self._job(messages, options), options, started)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
         run.start(events.put)
         try:
@@ -226,8 +227,9 @@ class LocalChatBase(BaseChatModel):
         # so a run waiting for the model (queued behind others) holds no executor thread.
         stop = stop or self.stop
         options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
-        job = await asyncio.to_thread(self._job, messages, options)
-        run = _Run(self, job, options)
+        started = time.monotonic()  # the budget covers building the job (tokenizing) too:
+        job = await asyncio.to_thread(self._job, messages, options)  # the caller's timeout does
+        run = _Run(self, job, options, started)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
@@ -273,9 +275,15 @@ def revised_text(chunks: Sequence[ChatGenerationChunk]) -> str:
 class _Run:
     """One decode in flight: its worker thread, stop conditions and chunk building."""
 
-    def __init__(self, owner: LocalChatBase, job: DecodeJob, options: DecodeOptions) -> None:
+    def __init__(
+        self,
+        owner: LocalChatBase,
+        job: DecodeJob,
+        options: DecodeOptions,
+        started: float | None = None,
+    ) -> None:
         self.job = job
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         max_time = options.max_time if options.max_time is not None else owner.max_time
         self.deadline = self.started + max_time if max_time else None
         self.stop_event: threading.Event | None = options.stop_event

@@ -227,7 +227,14 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                         weave(stream, chunks, state, ctx, build, feed, offered)
                     )
             elif stream is not None:  # a remote model cannot re-verify: wait for the rest
+                waited = now()
                 await weave(stream, chunks, state, ctx, build, None)
+                budget -= now() - waited  # the wait is part of the answer budget
+                if budget <= 0:
+                    raise TimeoutError(
+                        f"the answer budget of {ctx.answer_timeout_s}s was spent waiting for "
+                        "the rest of the evidence"
+                    )
                 call = build({**state, "chunks": chunks}, ctx)
             result = await stream_model(
                 call.model,
