@@ -219,3 +219,38 @@ def test_a_stop_sequence_in_an_early_answer_does_not_skip_the_rebuild():
             assert len(stats.rebuilds) == 1 and stats.rebuilds[0]["prompt_tokens"] == len(P2)
             checked += visible != first[:3]  # the final evidence changed the answer
     assert checked >= 4 and revised >= 4, (checked, revised)
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_decode_waiting_for_evidence_blocks_only_an_idle_thread(busy):
+    """An answer that ended before the evidence did blocked the model thread for poll_s at
+    every turn, so each other run's step waited behind it; with work queued it yields at once."""
+
+    class Counted(PromptFeed):
+        waits = 0
+
+        def wait(self, timeout):
+            Counted.waits += 1
+            super().wait(timeout)
+
+    feed = Counted()
+    gen = decode_incremental(
+        LMState(tiny_llama(seed=1)),
+        P1,
+        feed,
+        list,
+        make_proposer=lambda p: None,
+        should_stop=lambda _n: None,
+        stats=DecodeStats(),
+        max_new_tokens=4,
+        sampler=Sampler(0.0),
+        poll_s=0.001,
+        others_waiting=lambda: busy,
+    )
+    idle = 0
+    for item in gen:
+        if item == []:
+            idle += 1
+            if idle == 3:
+                feed.close()
+    assert idle == 3 and Counted.waits == (0 if busy else 3)

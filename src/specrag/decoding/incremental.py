@@ -123,6 +123,7 @@ def decode_incremental(
     stats: DecodeStats,
     poll_s: float = 0.01,
     answer_cap: Callable[[], int] | None = None,
+    others_waiting: Callable[[], bool] | None = None,
     **decode_kwargs: Any,
 ) -> Iterator[Step]:
     """:func:`decode` over a prompt that is rebuilt while the answer is decoded.
@@ -134,6 +135,8 @@ def decode_incremental(
     summed counters, the answer's tokens by source, and one record per rebuild in
     ``stats.rebuilds``. ``answer_cap``: read after each ``encode``, the answer's token
     limit for that prompt (a longer prompt may leave the answer less of the context).
+    ``others_waiting``: other work is queued on the thread that steps this decode; while
+    waiting for evidence the decode then yields at once instead of blocking for ``poll_s``.
     """
     answer: list[Token] = []
     first = True
@@ -199,7 +202,8 @@ def decode_incremental(
             if late and late != "stop_sequence":
                 stats.finish_reason = late
                 return
-            feed.wait(poll_s)
+            if others_waiting is None or not others_waiting():
+                feed.wait(poll_s)
             yield []
         new = feed.take()
         if new is not None:

@@ -61,6 +61,7 @@ from specrag.models.local import (
 )
 from specrag.models.options import DecodeOptions, Speculation
 from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name
+from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
 
@@ -411,6 +412,7 @@ class ChatLocalLM(LocalChatBase):
                     should_stop=should_stop,
                     stats=stats,
                     answer_cap=lambda: max_new,  # encode() lowers it for a longer prompt
+                    others_waiting=lambda: MODEL_THREAD.others_waiting,
                     **common,
                 )
 

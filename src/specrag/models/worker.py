@@ -95,6 +95,11 @@ class ModelThread:
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
 
+    @property
+    def others_waiting(self) -> bool:
+        """Tasks are queued behind the one running (read on the model thread, unlocked)."""
+        return bool(self._tasks)
+
     def run_steps(
         self,
         start: Callable[[], Iterator[Any] | None],
