@@ -198,7 +198,8 @@ def test_weak_ngram_matches_that_do_not_pay_are_switched_off(pair):
 
 def test_verdicts_carry_over_to_the_next_prompt_of_an_incremental_answer(pair):
     """A rebuilt prompt gets a new proposer; the drafter stopped under the previous one stays
-    stopped, and the ledgers go on."""
+    stopped, and the ledgers and the drafter's stats go on (the stats were the last prompt's
+    only, beside cumulative pass counts)."""
     _, drafter = pair
     policy = DrafterPolicy(after_tokens=0, join_factor=0.0)
     first = merged(drafter, [1, 2], {}, Sampler(0.0), policy=policy)
@@ -209,6 +210,9 @@ def test_verdicts_carry_over_to_the_next_prompt_of_an_incremental_answer(pair):
     second.carry_over(first)
     assert second.propose([3, 4], 2).tokens == []
     assert second.ledgers["drafter"].rounds == 1 and second.choices == {"drafter": 1}
+    # the drafter's stats are the answer's: the first prompt's proposals still count
+    assert second.drafter.stats.proposed == first.drafter.stats.proposed > 0
+    assert second.drafter.stats.as_dict()["drafter_s"] > 0
 
 
 def test_pair_costs_are_measured_once_per_pair_on_both_models(pair):

@@ -485,7 +485,8 @@ class MergedProposer:
     def carry_over(self, earlier: MergedProposer) -> None:
         """Continue the answer of ``earlier`` (an incremental decode's previous prompt).
 
-        Its ledgers, choices, events and verdicts hold for the rest of the answer.
+        Its ledgers, choices, events, verdicts and drafter stats hold for the rest of the
+        answer.
         """
         self.ledgers, self.choices, self.events = earlier.ledgers, earlier.choices, earlier.events
         self._stopped, self._weak_off = earlier._stopped, earlier._weak_off
@@ -493,6 +494,8 @@ class MergedProposer:
         self._drafter_steps = earlier._drafter_steps
         self._drafter_accepted = earlier._drafter_accepted
         self._drafter_proposed = earlier._drafter_proposed
+        if self.drafter is not None and earlier.drafter is not None:  # one answer's drafter
+            self.drafter.stats = earlier.drafter.stats  # work, summed over its prompts
 
     def observe(self, candidates: int, emitted: int, pass_s: float) -> None:
         """The decode loop's report of the pass that verified the latest proposal."""

@@ -252,8 +252,9 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             chain = f"{earlier} -> {node}; {message}" if earlier else message
             failed = {"answer_error": chain, "errors": [message], "marks": marks}
             if stream is not None:  # the next answer node gets all the evidence
-                if weaving is not None:
+                if weaving is not None:  # ended before this weave reads the stream
                     weaving.cancel()
+                    await asyncio.gather(weaving, return_exceptions=True)
                 await weave(stream, chunks, state, ctx, build, None)
                 failed.update(evidence(stream, chunks))
                 failed["errors"] = [*stream.errors, message]
