@@ -1,6 +1,8 @@
 """The document prefix cache persists on disk: a new process (a new cache object) skips the
 prefill, entries are written atomically, bounded by bytes (LRU) and corrupt files are misses."""
 
+import os
+
 import torch
 
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
@@ -221,3 +223,60 @@ def test_a_cache_dir_that_refuses_deletes_never_fails_a_run(tmp_path, monkeypatc
         assert PrefixCache(disk_dir=tmp_path).get(bad_key, model) is None  # a miss, kept
     assert entry.exists() and "could not prune" in caplog.text
     assert PrefixCache(disk_dir=tmp_path).get(key, model) is not None
+
+
+def test_a_read_that_fails_keeps_a_good_entry_another_process_wrote(tmp_path, monkeypatch):
+    """Any failed read unlinked the file: a read racing another process's prune (the file
+    gone) or short of memory, or a damaged file another process had replaced since, deleted
+    a good entry. Only a damaged file is removed, and only the one that was read."""
+    model = tiny_llama()
+    cache, key, path = saved(tmp_path, model, list(range(5, 40)))
+    real_load = torch.load
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(torch, "load", no_memory)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    assert path.exists()  # a miss, kept
+    monkeypatch.setattr(torch, "load", real_load)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is not None
+
+    good = path.read_bytes()
+    path.write_bytes(b"not a tensor file")
+    inode = path.stat().st_ino
+
+    def replaced_meanwhile(*args, **kwargs):
+        fresh = path.with_name("fresh")
+        fresh.write_bytes(good)
+        os.replace(fresh, path)  # another process writes the entry anew ...
+        raise EOFError("Ran out of input")  # ... while this one read the damaged file
+
+    monkeypatch.setattr(torch, "load", replaced_meanwhile)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    assert path.exists() and path.stat().st_ino != inode
+    monkeypatch.setattr(torch, "load", real_load)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is not None  # the fresh entry
+
+
+def test_a_folders_weights_id_changes_with_any_file_under_it(tmp_path):
+    """The id read the newest top-level mtime in whole seconds: weights replaced by a copy
+    keeping an older mtime (`cp -p`), in a sub-folder, or within the same second kept the id,
+    and the document KV cached for the old weights was served for the new ones."""
+    from specrag.models.loading import _weights_id
+
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"a" * 64)
+    (model / "config.json").write_text("{}")
+    (model / "sub" / "part.safetensors").write_bytes(b"c" * 8)
+    os.utime(model / "model.safetensors", (1_000_000, 1_000_000))
+    first = _weights_id(model)
+    assert first.startswith(f"{model.resolve()}@") and _weights_id(model) == first
+    (model / "model.safetensors").write_bytes(b"b" * 64)  # another fine-tune, same size ...
+    os.utime(model / "model.safetensors", (1_000_000, 1_000_001))  # ... an older mtime kept
+    second = _weights_id(model)
+    assert second != first
+    (model / "sub" / "part.safetensors").write_bytes(b"d" * 9)
+    assert _weights_id(model) != second
+    assert _weights_id("org/model") == "org/model"  # a hub id

@@ -195,14 +195,20 @@ class PrefixCache:
         if not path.is_file():
             return None
         try:
+            inode = path.stat().st_ino
             data = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, MemoryError) as exc:  # pruned meanwhile, or no room now: a miss, kept
+            log.info("prefix cache: could not read %s: %s", path.name, exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a damaged file
+            self._drop(path, inode, exc)
+            return None
+        try:
             if data.get("key") != key:
                 return None
             LMState.check_kv(model, data["tokens"], data["kv"])
-        except Exception as exc:  # noqa: BLE001 - a corrupt entry is a miss, and removed
-            log.warning("prefix cache: dropping unreadable %s: %s", path.name, exc)
-            with contextlib.suppress(OSError):  # a read-only cache dir: it stays, a miss
-                path.unlink(missing_ok=True)
+        except Exception as exc:  # noqa: BLE001 - not this model's shapes: a miss, removed
+            self._drop(path, inode, exc)
             return None
         try:  # a sound entry that cannot be placed now (device memory) is a miss, and kept
             state = LMState.from_kv(model, data["tokens"], data["kv"])
@@ -214,6 +220,14 @@ class PrefixCache:
         except OSError:  # pruned by another process meanwhile: the state is still good
             pass
         return state
+
+    @staticmethod
+    def _drop(path: Path, inode: int, why: Exception) -> None:
+        """Remove an unreadable entry, unless another process has replaced it since."""
+        log.warning("prefix cache: dropping unreadable %s: %s", path.name, why)
+        with contextlib.suppress(OSError):  # gone, or a read-only cache dir (a miss)
+            if path.stat().st_ino == inode:  # a fresh entry written meanwhile stays
+                path.unlink()
 
     def _prune_disk(self) -> None:
         """Remove least recently used files until the directory fits ``disk_max_bytes``."""

@@ -18,6 +18,7 @@ a time budget never pays for a load.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -609,12 +610,21 @@ def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
 
 
 def _weights_id(source: Path | str) -> str:
-    """Which weights a model from ``source`` has: a folder's path and newest file, or a hub id."""
+    """Which weights a model from ``source`` has: a folder's path and files, or a hub id.
+
+    A folder's: a digest of every file under it (name, size, mtime in ns), so weights
+    replaced by a copy that keeps an older mtime (``cp -p``, ``rsync -a``), in a sub-folder or
+    within the same second still change it - a kept timing or document KV cache keyed by it
+    must never be another model's.
+    """
     path = Path(source)
     if not path.is_dir():
         return str(source)
-    newest = max((f.stat().st_mtime for f in path.iterdir() if f.is_file()), default=0.0)
-    return f"{path.resolve()}@{int(newest)}"
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        info = f.stat()
+        digest.update(f"{f.relative_to(path)}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    return f"{path.resolve()}@{digest.hexdigest()[:16]}"
 
 
 def time_layouts(
