@@ -123,3 +123,58 @@ async def test_a_later_longer_prompt_of_an_incremental_answer_caps_the_answer(
     assert got["answer_cap"] == 127 and got["new_tokens"] <= 127
     assert got["rebuilds"][0]["prompt_tokens"] + got["new_tokens"] <= 255
     assert len(encode_chat(model.load(), short)) + 140 <= 255  # no cap for the first prompt
+
+
+def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_path, monkeypatch):
+    """The middle cut of a document longer than the context depended on the question's
+    length, so each question about the longest documents had its own prefix and the prefix
+    cache never served one: now the cut keeps room for a question of up to TAIL_RESERVE
+    tokens, and a second question reuses the first one's document prefill."""
+    from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.models.rapid_chat import ChatRapid
+
+    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
+    model = ChatRapid(
+        target_model=str(tmp_path / "short"),
+        eta=0.0,
+        max_new_tokens=8,
+        prefix_cache=PrefixCache(),
+    )
+    document = "Rollo led the Norse settlers of Normandy in the year 911. " * 40
+    seen = []
+    for question in ("Who?", "Who led the Norse settlers of Normandy, and in which year?"):
+        out = model.invoke(
+            [HumanMessage(question)], document=document, drafter_context="Rollo led them."
+        )
+        seen.append(out.response_metadata)
+    assert all(m["document_truncated"] for m in seen)
+    assert seen[0]["prefix_cache_hit"] is False and seen[1]["prefix_cache_hit"] is True
+
+
+def test_a_follow_up_about_a_long_document_reads_the_earlier_turns_after_it():
+    """The RAPID route sent only the question: a follow-up ("and when did he die?") about a
+    long document was answered without the conversation. The earlier turns come after the
+    document, so the cached prefix (chat head + document) is the same for every turn."""
+    from langchain_core.messages import AIMessage
+
+    from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, layout, split_messages
+
+    loaded = load_lm()
+    document = "Rollo led the Norse settlers of Normandy. He died around 930."
+    messages = [
+        SystemMessage(RAPID_INSTRUCTIONS),
+        HumanMessage("Who led the Norse?"),
+        AIMessage("Rollo."),
+        HumanMessage("And when did he die?"),
+    ]
+    instructions, doc, question, turns = split_messages(messages, document)
+    assert question == "And when did he die?"
+    assert turns == (("user", "Who led the Norse?"), ("assistant", "Rollo."))
+    head, body, tail = layout(loaded, instructions, doc, question, turns)
+    first = layout(loaded, instructions, doc, "Who led the Norse?")
+    assert (head, body) == first[:2]  # one cached prefix for both turns
+    text = loaded.tokenizer.decode(tail)
+    assert text.index("Who led the Norse?") < text.index("Rollo.") < text.index("when did he")
+    assert tail != first[2]
+    alone = split_messages([HumanMessage("Who led the Norse?")], document)
+    assert alone[3] == () and layout(loaded, RAPID_INSTRUCTIONS, doc, alone[2]) == first

@@ -83,6 +83,26 @@ async def test_rapid_generate_route_through_the_graph():
     assert result["timings"]["document_index_s"] >= 0
 
 
+async def test_a_follow_up_on_the_rapid_route_gets_the_conversation():
+    """rapid_generate sent only the system prompt and the question: a follow-up about a long
+    document was answered without the earlier turns, which generate and refine both get."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    rapid = FakeLogprobChat(reply="Around 930.", calls=[])
+    document = "Rollo led the Norse. " * 400
+    turns = [HumanMessage("Who led the Norse?"), AIMessage("Rollo."), HumanMessage("Died when?")]
+    result = await run(services(answer=rapid), "", inputs={"messages": turns, "document": document})
+    assert result["route"] == "rapid_generate"
+    (prompt,) = rapid.calls
+    assert [type(m).__name__ for m in prompt] == [
+        "SystemMessage",
+        "HumanMessage",
+        "AIMessage",
+        "HumanMessage",
+    ]
+    assert [str(m.content) for m in prompt[1:]] == ["Who led the Norse?", "Rollo.", "Died when?"]
+
+
 async def test_a_document_whose_length_cannot_be_counted_says_why_rapid_was_not_taken():
     import dataclasses
 

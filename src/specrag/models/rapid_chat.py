@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
@@ -61,8 +61,17 @@ RAPID_INSTRUCTIONS = (
 )
 
 
-def split_messages(messages: list[BaseMessage], document: str | None) -> tuple[str, str, str]:
-    """(instructions, document, question) from chat messages."""
+Turns = tuple[tuple[str, str], ...]  # earlier chat turns: ("user" | "assistant", text)
+
+
+def split_messages(
+    messages: list[BaseMessage], document: str | None
+) -> tuple[str, str, str, Turns]:
+    """(instructions, document, question, earlier turns) from chat messages.
+
+    The question is the last human message; the human and AI messages before it are the
+    conversation so far (a follow-up about the document reads them).
+    """
     doc = document
     instructions = []
     for m in messages:
@@ -70,18 +79,24 @@ def split_messages(messages: list[BaseMessage], document: str | None) -> tuple[s
             doc = str(m.text)
         elif isinstance(m, SystemMessage):
             instructions.append(str(m.text))
-    humans = [m for m in messages if isinstance(m, HumanMessage)]
+    humans = [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
     if not humans:
         raise InputError("ChatRapid needs a human message with the question")
     if not doc:
         raise InputError(
             "ChatRapid needs a document (document= or a system message named 'document')"
         )
-    return "\n".join(instructions) or RAPID_INSTRUCTIONS, doc, str(humans[-1].text)
+    turns = tuple(
+        ("user" if isinstance(m, HumanMessage) else "assistant", str(m.text))
+        for m in messages[: humans[-1]]
+        if isinstance(m, (HumanMessage, AIMessage))
+    )
+    question = str(messages[humans[-1]].text)
+    return "\n".join(instructions) or RAPID_INSTRUCTIONS, doc, question, turns
 
 
 def layout(
-    loaded: LoadedLM, instructions: str, context: str, question: str
+    loaded: LoadedLM, instructions: str, context: str, question: str, history: Turns = ()
 ) -> tuple[list[int], list[int], list[int]]:
     """Token ids ``(head, context, tail)``; the cacheable prefix is ``head + context``.
 
@@ -91,13 +106,22 @@ def layout(
     """
     tok = loaded.tokenizer
     specials = special_tokens(tok)
-    context, question = defuse(context, specials), defuse(question, specials)
-    user = f"<document>\n{_PLACEHOLDER}\n</document>\n\nQuestion: {question}"
-    msgs = [{"role": "system", "content": instructions}, {"role": "user", "content": user}]
+    context = defuse(context, specials)
+    turns = [(role, defuse(text, specials)) for role, text in (*history, ("user", question))]
+    document = f"<document>\n{_PLACEHOLDER}\n</document>"
+    msgs = [{"role": "system", "content": instructions}]
+    if turns[0][0] != "user":  # the document opens the conversation in a user turn
+        msgs.append({"role": "user", "content": document})
+    for role, text in turns:
+        content = f"Question: {text}" if role == "user" else text
+        if len(msgs) == 1:  # the first question shares the document's turn
+            content = f"{document}\n\n{content}"
+        msgs.append({"role": role, "content": content})
     if getattr(tok, "chat_template", None):
         rendered = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     else:
-        rendered = f"{instructions}\n\n{user}\n\nAnswer:"
+        said = "\n\n".join(str(m["content"]) for m in msgs[1:])
+        rendered = f"{instructions}\n\n{said}\n\nAnswer:"
     head, tail = rendered.split(_PLACEHOLDER, 1)
 
     def ids(text: str) -> list[int]:
@@ -106,13 +130,23 @@ def layout(
     return ids(head), ids(context), ids(tail)
 
 
+TAIL_RESERVE = 96  # tokens kept for the question's turn when a document is cut
+
+
 def fit(head: list[int], body: list[int], tail: list[int], limit: int) -> tuple[list[int], bool]:
-    """Middle-truncate ``body`` so the prompt fits in ``limit`` tokens."""
-    room = limit - len(head) - len(tail)
-    if room <= 0:
+    """Middle-truncate ``body`` so the prompt fits in ``limit`` tokens.
+
+    A cut leaves room for a tail of at least :data:`TAIL_RESERVE` tokens, so a document too
+    long for the context is cut the same way for every question up to that length: its
+    prefix (chat head + document) is the same, and the prefix cache serves it.
+    """
+    if len(head) + len(tail) >= limit:
         raise InputError("the question is too long for the model's context window")
-    if len(body) <= room:
+    if len(head) + len(body) + len(tail) <= limit:
         return body, False
+    room = limit - len(head) - max(len(tail), TAIL_RESERVE)
+    if room <= 0:  # a context too short for the reserve
+        room = limit - len(head) - len(tail)
     half = room // 2
     return body[:half] + body[len(body) - (room - half) :], True
 
@@ -202,7 +236,7 @@ class ChatRapid(LocalChatBase):
         target, drafter = self.load()
         if not same_tokenizer(target, drafter):
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
-        instructions, document, question = split_messages(messages, options.document)
+        instructions, document, question, history = split_messages(messages, options.document)
         max_new = options.max_new_tokens or self.max_new_tokens
         cfg = self.config()
         timings: dict[str, float] = {}
@@ -219,11 +253,11 @@ class ChatRapid(LocalChatBase):
                 self.drafter_tokens,
             )
         timings["retrieve_s"] = round(time.perf_counter() - t0, 4)
-        head, doc_ids, tail = layout(target, instructions, document, question)
+        head, doc_ids, tail = layout(target, instructions, document, question, history)
         doc_ids, truncated = fit(head, doc_ids, tail, target.max_context - max_new - 1)
         if truncated:
             log.warning("document middle-truncated to fit %d tokens", target.max_context)
-        d_head, d_ids, d_tail = layout(drafter, instructions, drafter_context, question)
+        d_head, d_ids, d_tail = layout(drafter, instructions, drafter_context, question, history)
         d_ids, _ = fit(d_head, d_ids, d_tail, drafter.max_context - max_new - 1)
         target_prompt = head + doc_ids + tail
         drafter_prompt = d_head + d_ids + d_tail

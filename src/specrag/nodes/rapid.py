@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from langchain_core.messages import HumanMessage, SystemMessage
 
+from specrag import prompts
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.state import State
@@ -22,7 +23,11 @@ def make_rapid_generate(services: Services):  # noqa: ANN201
         return AnswerCall(
             # ChatRapid defuses control tokens in the document, the chunks and the question
             model=services.rapid_model(ctx),
-            messages=[SystemMessage(ctx.answer_prompt), HumanMessage(state.get("question", ""))],
+            messages=[  # earlier turns after the document (layout): its prefix stays cached
+                SystemMessage(ctx.answer_prompt),
+                *prompts.history_messages(state.get("history") or []),
+                HumanMessage(state.get("question", "")),
+            ],
             options=DecodeOptions(
                 document=state.get("run_document", ""),
                 drafter_context="\n\n".join(str(c.get("text", "")) for c in chunks),
