@@ -73,6 +73,8 @@ def test_a_budget_stops_rapid_prefills(monkeypatch):
     )
     assert out == [] and stats.finish_reason == "time"
     assert len(target) == 16 and len(drafter) == 0
+    # nothing decoded: no pass booked (it said 1) and no decode time (it held the prefill)
+    assert stats.as_dict()["target_forward_passes"] == 0 and stats.decode_s == 0.0
 
 
 def test_extend_raises_stopped_and_keeps_the_cache_consistent(monkeypatch):

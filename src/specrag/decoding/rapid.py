@@ -83,6 +83,7 @@ class RapidStats:
     drafter_prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str = ""
+    prefilled: bool = False  # the target's prompt was read (a budget may stop its prefill)
 
     @property
     def acceptance_rate(self) -> float:
@@ -98,7 +99,8 @@ class RapidStats:
         """JSON-friendly summary."""
         return {
             "new_tokens": self.new_tokens,
-            "target_forward_passes": self.steps + 1,
+            # the prefill (its slices count as one pass, as in HF's count) and each step
+            "target_forward_passes": self.steps + int(self.prefilled),
             "drafter_forward_passes": self.drafter_passes,
             "drafter_vocab_rows": self.drafter_vocab_rows,
             "unsure_stops": self.unsure_stops,
@@ -163,13 +165,13 @@ def rapid_decode(
         logits = fit_rows(logits, rows, usable)  # fp32, on the target's rows
         return torch.softmax(logits, dim=-1) if greedy else sampler.probs(logits)
 
-    t_start = time.perf_counter()
+    t_start: float | None = None  # when decoding began, after both prefills
     generated: list[int] = []
 
     def finish(reason: str) -> None:
         st.finish_reason = reason
         st.new_tokens = len(generated)
-        st.decode_s = time.perf_counter() - t_start
+        st.decode_s = 0.0 if t_start is None else time.perf_counter() - t_start
         st.cache_refills = target.refills + drafter.refills
         st.cache_restores = target.restores + drafter.restores
 
@@ -179,6 +181,7 @@ def rapid_decode(
         z0 = settle(prefill(target, target_prompt, before))  # [vocab]
         rows = z0.shape[-1]
         st.target_prefill_s = time.perf_counter() - t0
+        st.prefilled = True
         t0 = time.perf_counter()
         if cfg.drafter_vocab and cfg.lossless:  # with transfer q shapes the answer: all rows
             # counted in the drafter's prefill: it copies the kept rows
