@@ -109,8 +109,13 @@ class Unfinished:
 
     nodes: tuple[str, ...]
     """The nodes it would go on with."""
-    has_document: bool
-    """It answers from its own document (saved with it), so it needs no index."""
+    document: str = ""
+    """Its own document (saved with it): it answers from that, so it needs no index."""
+
+    @property
+    def has_document(self) -> bool:
+        """It answers from its own document."""
+        return bool(self.document)
 
     @property
     def needs_index(self) -> bool:
@@ -167,7 +172,9 @@ async def unfinished_run(thread: str) -> Unfinished | None:
     if not state.next:
         return None
     values = state.values or {}
-    return Unfinished(tuple(state.next), bool(values.get("run_document") or values.get("document")))
+    return Unfinished(
+        tuple(state.next), str(values.get("run_document") or values.get("document") or "")
+    )
 
 
 async def _run(

@@ -125,10 +125,10 @@ async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_
 def test_what_is_left_of_a_run_says_whether_it_needs_the_index():
     from specrag.runner import Unfinished
 
-    assert Unfinished(("retrieve", "draft"), False).needs_index
-    assert Unfinished(("prepare",), False).needs_index
-    assert not Unfinished(("refine",), False).needs_index  # past retrieval: evidence is saved
-    assert not Unfinished(("retrieve",), True).needs_index  # its own document
+    assert Unfinished(("retrieve", "draft"), "").needs_index
+    assert Unfinished(("prepare",), "").needs_index
+    assert not Unfinished(("refine",), "").needs_index  # past retrieval: evidence is saved
+    assert not Unfinished(("retrieve",), "Rollo led the Norse.").needs_index  # its own document
 
 
 async def test_a_finished_thread_keeps_only_its_latest_checkpoint_and_its_history(tmp_path):
@@ -157,3 +157,48 @@ async def test_a_finished_thread_keeps_only_its_latest_checkpoint_and_its_histor
     assert [m.type for m in state.values["messages"]] == ["human", "ai", "human", "ai"]
     texts = [str(m.content) for m in answer.calls[-1]]
     assert "Who was the Norse leader?" in texts and "Rollo." in texts  # the history was read
+
+
+async def test_a_resumed_document_run_indexes_its_document_outside_the_retrieval_budget(
+    tmp_path, monkeypatch
+):
+    """A `--document` run stopped in retrieve and resumed in a new process found its document
+    unindexed there (prepare had chunked and embedded it in the old process), so the search
+    chunked and embedded the whole document inside the 3 s retrieval budget and a long one
+    ended in the fallback route. The retrieve node indexes it first, outside the budget."""
+    import time
+
+    from specrag.graph.services import Services
+
+    order: list[str] = []
+
+    def index_document(self, ctx, document):
+        order.append("index")
+        time.sleep(0.4)  # embedding a long document: past the 0.3 s retrieval budget
+
+    monkeypatch.setattr(Services, "index_document", index_document)
+    svc = services(answer=FakeLogprobChat(reply="Paris.", calls=[]))
+    inner = svc.retriever
+
+    def crash_once(question, document, context):
+        order.append("search")
+        if order.count("search") == 1:
+            raise Crash()  # the first process stops inside retrieve
+        return inner(question, document, context)
+
+    svc.retriever = crash_once
+    config = {"configurable": {"thread_id": "t-doc-resume"}}
+    inputs = {"question": "capital of France?", "document": "Paris is the capital of France."}
+    settings = dict(retrieval_timeout_s=0.3, draft_policy="off")
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        with pytest.raises(Crash):
+            await build_graph(svc, checkpointer=saver).ainvoke(
+                inputs, config=config, context=ctx(**settings)
+            )
+    assert order == ["index", "index", "search"]  # prepare's, then retrieve's (a cache hit)
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        result = await build_graph(svc, checkpointer=saver).ainvoke(
+            None, config=config, context=ctx(**settings)
+        )
+    assert order[3:] == ["index", "search"]  # indexed before the budget's clock started
+    assert result["route"] == "generate" and result["answer"] == "Paris.", result["reason"]

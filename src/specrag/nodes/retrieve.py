@@ -107,6 +107,11 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         question = state.get("question", "")
         document = state.get("run_document") or None
         incremental = ctx.answer_policy == "incremental" and not document
+        if document:  # indexed by prepare (a cache hit); a run resumed in a new process
+            try:  # indexes it here, outside the retrieval budget, as prepare would have
+                await asyncio.to_thread(services.index_document, ctx, document)
+            except Exception:  # noqa: BLE001 - the search below meets it and says why
+                pass
         start = now()
         got = Delivered(ctx, document, start)
         update: dict[str, Any] = {"query": question}
