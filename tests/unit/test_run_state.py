@@ -178,3 +178,22 @@ def test_stage_timings_count_from_the_runs_origin_not_the_nodes_start():
     resumed = {"question": "Who led the Norse?", "marks": {**marks, "clock": -1.0}}
     t = asyncio.run(node(resumed, runtime))["timings"]  # another process's clock: node start
     assert t["draft_ttft_s"] <= t["draft_s"] < 0.5, t
+
+
+async def test_a_replay_from_before_the_join_drafts_again():
+    """A fork or replay from the checkpoint after prepare (Studio's time travel) keeps the
+    run's run_id; its draft found the first execution's retrieval signal still set and
+    stopped at once. The gate forgets the signal once draft and retrieve have joined."""
+    svc = services(
+        draft=FakeLogprobChat(reply=SLOW_DRAFT, delay_s=0.01, calls=[]), retrieve_delay_s=1.0
+    )
+    graph = build_graph(svc, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "replay"}}
+    first = await run(svc, graph=graph, config=config, draft_policy="until_retrieval")
+    assert first["draft"] == SLOW_DRAFT  # done before retrieval ended
+    states = [s async for s in graph.aget_state_history(config)]
+    (fork,) = [s for s in states if set(s.next) == {"draft", "retrieve"}]
+    again = await graph.ainvoke(
+        None, config=fork.config, context=ctx(draft_policy="until_retrieval")
+    )
+    assert again["draft"] == SLOW_DRAFT, again["reason"]

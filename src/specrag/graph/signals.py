@@ -37,6 +37,17 @@ def retrieval_signal(state: dict[str, Any]) -> threading.Event:
         return event
 
 
+def discard_signal(state: dict[str, Any]) -> None:
+    """Forget this run's retrieval signal (the gate, once draft and retrieve have joined).
+
+    A run replayed from a checkpoint before the join (Studio's time travel, a fork) keeps its
+    ``run_id``: without this its draft found the earlier execution's signal already set and
+    stopped before its first token.
+    """
+    with _LOCK:
+        _SIGNALS.pop(str(state.get("run_id") or ""), None)
+
+
 @dataclass
 class EvidenceStream:
     """The batches a run's retrieval delivers after its first (``answer_policy="incremental"``).
