@@ -202,3 +202,47 @@ async def test_a_resumed_document_run_indexes_its_document_outside_the_retrieval
         )
     assert order[3:] == ["index", "search"]  # indexed before the budget's clock started
     assert result["route"] == "generate" and result["answer"] == "Paris.", result["reason"]
+
+
+@pytest.mark.parametrize("ends_in", ["generate", "fallback"])
+async def test_a_run_resumed_before_the_join_times_from_its_first_resumed_node(
+    tmp_path, monkeypatch, ends_in
+):
+    """Only the answer nodes set an origin in the resuming process: a run resumed at
+    retrieve reported total_s from the answer node's start (less than retrieve_s), and one
+    that ended in fallback a ttft_s of -0.0."""
+    import time
+
+    import specrag.nodes.answer
+    import specrag.nodes.streaming
+
+    searches = []
+    svc = services(answer=FakeLogprobChat(reply="Paris.", calls=[]))
+    inner = svc.retriever
+
+    def crash_once(question, document, context):
+        searches.append(question)
+        if len(searches) == 1:
+            raise Crash()
+        time.sleep(0.3)  # the resumed search takes a while
+        if ends_in == "fallback":
+            raise RuntimeError("store down")
+        return inner(question, document, context)
+
+    svc.retriever = crash_once
+    config = {"configurable": {"thread_id": f"t-origin-{ends_in}"}}
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        with pytest.raises(Crash):
+            await build_graph(svc, checkpointer=saver).ainvoke(
+                {"question": "capital of France?"}, config=config, context=ctx(draft_policy="off")
+            )
+    for module in (specrag.nodes.streaming, specrag.nodes.answer):  # a new process
+        monkeypatch.setattr(module, "CLOCK_ID", -1.0)
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        result = await build_graph(svc, checkpointer=saver).ainvoke(
+            None, config=config, context=ctx(draft_policy="off")
+        )
+    t = result["timings"]
+    assert result["route"] == ends_in
+    assert t["total_s"] >= t["retrieve_s"] >= 0.3, t
+    assert 0.3 <= t["ttft_s"] <= t["total_s"], t

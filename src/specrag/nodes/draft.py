@@ -19,7 +19,7 @@ from specrag.graph.signals import retrieval_signal
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
-from specrag.nodes.streaming import emit, live_marks, now, stream_model
+from specrag.nodes.streaming import emit, live_marks, now, resumed_origin, stream_model
 
 
 def _no_draft(status: str, **extra: Any) -> dict[str, Any]:
@@ -91,6 +91,7 @@ def make_draft(services: Services):  # noqa: ANN201
             "draft_truncated": truncated,
             "draft_confidence": result.confidence,
             "timings": timings,
+            **resumed_origin(dict(state), start),
         }
 
     return draft

@@ -29,7 +29,8 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
     reason = state.get("reason", "")
     if state.get("answer_error"):
         reason = f"{reason}; {state['answer_error']} -> fallback"
-    timings = run_timings(dict(state), now())
+    t = now()
+    timings = run_timings(dict(state), t, fallback_origin=t)  # resumed here: from its start
     emit({"event": "answered", "node": "fallback", **timings})
     update: dict[str, Any] = {
         "answer": answer,

@@ -17,7 +17,7 @@ from specrag.indexing.documents import Chunk
 from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import short_error
-from specrag.nodes.streaming import emit, now, stream_model
+from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 
 
 async def followup_query(
@@ -183,7 +183,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                 "complete": done,
             }
         )
-        return update
+        return {**update, **resumed_origin(dict(state), start)}
 
     return retrieve
 

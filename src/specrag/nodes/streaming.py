@@ -39,6 +39,17 @@ def live_marks(state: dict[str, Any]) -> dict[str, float]:
     return marks if marks.get("clock") == CLOCK_ID else {}
 
 
+def resumed_origin(state: dict[str, Any], start: float) -> dict[str, Any]:
+    """``{"marks": ...}`` making ``start`` the run's origin where this process has none.
+
+    A run resumed in a new process: the first nodes it runs (draft, retrieve, fallback)
+    time it from their start, so total_s covers what the resumed run did.
+    """
+    if "origin" in live_marks(state):
+        return {}
+    return {"marks": {"origin": start, "clock": CLOCK_ID}}
+
+
 def emit(event: dict[str, Any]) -> None:
     """Send a ``stream_mode="custom"`` event and record it as the node run's trace metadata.
 
