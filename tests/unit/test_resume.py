@@ -246,3 +246,44 @@ async def test_a_run_resumed_before_the_join_times_from_its_first_resumed_node(
     assert result["route"] == ends_in
     assert t["total_s"] >= t["retrieve_s"] >= 0.3, t
     assert 0.3 <= t["ttft_s"] <= t["total_s"], t
+
+
+async def test_a_resumed_incremental_run_says_its_later_batches_were_lost(tmp_path):
+    """The search's stream of later batches lives in the process that ran it: a run resumed
+    after the first batch answered from it alone and said nothing."""
+    import dataclasses
+    import time
+
+    from specrag.indexing.store import Batch
+    from tests.fakes import chunk
+
+    calls = {"answer": 0}
+
+    class CrashOnce(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            calls["answer"] += 1
+            if calls["answer"] == 1:
+                raise Crash()
+            yield from super()._stream(*a, **k)
+
+    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(0.05)
+        yield Batch("hybrid", [rest], [rest, first])
+
+    svc = dataclasses.replace(
+        services(answer=CrashOnce(reply="Paris.", calls=[])), batch_retriever=batches
+    )
+    config = {"configurable": {"thread_id": "t-lost"}}
+    settings = dict(answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off")
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        graph = build_graph(svc, checkpointer=saver)
+        with pytest.raises(Crash):
+            await graph.ainvoke(
+                {"question": "capital of France?"}, config=config, context=ctx(**settings)
+            )
+        result = await graph.ainvoke(None, config=config, context=ctx(**settings))
+    assert result["route"] == "generate" and result["answer"] == "Paris."
+    assert any("later batches were lost" in e for e in result["errors"]), result["errors"]

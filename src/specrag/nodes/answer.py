@@ -203,6 +203,14 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             marks["origin"] = started  # and the marks merge: this node's start replaces it
         chunks = list(state.get("chunks") or [])
         stream = None if state.get("evidence_complete", True) else evidence_stream(dict(state))
+        lost: list[str] = []
+        if stream is None and not state.get("evidence_complete", True):
+            said = any(e.startswith("retrieve: later batches") for e in state.get("errors") or [])
+            if not said:  # the search's stream lived in a process that is gone (a resume)
+                lost = [
+                    "retrieve: later batches were lost (the run was resumed after the search "
+                    "had returned its first batch); answering from the evidence found before"
+                ]
         weaving: asyncio.Task[None] | None = None
         feed: PromptFeed[list[BaseMessage]] | None = None
         offered: list[list[dict[str, Any]]] = []  # the evidence of each prompt put in the feed
@@ -292,6 +300,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             update.update(evidence(stream, chunks, unread))
             if stream.errors:
                 update["errors"] = list(stream.errors)
+        elif lost:
+            update["errors"] = lost
         if state.get("answer_error"):  # reached after a failed refine / rapid_generate
             update["reason"] = f"{state.get('reason', '')}; {state['answer_error']} -> {node}"
         return {**update, **answer_message(state, update)}
