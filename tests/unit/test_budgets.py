@@ -185,11 +185,60 @@ async def test_the_decode_budget_counts_from_the_call_so_its_last_chunk_is_not_l
 
     class SlowToBuild(SlowLocal):
         def _job(self, messages, options):
-            time.sleep(GRACE_S + 0.3)  # tokenizing a long document
-            return super()._job(messages, options)
+            time.sleep(GRACE_S + 0.5)  # tokenizing a long document
+            job = super()._job(messages, options)
+
+            ended = {"reason": "stop"}
+
+            def produce(should_stop):  # a decode that stops at its deadline
+                for i in range(self.steps):
+                    if reason := should_stop(i):
+                        ended["reason"] = reason
+                        return
+                    time.sleep(self.step_s)
+                    yield [Token(i, -0.1, "model")]
+
+            job.produce = produce
+            job.finish_reason = lambda: ended["reason"]
+            return job
 
     model = SlowToBuild(steps=400, step_s=0.01)
-    out = await stream_model(model, "q", budget_s=0.5, tags=["answer"])
+    out = await stream_model(model, "q", budget_s=2.0, tags=["answer"])
     assert out.timed_out
     assert out.metadata.get("finish_reason") == "time", out.metadata
     assert "decoding" in out.metadata
+
+
+async def test_loading_the_model_is_not_part_of_the_decode_budget():
+    """Loading (a first GGUF conversion takes 20-30 s) happens before the budget's clock."""
+
+    class SlowToLoad(SlowLocal):
+        loaded: bool = False
+
+        def load(self):  # as ChatLocalLM's: once per process, and again from _job (a no-op)
+            if not self.loaded:
+                time.sleep(1.0)
+                self.loaded = True
+
+        def _job(self, messages, options):
+            self.load()
+            job = super()._job(messages, options)
+            ended = {"reason": "stop"}
+
+            def produce(should_stop):
+                for i in range(self.steps):
+                    if reason := should_stop(i):
+                        ended["reason"] = reason
+                        return
+                    yield [Token(i, -0.1, "model")]
+
+            job.produce = produce
+            job.finish_reason = lambda: ended["reason"]
+            return job
+
+    model = SlowToLoad(steps=5, step_s=0.0)
+    out = model.invoke("q", max_time=0.5)  # the synchronous path
+    assert out.response_metadata["finish_reason"] == "stop" and out.content.startswith("t0")
+    model.loaded = False
+    out = await model.ainvoke("q", max_time=0.5)  # the asynchronous path
+    assert out.response_metadata["finish_reason"] == "stop" and out.content.startswith("t0")

@@ -224,13 +224,14 @@ def test_a_stop_sequence_in_an_early_answer_does_not_skip_the_rebuild():
 @pytest.mark.parametrize("busy", [False, True])
 def test_a_decode_waiting_for_evidence_blocks_only_an_idle_thread(busy):
     """An answer that ended before the evidence did blocked the model thread for poll_s at
-    every turn, so each other run's step waited behind it; with work queued it yields at once."""
+    every turn, so each other run's step waited behind it; with work queued it blocks 1 ms at
+    most (not 0: two decodes waiting behind each other would spin)."""
 
     class Counted(PromptFeed):
-        waits = 0
+        waits: list[float] = []
 
         def wait(self, timeout):
-            Counted.waits += 1
+            Counted.waits.append(timeout)
             super().wait(timeout)
 
     feed = Counted()
@@ -244,7 +245,7 @@ def test_a_decode_waiting_for_evidence_blocks_only_an_idle_thread(busy):
         stats=DecodeStats(),
         max_new_tokens=4,
         sampler=Sampler(0.0),
-        poll_s=0.001,
+        poll_s=0.05,
         others_waiting=lambda: busy,
     )
     idle = 0
@@ -253,4 +254,41 @@ def test_a_decode_waiting_for_evidence_blocks_only_an_idle_thread(busy):
             idle += 1
             if idle == 3:
                 feed.close()
-    assert idle == 3 and Counted.waits == (0 if busy else 3)
+    assert idle == 3 and Counted.waits == [0.001 if busy else 0.05] * 3
+
+
+def test_a_rebuild_stopped_in_its_prefill_keeps_the_answer_it_read_within_the_new_limit():
+    """The budget ends during a rebuild's prefill: the answer is the earlier prompt's (never
+    judged by the new one, so the feed says the answer read the first prompt, not the one it
+    took), cut to the lower answer limit the longer prompt set (it ran past it before)."""
+    model = tiny_llama(seed=4)
+    first = greedy(model, P1, 12)
+    feed, stats = PromptFeed(), DecodeStats()
+    caps = iter([12, 5])
+    budget_over = [False]
+    gen = decode_incremental(
+        LMState(model),
+        P1,
+        feed,
+        list,
+        make_proposer=lambda p: None,
+        should_stop=lambda n: "time" if budget_over[0] and n == 0 else None,
+        stats=stats,
+        sampler=Sampler(0.0),
+        answer_cap=lambda: next(caps),
+    )
+    shown: list[int] = []
+    for item in gen:
+        if isinstance(item, Revise):
+            del shown[item.keep :]
+        else:
+            shown.extend(t.id for t in item)
+        if len(shown) >= 8 and not feed.puts:
+            feed.put(P2)  # taken at the next step; the budget ends in its prefill
+            feed.close()
+            budget_over[0] = True
+    assert shown == first[:5]
+    assert stats.finish_reason == "time" and stats.new_tokens == 5
+    (rebuild,) = stats.rebuilds
+    assert rebuild["kept_tokens"] == 5 and rebuild["at_tokens"] >= 8
+    assert feed.taken_puts == 1 and feed.read_puts == 0  # taken, never read

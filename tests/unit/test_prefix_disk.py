@@ -279,4 +279,9 @@ def test_a_folders_weights_id_changes_with_any_file_under_it(tmp_path):
     assert second != first
     (model / "sub" / "part.safetensors").write_bytes(b"d" * 9)
     assert _weights_id(model) != second
+    third = _weights_id(model)
+    (model / ".git").mkdir()
+    (model / ".git" / "index").write_bytes(b"x")  # `git status` rewrites it: not the weights
+    (model / "broken").symlink_to(model / "nowhere")  # a dangling link is no error
+    assert _weights_id(model) == third
     assert _weights_id("org/model") == "org/model"  # a hub id

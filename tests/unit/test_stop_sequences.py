@@ -92,10 +92,11 @@ class Revising(Words):
 
     keep: int = 2
     after: list[int] = []
+    late: list[int] = []  # decoded after the stop sequence, before the Revise
 
     def _job(self, messages, options):
         job = super()._job(messages, options)
-        keep, after = self.keep, self.after
+        keep, after, late = self.keep, self.after, self.late
 
         def produce(should_stop):
             from specrag.decoding.speculative import Revise
@@ -105,7 +106,9 @@ class Revising(Words):
             waited = time.monotonic() + 10
             while should_stop(6) != "stop_sequence" and time.monotonic() < waited:
                 time.sleep(0.002)  # the consumer has seen the stop sequence
-            yield Revise(keep=keep, dropped=6 - keep)
+            if late:
+                yield [Token(i, -0.1, "model") for i in late]
+            yield Revise(keep=keep, dropped=6 + len(late) - keep)
             if should_stop(keep):  # at once, before the consumer can apply the Revise
                 return
             yield [Token(i, -0.1, "model") for i in after]
@@ -140,3 +143,15 @@ async def test_a_revise_that_keeps_the_stop_sequence_counts_only_the_tokens_befo
     assert out.text == "Rollo led them."
     assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)
     assert out.metadata["finish_reason"] == "stop_sequence"
+
+
+async def test_a_revise_keeping_tokens_decoded_after_the_stop_counts_none_of_them():
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    words = ["Rollo", " led", " them", ".\n", "\nQuestion:", " What", " is", " it"]
+    model = Revising(words=words, keep=7, late=[6, 7])
+    opts = DecodeOptions(stop=("\nQuestion:",))
+    out = await stream_model(model, "q", budget_s=5.0, tags=["answer"], options=opts)
+    assert out.text == "Rollo led them."
+    assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)

@@ -49,7 +49,8 @@ class PromptFeed(Generic[T]):
         self._pending = False
         self._closed = False
         self.puts = 0
-        self.taken_puts = 0  # ``puts`` when the newest prompt taken was put: it is the last read
+        self.taken_puts = 0  # ``puts`` when the newest prompt taken was put
+        self.read_puts = 0  # the same for the newest prompt the answer was verified under
 
     def put(self, item: T) -> None:
         """Offer a new prompt (replaces one not yet taken)."""
@@ -136,7 +137,8 @@ def decode_incremental(
     ``stats.rebuilds``. ``answer_cap``: read after each ``encode``, the answer's token
     limit for that prompt (a longer prompt may leave the answer less of the context).
     ``others_waiting``: other work is queued on the thread that steps this decode; while
-    waiting for evidence the decode then yields at once instead of blocking for ``poll_s``.
+    waiting for evidence the decode then blocks 1 ms at most per turn instead of ``poll_s``
+    (not 0: two decodes waiting behind each other would spin).
     """
     answer: list[Token] = []
     first = True
@@ -158,6 +160,7 @@ def decode_incremental(
         reused = shared_prefix(lm.tokens, prompt)
         before = len(answer)
         verifying, judged = not first, False
+        reading = feed.taken_puts  # this prompt's (0: the first, given before any put)
         t0 = time.perf_counter()
         for item in decode(
             lm,
@@ -168,7 +171,11 @@ def decode_incremental(
             prior=answer,
             **decode_kwargs,
         ):
-            verifying, judged = False, True  # a stop sequence in what is kept now stops it
+            # judged: the rebuild's pass verified the answer (a Revise before that is only a
+            # cut to a lower answer limit); a stop sequence in what is kept now stops it
+            if not isinstance(item, Revise) or "kept" in part.accepted:
+                verifying, judged = False, True
+                feed.read_puts = reading  # the answer now stands on this prompt's evidence
             if isinstance(item, Revise):
                 del answer[item.keep :]
             else:
@@ -176,7 +183,7 @@ def decode_incremental(
             yield item
         if not first:
             # a rebuild stopped in its prefill (time, cancellation) kept the answer unjudged
-            kept = part.accepted.get("kept", 0) if judged else before
+            kept = part.accepted.get("kept", 0) if judged else len(answer)
             stats.rebuilds.append(
                 {
                     "at_tokens": before,
@@ -202,8 +209,8 @@ def decode_incremental(
             if late and late != "stop_sequence":
                 stats.finish_reason = late
                 return
-            if others_waiting is None or not others_waiting():
-                feed.wait(poll_s)
+            busy = others_waiting is not None and others_waiting()
+            feed.wait(min(poll_s, 0.001) if busy else poll_s)  # never a busy loop
             yield []
         new = feed.take()
         if new is not None:

@@ -253,8 +253,10 @@ def decode(
         logits_all = settle(prefill_verify(lm, prompt, before, prefill_stop(should_stop)))
     except Stopped as stop:
         stats.prefill_s = time.perf_counter() - t0
-        if before:  # nothing was verified: what was shown stays as it is
+        if before:  # nothing was verified: what was shown stays as it is ...
             generated.extend(before)
+        if len(prior or []) > len(before):  # ... up to a lower max_new_tokens than before
+            yield Revise(keep=len(before), dropped=len(prior or []) - len(before))
         return finish(stop.reason)
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()

@@ -285,6 +285,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
                 "already in the Hugging Face cache; HF_HUB_OFFLINE=0 downloads)"
             )
         raise ModelLoadError(f"could not load model {name!r}: {first}{offline}") from exc
+    weights = _weights_id(source)  # read once: a folder's files are hashed
     model.to(device)  # type: ignore[arg-type]
     model.eval()
     attention_note = attention.use(model, device)  # before any timing: it changes the costs
@@ -298,10 +299,9 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             dtype,
             lambda: time_layouts(model, device),
             weight_layout.Verdicts(cache_dir() / LAYOUT_VERDICTS),
-            f"{_weights_id(source)}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
+            f"{weights}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
         )
     step_s = _measure_step(model, device)
-    weights = _weights_id(source)
     if (commit := getattr(model.config, "_commit_hash", None)) and not Path(source).is_dir():
         weights += f"@{commit}"  # a hub id: the revision it resolved to
     eos = model.generation_config.eos_token_id
@@ -620,10 +620,21 @@ def _weights_id(source: Path | str) -> str:
     path = Path(source)
     if not path.is_dir():
         return str(source)
+    files: list[tuple[str, int, int]] = []
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # .git, .cache: not weights
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                info = os.stat(os.path.join(root, name))  # a link: its target's
+            except OSError:  # removed meanwhile, or a dangling link
+                continue
+            rel = os.path.relpath(os.path.join(root, name), path)
+            files.append((rel, info.st_size, info.st_mtime_ns))
     digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        info = f.stat()
-        digest.update(f"{f.relative_to(path)}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    for rel, size, mtime in sorted(files):
+        digest.update(f"{rel}\0{size}\0{mtime}\n".encode())
     return f"{path.resolve()}@{digest.hexdigest()[:16]}"
 
 

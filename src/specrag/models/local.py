@@ -188,6 +188,12 @@ class LocalChatBase(BaseChatModel):
             result.generations[0].message.content = revised_text(chunks)
         return result
 
+    def _load_models(self) -> None:
+        """Load this model's weights (a no-op once loaded); models without ``load`` skip it."""
+        load = getattr(self, "load", None)
+        if callable(load):
+            load()
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -197,6 +203,7 @@ class LocalChatBase(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         stop = stop or self.stop
         options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
+        self._load_models()  # loading is outside the budget (once per process)
         started = time.monotonic()  # the budget covers building the job (tokenizing) too
         run = _Run(self, self._job(messages, options), options, started)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -227,6 +234,7 @@ class LocalChatBase(BaseChatModel):
         # so a run waiting for the model (queued behind others) holds no executor thread.
         stop = stop or self.stop
         options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
+        await asyncio.to_thread(self._load_models)  # loading is outside the budget
         started = time.monotonic()  # the budget covers building the job (tokenizing) too:
         job = await asyncio.to_thread(self._job, messages, options)  # the caller's timeout does
         run = _Run(self, job, options, started)
@@ -386,8 +394,9 @@ class _Run:
         self.stop_hit = cut is not None
         # kept tokens whose text starts at the stop sequence are not the answer's: the
         # revision's kept_tokens leaves them out, so nothing is retracted at the end
-        past = 0 if cut is None else sum(1 for start in self.starts if start >= cut)
-        self.n_tokens, self.retracted = revise.keep - past, 0
+        # (tokens decoded after the stop have no start: they are past it too)
+        kept = revise.keep if cut is None else sum(1 for start in self.starts if start < cut)
+        self.n_tokens, self.retracted = kept, 0
         with self._revising_lock:
             self.revising -= 1
         keep = shared_prefix(self.shown, text[:cut])

@@ -272,8 +272,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 weaving.cancel()
         unread = False
         if feed is not None:  # cite what the answer read, not a batch that came after it
-            chunks = offered[feed.taken_puts]
-            unread = feed.puts > feed.taken_puts
+            chunks = offered[feed.read_puts]
+            unread = feed.puts > feed.read_puts
         decoding = dict(result.metadata.get("decoding") or {})
         if result.timed_out:
             decoding["truncated"] = True
