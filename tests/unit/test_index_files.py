@@ -403,3 +403,83 @@ def test_a_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path, monke
     from specrag.graph.services import open_index
 
     assert len(open_index(SpecRagContext()).sources()) == 3  # nothing pruned by a bad setting
+
+
+def test_a_long_files_moved_chunks_are_updated_in_batches_chroma_accepts(
+    tmp_path, monkeypatch, capsys
+):
+    """Text inserted at the top of a long file moves every later chunk: their positions went
+    to Chroma in one update, past its batch limit (5,461 ids locally), and the re-index
+    failed with the file indexed twice. Updates and deletes go in batches."""
+    from specrag.indexing import store
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(store, "WRITE_BATCH", 3)
+    sizes: list[int] = []
+    real_update = store.VectorIndex.upsert_source
+
+    def spy(self, source, chunks):
+        update, delete = self._collection.update, self._collection.delete
+        self._collection.update = lambda ids, **kw: (sizes.append(len(ids)), update(ids=ids, **kw))
+        self._collection.delete = lambda ids, **kw: (sizes.append(len(ids)), delete(ids=ids, **kw))
+        return real_update(self, source, chunks)
+
+    monkeypatch.setattr(store.VectorIndex, "upsert_source", spy)
+    doc = tmp_path / "long.md"
+    paragraphs = [f"Paragraph {i} tells of the duke number {i} of Normandy." * 6 for i in range(12)]
+    doc.write_text("\n\n".join(paragraphs))
+    assert main(["index", str(doc), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["chunks"]
+    doc.write_text("A new opening paragraph about Rollo. " * 8 + "\n\n" + "\n\n".join(paragraphs))
+    assert main(["index", str(doc), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["chunks"] >= first and sizes and max(sizes) <= 3 and len(sizes) >= 2
+
+
+def test_a_renamed_file_is_found_if_the_re_index_stops_before_its_new_name_is_added(
+    tmp_path, monkeypatch, capsys
+):
+    """Pruning ran before the new chunks were added: a file renamed and a re-index stopped
+    (Ctrl-C, an embedding error) before the new name was embedded lost its text."""
+    from specrag.indexing import pipeline
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    assert main(["index", str(d), "--json"]) == 0
+    capsys.readouterr()
+    (d / "a.md").rename(d / "b.md")
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "index_documents", stopped)
+    assert main(["index", str(d)]) == 130
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+
+    assert open_index(SpecRagContext()).sources() == {str((d / "a.md").resolve())}
+
+
+def test_a_folder_that_can_be_listed_but_not_entered_is_reported(tmp_path, monkeypatch):
+    """A subfolder with read but no execute permission: stat'ing its entries raised
+    PermissionError out of the walk and the whole index run failed."""
+    from pathlib import Path
+
+    d = tmp_path / "docs"
+    (d / "locked").mkdir(parents=True)
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    (d / "locked" / "b.md").write_text("The treaty of 911.")
+    real = Path.is_file
+
+    def is_file(self):
+        if self.parent.name == "locked":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    loaded = load_files([str(d)])
+    assert [r[0].split("/")[-1] for r in loaded.records] == ["a.md"]
+    (locked,) = [s for s in loaded.skipped if s.path.endswith("b.md")]
+    assert locked.reason.startswith("unreadable (Permission denied") and locked.still_there

@@ -177,7 +177,11 @@ def source_name(path: str | Path) -> str:
     Itself, but for a file name that is not UTF-8, whose bytes show as ``\xNN`` (the store
     refuses the lone surrogates Python reads them as), the same on every run.
     """
-    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    try:
+        raw = str(path).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate outside the escapes (an NTFS name)
+        raw = str(path).encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def read_records(path: Path) -> list[tuple[str, str]]:
@@ -295,11 +299,17 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
             p = here / name
+            try:  # a folder that can be listed but not entered: its entries cannot be stat'ed
+                dangling = p.is_symlink() and not p.exists()
+                regular = p.is_file()
+            except OSError as exc:
+                skipped.append(Skipped(str(p.absolute()), f"{UNREADABLE} ({exc.strerror or exc})"))
+                continue
             if name.startswith("."):
                 skipped.append(Skipped(str(p.absolute()), HIDDEN))
-            elif p.is_symlink() and not p.exists():
+            elif dangling:
                 skipped.append(Skipped(str(p.absolute()), "broken link"))
-            elif not p.is_file():
+            elif not regular:
                 continue
             elif p.suffix.lower() in SUPPORTED_SUFFIXES:
                 files.append(p)

@@ -155,8 +155,16 @@ def index_records(
     roots = list(prune_roots)
     kept = [source_name(Path(k).expanduser().resolve()) for k in keep]
     kept_prefixes = tuple(k + end for k in kept for end in (os.sep, PAGE_MARK))
+    report = index_documents(  # new text first: an interrupted run loses nothing
+        index,
+        records,
+        token_length=embedding_token_length(embedding_model),
+        chunk_tokens=CHUNK_TOKENS,
+        overlap_tokens=OVERLAP_TOKENS,
+        progress=progress,
+    )
     removed: list[str] = []
-    pruned = 0  # chunks of sources no longer there
+    pruned = 0  # chunks of sources no longer there (a renamed file's old name)
     if roots:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
@@ -165,14 +173,6 @@ def index_records(
             if source not in kept and not source.startswith(kept_prefixes):
                 pruned += index.remove_source(source)
                 removed.append(source)
-    report = index_documents(
-        index,
-        records,
-        token_length=embedding_token_length(embedding_model),
-        chunk_tokens=CHUNK_TOKENS,
-        overlap_tokens=OVERLAP_TOKENS,
-        progress=progress,
-    )
     report.sources_removed = removed
     report.chunks_removed += pruned
     index.refresh_lexical()  # BM25 in step with what was just indexed or pruned

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "specrag"
 EMBED_BATCH = 64
+WRITE_BATCH = 1000  # ids per Chroma update/delete call (its own limit is ~5,000 locally)
 EMBEDDING_KEY = "specrag:embedding_model"  # collection metadata: the model that built it
 
 
@@ -267,21 +268,25 @@ class VectorIndex:
             for c in chunks
             if c.id in stored and (stored[c.id] or {}).get("position") != c.position
         ]
-        if moved:
+        for start in range(0, len(moved), WRITE_BATCH):  # a long file's chunks all move
+            batch = moved[start : start + WRITE_BATCH]
             self._collection.update(
-                ids=[c.id for c in moved],
-                metadatas=[{**(stored[c.id] or {}), "position": c.position} for c in moved],
+                ids=[c.id for c in batch],
+                metadatas=[{**(stored[c.id] or {}), "position": c.position} for c in batch],
             )
         stale = sorted(existing - wanted.keys())
-        if stale:
-            self._collection.delete(ids=stale)
+        self._delete(stale)
         return len(missing), len(stale)
+
+    def _delete(self, ids: Sequence[str]) -> None:
+        """Delete chunks by id, in batches Chroma accepts."""
+        for start in range(0, len(ids), WRITE_BATCH):
+            self._collection.delete(ids=list(ids[start : start + WRITE_BATCH]))
 
     def remove_source(self, source: str) -> int:
         """Delete every chunk of ``source``."""
         ids = sorted(self.ids_for_source(source))
-        if ids:
-            self._collection.delete(ids=ids)
+        self._delete(ids)
         return len(ids)
 
     # --- lexical (BM25) and hybrid search --------------------------------------------------
