@@ -446,10 +446,11 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
         for c in ("bench_squad", "bench_hotpot")
         for m in ("dense", "bm25", "hybrid")
     }
-    assert runs[: len(bench_rag.SYSTEMS)] == [("run", "q0", s, 0.0) for s in bench_rag.SYSTEMS]
-    assert len(runs) == len(bench_rag.SYSTEMS) + n_work
+    warmed = [*bench_rag.SYSTEMS, *bench_rag.STYLE_SYSTEMS]  # the answer settings too
+    assert runs[: len(warmed)] == [("run", "q0", s, 0.0) for s in warmed]
+    assert len(runs) == len(warmed) + n_work
     # each question's answer settings run right after its systems at 0 s (side by side)
-    timed = runs[len(bench_rag.SYSTEMS) + len(items) :]
+    timed = runs[len(warmed) + len(items) :]
     per_question = len(bench_rag.SYSTEMS) - 1 + len(bench_rag.STYLE_SYSTEMS)
     assert [r[2] for r in timed[:per_question]] == bench_rag.SYSTEMS[1:] + list(
         bench_rag.STYLE_SYSTEMS
@@ -631,3 +632,16 @@ def test_run_log_keeps_only_whole_groups(tmp_path):
     again.add("q2|b", {"e2e_s": 2.0})
     last = RunLog(tmp_path / "runs.jsonl")  # the later record of a key wins
     assert last.keep_whole([["q2|a", "q2|b"]]) == 0 and last.records["q2|a"]["e2e_s"] == 2.0
+
+
+def test_a_set_the_sample_has_no_question_of_is_refused_before_anything_loads(tmp_path):
+    """`bench rag --models pair --quick --sets hotpot` (the quick sample has no HotpotQA
+    question) skipped the warm-up, wrote an empty summary and exited 0."""
+    import pytest
+
+    from specrag.errors import InputError
+    from specrag.evaluation import bench_pair
+    from specrag.runner import err
+
+    with pytest.raises(InputError, match="the quick sample has no such question"):
+        bench_pair.run(quick=True, out_dir=tmp_path, log=err, fresh=True, sets=("hotpot",))

@@ -650,10 +650,11 @@ async def warm_up(items: list[dict[str, Any]], graph: Any, base: SpecRagContext)
 
     Opens and searches every index in every retrieval mode the systems use (Chroma, the
     embedding model, each index's BM25 copy), then runs one question through every system
-    (both models, the graph, HF's prompt-lookup path).
+    (both models, the graph, HF's prompt-lookup path), the answer-setting ones included
+    (sampling and its seeded generator, the other prompts).
     """
     await warm_indexes(items, base)
-    for system in SYSTEMS:
+    for system in [*SYSTEMS, *STYLE_SYSTEMS]:
         await run_one(items[0], system, 0.0, graph, base)
 
 

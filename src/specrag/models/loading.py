@@ -85,8 +85,8 @@ class LoadedLM:
 
 def resolve_device(device: str = "auto") -> torch.device:
     """Map ``auto``/``cpu``/``cuda``/``cuda:N``/``mps`` to a torch device."""
-    if device in ("", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device in ("", "auto"):  # "cuda" as an explicit "cuda" resolves: one name per GPU
+        return resolve_device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     try:
         dev = torch.device(device)
     except RuntimeError as exc:
