@@ -176,16 +176,21 @@ async def _aenumerate(aiter):
         i += 1
 
 
-async def test_the_decode_budget_counts_from_the_call_so_its_last_chunk_is_not_lost():
+async def test_the_decode_budget_counts_from_the_call_so_its_last_chunk_is_not_lost(
+    monkeypatch,
+):
     """The local decode's deadline started after the job was built (tokenizing a long
     document), while the caller's timeout had started before: building for more than the
     grace got the consumer cancelled before the decode's own "time" end, and the final chunk
     (finish_reason, the decode's stats) was lost."""
-    from specrag.nodes.streaming import GRACE_S, stream_model
+    from specrag.nodes import streaming
+
+    grace = 2.0  # the caller's timeout runs this much past the budget
+    monkeypatch.setattr(streaming, "GRACE_S", grace)
 
     class SlowToBuild(SlowLocal):
         def _job(self, messages, options):
-            time.sleep(GRACE_S + 0.5)  # tokenizing a long document
+            time.sleep(grace + 0.5)  # tokenizing a long document, past budget and grace
             job = super()._job(messages, options)
 
             ended = {"reason": "stop"}
@@ -203,7 +208,7 @@ async def test_the_decode_budget_counts_from_the_call_so_its_last_chunk_is_not_l
             return job
 
     model = SlowToBuild(steps=400, step_s=0.01)
-    out = await stream_model(model, "q", budget_s=2.0, tags=["answer"])
+    out = await streaming.stream_model(model, "q", budget_s=1.0, tags=["answer"])
     assert out.timed_out
     assert out.metadata.get("finish_reason") == "time", out.metadata
     assert "decoding" in out.metadata
@@ -217,7 +222,7 @@ async def test_loading_the_model_is_not_part_of_the_decode_budget():
 
         def load(self):  # as ChatLocalLM's: once per process, and again from _job (a no-op)
             if not self.loaded:
-                time.sleep(1.0)
+                time.sleep(3.0)
                 self.loaded = True
 
         def _job(self, messages, options):
@@ -237,8 +242,11 @@ async def test_loading_the_model_is_not_part_of_the_decode_budget():
             return job
 
     model = SlowToLoad(steps=5, step_s=0.0)
-    out = model.invoke("q", max_time=0.5)  # the synchronous path
+    out = model.invoke("q", max_time=2.0)  # the synchronous path
     assert out.response_metadata["finish_reason"] == "stop" and out.content.startswith("t0")
     model.loaded = False
-    out = await model.ainvoke("q", max_time=0.5)  # the asynchronous path
-    assert out.response_metadata["finish_reason"] == "stop" and out.content.startswith("t0")
+    text, meta = "", {}
+    async for chunk in model.astream("q", max_time=2.0):  # the asynchronous path (_astream)
+        text += chunk.content
+        meta.update(chunk.response_metadata or {})
+    assert meta["finish_reason"] == "stop" and text.startswith("t0")

@@ -292,3 +292,37 @@ def test_a_rebuild_stopped_in_its_prefill_keeps_the_answer_it_read_within_the_ne
     (rebuild,) = stats.rebuilds
     assert rebuild["kept_tokens"] == 5 and rebuild["at_tokens"] >= 8
     assert feed.taken_puts == 1 and feed.read_puts == 0  # taken, never read
+
+
+def test_a_rebuild_that_keeps_an_ended_answer_whole_counts_as_read():
+    """An answer that had ended (its end token) and a later prompt that agrees with all of
+    it: the rebuild verifies it in its prefill and yields nothing, and it was booked as never
+    read - the answer cited the older evidence, said later batches were not woven in, and
+    the rebuild's pass was not counted."""
+    model = tiny_llama(seed=2)
+    eos = greedy(model, P1, 6)[3]  # the answer ends at its 4th token
+    feed, stats = PromptFeed(), DecodeStats()
+    gen = decode_incremental(
+        LMState(model),
+        P1,
+        feed,
+        list,
+        make_proposer=lambda p: None,
+        should_stop=lambda _n: None,
+        stats=stats,
+        max_new_tokens=6,
+        sampler=Sampler(0.0),
+        eos_ids=(eos,),
+    )
+    items = []
+    for item in gen:
+        items.append(item)
+        if item == [] and not feed.puts:  # ended; the same evidence comes again
+            feed.put(P1)
+            feed.close()
+    assert feed.taken_puts == 1 and feed.read_puts == 1
+    (rebuild,) = stats.rebuilds
+    assert rebuild["kept_tokens"] == rebuild["at_tokens"] == 4
+    assert not any(isinstance(i, Revise) for i in items)
+    steps = 3  # after the prefill (not counted here): tokens 2-4, the 4th the end token
+    assert stats.forward_passes == steps + 1  # and the rebuild's verify pass

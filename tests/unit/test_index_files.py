@@ -405,35 +405,40 @@ def test_a_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path, monke
     assert len(open_index(SpecRagContext()).sources()) == 3  # nothing pruned by a bad setting
 
 
-def test_a_long_files_moved_chunks_are_updated_in_batches_chroma_accepts(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_long_files_moved_chunks_are_updated_in_batches_chroma_accepts(tmp_path, monkeypatch):
     """Text inserted at the top of a long file moves every later chunk: their positions went
     to Chroma in one update, past its batch limit (5,461 ids locally), and the re-index
     failed with the file indexed twice. Updates and deletes go in batches."""
     from specrag.indexing import store
+    from specrag.indexing.documents import Chunk
+    from specrag.indexing.pipeline import open_for_writing
+    from specrag.models.loading import EMBEDDED_LM
 
-    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setattr(store, "WRITE_BATCH", 3)
-    sizes: list[int] = []
-    real_update = store.VectorIndex.upsert_source
+    index = open_for_writing(tmp_path / "index", "batches", EMBEDDED_LM)
+    calls: list[tuple[str, int]] = []
+    update, delete = index._collection.update, index._collection.delete
 
-    def spy(self, source, chunks):
-        update, delete = self._collection.update, self._collection.delete
-        self._collection.update = lambda ids, **kw: (sizes.append(len(ids)), update(ids=ids, **kw))
-        self._collection.delete = lambda ids, **kw: (sizes.append(len(ids)), delete(ids=ids, **kw))
-        return real_update(self, source, chunks)
+    def spy_update(ids, **kw):
+        calls.append(("update", len(ids)))
+        return update(ids=ids, **kw)
 
-    monkeypatch.setattr(store.VectorIndex, "upsert_source", spy)
-    doc = tmp_path / "long.md"
-    paragraphs = [f"Paragraph {i} tells of the duke number {i} of Normandy." * 6 for i in range(12)]
-    doc.write_text("\n\n".join(paragraphs))
-    assert main(["index", str(doc), "--json"]) == 0
-    first = json.loads(capsys.readouterr().out)["chunks"]
-    doc.write_text("A new opening paragraph about Rollo. " * 8 + "\n\n" + "\n\n".join(paragraphs))
-    assert main(["index", str(doc), "--json"]) == 0
-    again = json.loads(capsys.readouterr().out)
-    assert again["chunks"] >= first and sizes and max(sizes) <= 3 and len(sizes) >= 2
+    def spy_delete(ids, **kw):
+        calls.append(("delete", len(ids)))
+        return delete(ids=ids, **kw)
+
+    index._collection.update, index._collection.delete = spy_update, spy_delete
+
+    def chunk(n, position):
+        return Chunk(id=f"c{n}", source="long.md", text=f"Duke number {n}.", position=position)
+
+    assert index.upsert_source("long.md", [chunk(n, n) for n in range(8)]) == (8, 0)
+    # an opening chunk inserted: the 7 kept chunks move down one, the last one is gone
+    assert index.upsert_source("long.md", [chunk(99, 0)] + [chunk(n, n + 1) for n in range(7)])
+    assert calls == [("update", 3), ("update", 3), ("update", 1), ("delete", 1)]
+    got = index._collection.get(where={"source": "long.md"}, include=["metadatas"])
+    positions = {i: m["position"] for i, m in zip(got["ids"], got["metadatas"], strict=True)}
+    assert positions == {"c99": 0, **{f"c{n}": n + 1 for n in range(7)}}
 
 
 def test_a_renamed_file_is_found_if_the_re_index_stops_before_its_new_name_is_added(

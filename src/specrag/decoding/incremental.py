@@ -181,6 +181,9 @@ def decode_incremental(
             else:
                 answer.extend(item)
             yield item
+        if "kept" in part.accepted and not judged:  # verified, all kept, nothing new to say
+            verifying, judged = False, True  # (an answer that had ended: EOS or the limit)
+            feed.read_puts = reading
         if not first:
             # a rebuild stopped in its prefill (time, cancellation) kept the answer unjudged
             kept = part.accepted.get("kept", 0) if judged else len(answer)

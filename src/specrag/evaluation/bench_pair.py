@@ -278,9 +278,9 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot, n_long = (4, 0, 3) if quick else (30, 10, 10)
     sizes = {"squad": n_squad, "hotpot": n_hotpot, "long": n_long}
-    if sets is not None and not any(sizes.get(s) for s in sets):  # before anything loads
+    if empty := [s for s in sets or () if not sizes.get(s)]:  # before anything loads
         raise InputError(  # e.g. --quick --sets hotpot: the quick sample has no HotpotQA
-            f"--sets {','.join(sets)}: the {'quick ' if quick else ''}sample has no such "
+            f"--sets {','.join(empty)}: the {'quick ' if quick else ''}sample has no such "
             f"question (it has {', '.join(f'{n} {s}' for s, n in sizes.items() if n)})"
         )
     runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)

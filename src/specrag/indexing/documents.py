@@ -299,15 +299,16 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
             p = here / name
+            if name.startswith("."):
+                skipped.append(Skipped(str(p.absolute()), HIDDEN))
+                continue
             try:  # a folder that can be listed but not entered: its entries cannot be stat'ed
                 dangling = p.is_symlink() and not p.exists()
                 regular = p.is_file()
             except OSError as exc:
                 skipped.append(Skipped(str(p.absolute()), f"{UNREADABLE} ({exc.strerror or exc})"))
                 continue
-            if name.startswith("."):
-                skipped.append(Skipped(str(p.absolute()), HIDDEN))
-            elif dangling:
+            if dangling:
                 skipped.append(Skipped(str(p.absolute()), "broken link"))
             elif not regular:
                 continue
