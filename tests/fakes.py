@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -15,6 +15,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.indexing.documents import Chunk
+from specrag.indexing.store import Batch
 
 HANG_S = 60.0  # how long a hung fake waits for its event at most (a run no budget cut)
 
@@ -110,3 +111,19 @@ def ctx(**kw: Any) -> SpecRagContext:
     )
     base.update(kw)
     return SpecRagContext(**base)
+
+
+FIRST = chunk("Paris is the capital.", n=0)  # the first batch's evidence
+REST = chunk("France's capital: Paris.", n=1)  # a later batch's, ranked above it
+
+
+def two_batches(wait: Callable[[], Any]) -> Callable[..., Iterator[Batch]]:
+    """A search whose first batch is FIRST and whose second, after ``wait()``, re-ranks
+    REST above it (``answer_policy="incremental"`` weaves it in)."""
+
+    def batches(query: str, document: str | None, ctx: SpecRagContext) -> Iterator[Batch]:
+        yield Batch("dense", [FIRST])
+        wait()
+        yield Batch("hybrid", [REST], [REST, FIRST])
+
+    return batches

@@ -16,7 +16,7 @@ import pytest
 
 from specrag import build_graph, prompts
 from specrag.indexing.store import Batch
-from tests.fakes import HANG_S, FakeLogprobChat, chunk, ctx, services
+from tests.fakes import HANG_S, FakeLogprobChat, chunk, ctx, services, two_batches
 
 CUT = 8.0  # seconds: ~8x a run whose budget cut it, far below HANG_S
 assert CUT < HANG_S / 2
@@ -86,15 +86,9 @@ async def test_failing_everything_still_answers():
 async def test_failing_answer_over_streamed_evidence_ends_in_fallback_with_all_of_it():
     # incremental evidence and a remote answer model that fails after the last batch: the
     # failure path weaves the stream again and must find its end, not wait forever
-    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
-
-    def batches(query, document, ctx):
-        yield Batch("dense", [first])
-        time.sleep(0.05)
-        yield Batch("hybrid", [rest], [rest, first])
-
     svc = dataclasses.replace(
-        services(answer=FakeLogprobChat(fail=True, calls=[])), batch_retriever=batches
+        services(answer=FakeLogprobChat(fail=True, calls=[])),
+        batch_retriever=two_batches(lambda: time.sleep(0.05)),
     )
     async with asyncio.timeout(20):
         result, _ = await timed(
@@ -183,13 +177,8 @@ async def test_an_incremental_answer_cites_the_evidence_it_read_not_a_batch_afte
     saw. The answer's evidence is the last prompt it read."""
     from tests.unit.test_budgets import SlowLocal
 
-    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
     later = threading.Event()
-
-    def batches(query, document, ctx):
-        yield Batch("dense", [first])
-        later.wait(5)  # once the answer is decoding
-        yield Batch("hybrid", [rest], [rest, first])
+    batches = two_batches(lambda: later.wait(5))  # batch 2 once the answer is decoding
 
     class Deaf(SlowLocal):  # a local decode that never takes a new prompt from its feed
         def _job(self, messages, options):
@@ -219,14 +208,8 @@ async def test_an_incremental_answer_cites_the_evidence_it_read_not_a_batch_afte
 async def test_a_remote_answers_wait_for_the_evidence_is_part_of_its_budget():
     """A remote answer model waits for every batch (it cannot re-verify); that wait was not
     charged to the one answer budget, so the model got the whole budget again after it."""
-    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
-
-    def batches(query, document, ctx):
-        yield Batch("dense", [first])
-        time.sleep(1.5)  # past the 1 s answer budget, within the 10 s retrieval budget
-        yield Batch("hybrid", [rest], [rest, first])
-
-    svc = dataclasses.replace(services(), batch_retriever=batches)
+    # batch 2 past the 1 s answer budget, within the 10 s retrieval budget
+    svc = dataclasses.replace(services(), batch_retriever=two_batches(lambda: time.sleep(1.5)))
     async with asyncio.timeout(20):
         result, _ = await timed(
             svc,

@@ -67,6 +67,12 @@ def drive(model, prompts, n, put_after, *, sampler=None, generator=None, eos=(),
     return shown, stats, revises
 
 
+def plain_incremental(model, feed, stats, **kw):
+    """An incremental greedy decode of P1 without a proposer (``kw`` overrides)."""
+    args = dict(make_proposer=lambda p: None, should_stop=lambda _n: None, sampler=Sampler(0.0))
+    return decode_incremental(LMState(model), P1, feed, list, stats=stats, **{**args, **kw})
+
+
 CASES = [(seed, after) for seed in range(6) for after in (1, 4, 30)]
 
 
@@ -96,17 +102,7 @@ def test_the_running_segments_prefill_is_visible_before_it_is_summed():
     the summed stats get it only when the segment ends."""
     feed, stats = PromptFeed(), DecodeStats()
     feed.close()
-    gen = decode_incremental(
-        LMState(tiny_llama(seed=1)),
-        P1,
-        feed,
-        list,
-        make_proposer=lambda p: None,
-        should_stop=lambda _n: None,
-        stats=stats,
-        max_new_tokens=6,
-        sampler=Sampler(0.0),
-    )
+    gen = plain_incremental(tiny_llama(seed=1), feed, stats, max_new_tokens=6)
     next(gen)
     assert stats.prefill_s == 0 and stats.segment is not None and stats.segment.prefill_s > 0
     for _ in gen:
@@ -235,16 +231,11 @@ def test_a_decode_waiting_for_evidence_blocks_only_an_idle_thread(busy):
             super().wait(timeout)
 
     feed = Counted()
-    gen = decode_incremental(
-        LMState(tiny_llama(seed=1)),
-        P1,
+    gen = plain_incremental(
+        tiny_llama(seed=1),
         feed,
-        list,
-        make_proposer=lambda p: None,
-        should_stop=lambda _n: None,
-        stats=DecodeStats(),
+        DecodeStats(),
         max_new_tokens=4,
-        sampler=Sampler(0.0),
         poll_s=0.05,
         others_waiting=lambda: busy,
     )
@@ -266,15 +257,11 @@ def test_a_rebuild_stopped_in_its_prefill_keeps_the_answer_it_read_within_the_ne
     feed, stats = PromptFeed(), DecodeStats()
     caps = iter([12, 5])
     budget_over = [False]
-    gen = decode_incremental(
-        LMState(model),
-        P1,
+    gen = plain_incremental(
+        model,
         feed,
-        list,
-        make_proposer=lambda p: None,
+        stats,
         should_stop=lambda n: "time" if budget_over[0] and n == 0 else None,
-        stats=stats,
-        sampler=Sampler(0.0),
         answer_cap=lambda: next(caps),
     )
     shown: list[int] = []
@@ -302,18 +289,7 @@ def test_a_rebuild_that_keeps_an_ended_answer_whole_counts_as_read():
     model = tiny_llama(seed=2)
     eos = greedy(model, P1, 6)[3]  # the answer ends at its 4th token
     feed, stats = PromptFeed(), DecodeStats()
-    gen = decode_incremental(
-        LMState(model),
-        P1,
-        feed,
-        list,
-        make_proposer=lambda p: None,
-        should_stop=lambda _n: None,
-        stats=stats,
-        max_new_tokens=6,
-        sampler=Sampler(0.0),
-        eos_ids=(eos,),
-    )
+    gen = plain_incremental(model, feed, stats, max_new_tokens=6, eos_ids=(eos,))
     items = []
     for item in gen:
         items.append(item)

@@ -11,8 +11,8 @@ class Crash(BaseException):
     """Stands in for a process being stopped mid-run (not an Exception: nodes can't catch it)."""
 
 
-async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
-    calls = {"retrieve": 0, "answer": 0}
+def crash_once(calls: dict[str, int], reply: str = "Paris.") -> FakeLogprobChat:
+    """An answer model that stops the process at its first call, then answers ``reply``."""
 
     class CrashOnce(FakeLogprobChat):
         def _stream(self, *a, **k):
@@ -21,7 +21,12 @@ async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
                 raise Crash()
             yield from super()._stream(*a, **k)
 
-    svc = services(answer=CrashOnce(reply="Paris.", calls=[]))
+    return CrashOnce(reply=reply, calls=[])
+
+
+async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
+    calls = {"retrieve": 0, "answer": 0}
+    svc = services(answer=crash_once(calls))
     inner = svc.retriever
 
     def counting(question, document, context):
@@ -254,27 +259,11 @@ async def test_a_resumed_incremental_run_says_its_later_batches_were_lost(tmp_pa
     import dataclasses
     import time
 
-    from specrag.indexing.store import Batch
-    from tests.fakes import chunk
-
-    calls = {"answer": 0}
-
-    class CrashOnce(FakeLogprobChat):
-        def _stream(self, *a, **k):
-            calls["answer"] += 1
-            if calls["answer"] == 1:
-                raise Crash()
-            yield from super()._stream(*a, **k)
-
-    first, rest = chunk("Paris is the capital.", n=0), chunk("France's capital: Paris.", n=1)
-
-    def batches(query, document, ctx):
-        yield Batch("dense", [first])
-        time.sleep(0.05)
-        yield Batch("hybrid", [rest], [rest, first])
+    from tests.fakes import two_batches
 
     svc = dataclasses.replace(
-        services(answer=CrashOnce(reply="Paris.", calls=[])), batch_retriever=batches
+        services(answer=crash_once({"answer": 0})),
+        batch_retriever=two_batches(lambda: time.sleep(0.05)),
     )
     config = {"configurable": {"thread_id": "t-lost"}}
     settings = dict(answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off")
