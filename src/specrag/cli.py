@@ -556,7 +556,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""
         line = f"{message} (see `{self.prog} --help`)"
-        err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
+        print_error(line)
         raise UsageError(line)
 
 
@@ -711,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = [tok for tok in extra if tok.startswith("-")]
     if extra:  # named with the subcommand whose --help lists what it takes
         line = f"unrecognized arguments: {' '.join(extra)} (see `specrag {args.command} --help`)"
-        err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
+        print_error(line)
         return _json_error(args, line, 2)
     quiet_libraries()
     try:
@@ -722,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
         line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-        err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
+        print_error(line)
         return _json_error(args, line, 2)
     except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
         with contextlib.suppress(OSError):  # nor one more when Python flushes stdout at exit
@@ -740,13 +740,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
         line = f"{type(exc).__name__}: {first}"
-        err.print(
-            f"specrag: error: {line} (set SPECRAG_DEBUG=1 for details)",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+        print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
         return _json_error(args, line, 1)
+
+
+def print_error(line: str) -> None:
+    """``specrag: error: <line>`` on stderr, as written (no markup, never wrapped)."""
+    err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def debug_mode() -> bool:

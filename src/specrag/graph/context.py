@@ -348,7 +348,7 @@ class SpecRagContext:
                 )
 
         check_placement(self.device, self.dtype, self.drafter_dtype, "invalid configuration: ")
-        from specrag.models.pair import PAIR
+        from specrag.models.registry import SPEC_FORMS, is_known_spec
 
         for name in ("draft_model", "answer_model"):
             spec = getattr(self, name).strip()
@@ -357,10 +357,9 @@ class SpecRagContext:
                     f"invalid configuration: {name}={spec!r} names no model "
                     "(use 'hf:<hub id or path>' or 'provider:model')"
                 )
-            if spec and spec != "embedded" and spec not in PAIR and ":" not in spec:
-                raise InputError(  # told before any model loads, not after the index opened
-                    f"invalid configuration: unknown model {name}={spec!r} (use 'embedded', "
-                    f"{', '.join(map(repr, PAIR))}, 'hf:<hub id or path>' or 'provider:model')"
+            if not is_known_spec(spec):  # told before any model loads, not after the index opened
+                raise InputError(
+                    f"invalid configuration: unknown model {name}={spec!r} (use {SPEC_FORMS})"
                 )
         if not self.embedding_model.strip():
             raise InputError(

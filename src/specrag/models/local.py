@@ -188,11 +188,17 @@ class LocalChatBase(BaseChatModel):
             result.generations[0].message.content = revised_text(chunks)
         return result
 
-    def _load_models(self) -> None:
-        """Load this model's weights (a no-op once loaded); models without ``load`` skip it."""
-        load = getattr(self, "load", None)
-        if callable(load):
-            load()
+    def load(self) -> Any:
+        """Load the model's weights (once per process); called before a decode's budget starts.
+
+        Nothing here: a model that loads weights overrides it.
+        """
+        return None
+
+    def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> DecodeOptions:
+        """One call's decode options; its stop sequences, else the model's own."""
+        stop = stop or self.stop
+        return DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
 
     def _stream(
         self,
@@ -201,9 +207,8 @@ class LocalChatBase(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        stop = stop or self.stop
-        options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
-        self._load_models()  # loading is outside the budget (once per process)
+        options = self._options(stop, kwargs)
+        self.load()  # loading is outside the budget (once per process)
         started = time.monotonic()  # the budget covers building the job (tokenizing) too
         run = _Run(self, self._job(messages, options), options, started)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -232,9 +237,8 @@ class LocalChatBase(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         # Native async: the decode runs in its own thread and hands tokens to the event loop,
         # so a run waiting for the model (queued behind others) holds no executor thread.
-        stop = stop or self.stop
-        options = DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
-        await asyncio.to_thread(self._load_models)  # loading is outside the budget
+        options = self._options(stop, kwargs)
+        await asyncio.to_thread(self.load)  # loading is outside the budget
         started = time.monotonic()  # the budget covers building the job (tokenizing) too:
         job = await asyncio.to_thread(self._job, messages, options)  # the caller's timeout does
         run = _Run(self, job, options, started)
@@ -288,10 +292,10 @@ class _Run:
         owner: LocalChatBase,
         job: DecodeJob,
         options: DecodeOptions,
-        started: float | None = None,
+        started: float,
     ) -> None:
         self.job = job
-        self.started = time.monotonic() if started is None else started
+        self.started = started  # the call's start: its budget counts from there
         max_time = options.max_time if options.max_time is not None else owner.max_time
         self.deadline = self.started + max_time if max_time else None
         self.stop_event: threading.Event | None = options.stop_event

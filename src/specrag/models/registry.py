@@ -29,6 +29,15 @@ def local_model_name(spec: str) -> str | None:
     return None
 
 
+# the forms a model spec takes, for error messages
+SPEC_FORMS = f"'embedded', {', '.join(map(repr, PAIR))}, 'hf:<hub id or path>' or 'provider:model'"
+
+
+def is_known_spec(spec: str) -> bool:
+    """A spec :func:`chat_model_from_spec` can resolve: a local model's, or ``provider:model``."""
+    return local_model_name(spec) is not None or ":" in spec
+
+
 def chat_model_from_spec(
     spec: str, *, device: str = "auto", dtype: str = "auto", **params: Any
 ) -> BaseChatModel:
@@ -36,11 +45,8 @@ def chat_model_from_spec(
     local = local_model_name(spec)
     if local is not None:
         return ChatLocalLM(model_name=local, device=device, dtype=dtype, **params)
-    if ":" not in spec:
-        raise ModelLoadError(
-            f"unknown model {spec!r}: use 'embedded', {', '.join(map(repr, PAIR))}, "
-            "'hf:<id or path>' or 'provider:model'"
-        )
+    if not is_known_spec(spec):
+        raise ModelLoadError(f"unknown model {spec!r}: use {SPEC_FORMS}")
     try:
         from langchain.chat_models import init_chat_model
 
