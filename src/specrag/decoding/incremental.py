@@ -142,7 +142,6 @@ def decode_incremental(
     """
     answer: list[Token] = []
     first = True
-    verifying = False  # a rebuild's prefill pass, which verifies the answer shown so far
     while True:
         part = DecodeStats()
         stats.segment = part  # summed into ``stats`` when the segment ends
@@ -159,6 +158,7 @@ def decode_incremental(
             decode_kwargs["max_new_tokens"] = answer_cap()
         reused = shared_prefix(lm.tokens, prompt)
         before = len(answer)
+        # verifying: a rebuild's prefill pass, which judges the answer shown so far
         verifying, judged = not first, False
         reading = feed.taken_puts  # this prompt's (0: the first, given before any put)
         t0 = time.perf_counter()
@@ -182,7 +182,7 @@ def decode_incremental(
                 answer.extend(item)
             yield item
         if "kept" in part.accepted and not judged:  # verified, all kept, nothing new to say
-            verifying, judged = False, True  # (an answer that had ended: EOS or the limit)
+            judged = True  # (an answer that had ended: its end token or the limit)
             feed.read_puts = reading
         if not first:
             # a rebuild stopped in its prefill (time, cancellation) kept the answer unjudged

@@ -239,7 +239,8 @@ def decode(
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     t1 = t0
-    before = [t.id for t in prior or []][:max_new_tokens]
+    prior = prior or []
+    before = [t.id for t in prior][:max_new_tokens]
     generated: list[int] = []
     k = max_candidates
 
@@ -255,8 +256,8 @@ def decode(
         stats.prefill_s = time.perf_counter() - t0
         if before:  # nothing was verified: what was shown stays as it is ...
             generated.extend(before)
-        if len(prior or []) > len(before):  # ... up to a lower max_new_tokens than before
-            yield Revise(keep=len(before), dropped=len(prior or []) - len(before))
+        if len(prior) > len(before):  # ... up to a lower max_new_tokens than before
+            yield Revise(keep=len(before), dropped=len(prior) - len(before))
         return finish(stop.reason)
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -265,12 +266,12 @@ def decode(
     if before:
         stats.proposed["kept"] = len(before)
         stats.accepted["kept"] = n_kept
-        first = [*(prior or [])[:n_kept], *first[n_kept:]]  # kept tokens keep their source
+        first = [*prior[:n_kept], *first[n_kept:]]  # kept tokens keep their source
         first = first[:max_new_tokens]  # all kept at the length limit: no bonus token
     generated.extend(t.id for t in first)
     lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
-    if n_kept < len(prior or []):  # rejected, or past a lower max_new_tokens than before
-        yield Revise(keep=n_kept, dropped=len(prior or []) - n_kept)
+    if n_kept < len(prior):  # rejected, or past a lower max_new_tokens than before
+        yield Revise(keep=n_kept, dropped=len(prior) - n_kept)
     if first[n_kept:]:
         yield first[n_kept:]
     last = generated[-1]

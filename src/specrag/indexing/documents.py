@@ -49,6 +49,13 @@ def max_file_bytes() -> int:
     return int(mib * 2**20)
 
 
+def _os_error(path: Path, exc: OSError) -> InputError:
+    """The one-line error for an OS error reading ``path``: gone, or unreadable now."""
+    if isinstance(exc, FileNotFoundError):
+        return InputError(f"file not found: {path}")
+    return Unreadable(f"cannot read {path}: {exc.strerror or exc}")
+
+
 def check_size(path: Path) -> None:
     """One-line ``Unreadable`` for a file past :func:`max_file_bytes` (before it is read).
 
@@ -57,10 +64,8 @@ def check_size(path: Path) -> None:
     """
     try:
         size = path.stat().st_size
-    except FileNotFoundError as exc:
-        raise InputError(f"file not found: {path}") from exc
     except OSError as exc:
-        raise Unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise _os_error(path, exc) from exc
     limit = max_file_bytes()
     if size > limit:
         raise Unreadable(
@@ -205,10 +210,8 @@ def read_text(path: Path) -> str:
     check_size(path)
     try:
         raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise InputError(f"file not found: {path}") from exc
     except OSError as exc:
-        raise Unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise _os_error(path, exc) from exc
     text = decode_text(raw, path)
     if path.suffix.lower() in (".html", ".htm"):
         text = html_to_text(text)

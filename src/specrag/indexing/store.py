@@ -15,13 +15,14 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from specrag.errors import IndexError_
 from specrag.indexing.documents import Chunk, make_splitter, split_document
 from specrag.indexing.lexical import LexicalIndex, fingerprint, rrf
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_COLLECTION = "specrag"
 EMBED_BATCH = 64
@@ -77,6 +78,12 @@ def check_embedding_stamp(built_with: str | None, using: str, collection: str, w
 
 
 Progress = Callable[[int], None]
+
+
+def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 @dataclass
@@ -256,8 +263,7 @@ class VectorIndex:
         # disk, an embedding error) leaves the source's old chunks beside some new ones, never
         # a source half gone; the next run finishes the job.
         missing = [c for c in chunks if c.id not in existing]
-        for start in range(0, len(missing), EMBED_BATCH):
-            batch = missing[start : start + EMBED_BATCH]
+        for batch in _batches(missing, EMBED_BATCH):
             self.store.add_texts(
                 texts=[c.text for c in batch],
                 metadatas=[{"source": c.source, "position": c.position} for c in batch],
@@ -268,8 +274,7 @@ class VectorIndex:
             for c in chunks
             if c.id in stored and (stored[c.id] or {}).get("position") != c.position
         ]
-        for start in range(0, len(moved), WRITE_BATCH):  # a long file's chunks all move
-            batch = moved[start : start + WRITE_BATCH]
+        for batch in _batches(moved, WRITE_BATCH):  # a long file's chunks all move
             self._collection.update(
                 ids=[c.id for c in batch],
                 metadatas=[{**(stored[c.id] or {}), "position": c.position} for c in batch],
@@ -280,8 +285,8 @@ class VectorIndex:
 
     def _delete(self, ids: Sequence[str]) -> None:
         """Delete chunks by id, in batches Chroma accepts."""
-        for start in range(0, len(ids), WRITE_BATCH):
-            self._collection.delete(ids=list(ids[start : start + WRITE_BATCH]))
+        for batch in _batches(ids, WRITE_BATCH):
+            self._collection.delete(ids=list(batch))
 
     def remove_source(self, source: str) -> int:
         """Delete every chunk of ``source``."""

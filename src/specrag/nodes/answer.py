@@ -112,6 +112,11 @@ def answer_message(state: State, update: dict[str, Any]) -> dict[str, Any]:
     return {"messages": [message]}
 
 
+# how an error about the search's batches after the first starts (retrieve's and the
+# answer node's): the answer node reads it to tell whether the run already says why
+LATER_BATCHES = "retrieve: later batches"
+
+
 def short_error(exc: BaseException) -> str:
     """``Type: first line`` of an exception."""
     lines = str(exc).strip().splitlines()
@@ -178,7 +183,7 @@ def evidence(
             stream.task.cancel()
     if not stream.ended or unread:
         stream.errors.append(
-            "retrieve: later batches were not woven in: the answer budget ended the answer first"
+            f"{LATER_BATCHES} were not woven in: the answer budget ended the answer first"
         )
     return {
         "chunks": list(chunks),
@@ -205,10 +210,10 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         stream = None if state.get("evidence_complete", True) else evidence_stream(dict(state))
         lost: list[str] = []
         if stream is None and not state.get("evidence_complete", True):
-            said = any(e.startswith("retrieve: later batches") for e in state.get("errors") or [])
+            said = any(e.startswith(LATER_BATCHES) for e in state.get("errors") or [])
             if not said:  # the search's stream lived in a process that is gone (a resume)
                 lost = [
-                    "retrieve: later batches were lost (the run was resumed after the search "
+                    f"{LATER_BATCHES} were lost (the run was resumed after the search "
                     "had returned its first batch); answering from the evidence found before"
                 ]
         weaving: asyncio.Task[None] | None = None

@@ -16,7 +16,7 @@ from specrag.graph.state import State
 from specrag.indexing.documents import Chunk
 from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
-from specrag.nodes.answer import short_error
+from specrag.nodes.answer import LATER_BATCHES, short_error
 from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 
 
@@ -152,7 +152,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                 )
                 update.update(chunks=relevant, retrieval_status="ok")
                 update["errors"] = [
-                    f"retrieve: later batches {later}; answering from the "
+                    f"{LATER_BATCHES} {later}; answering from the "
                     f"{len(relevant)} relevant chunk(s) found before"
                 ]
                 done = False  # the evidence is what arrived in time, not all there was
@@ -208,10 +208,10 @@ def stream_rest(
                         await stream.queue.put(got.relevant(got.found))
         except TimeoutError:
             stream.errors.append(
-                f"retrieve: later batches missed the {ctx.retrieval_timeout_s}s retrieval budget"
+                f"{LATER_BATCHES} missed the {ctx.retrieval_timeout_s}s retrieval budget"
             )
         except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
-            stream.errors.append(f"retrieve: later batches failed: {short_error(exc)}")
+            stream.errors.append(f"{LATER_BATCHES} failed: {short_error(exc)}")
         finally:
             stream.queue.put_nowait(None)
 
