@@ -11,6 +11,7 @@ import io
 import json
 import statistics
 import types
+from unittest import mock
 
 import pytest
 import torch
@@ -517,7 +518,7 @@ def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
     """A run whose target came up with one layout (a timing that went the other way), or with
     another row count for it, must not resume records made with both, nor records of another
     dtype or device."""
-    from specrag.evaluation.store import setup_tag
+    from specrag.evaluation.store import machine_tag, setup_tag
     from specrag.models import layout
 
     cpu = torch.device("cpu")
@@ -526,11 +527,14 @@ def test_run_log_keys_name_each_models_device_dtype_and_weight_layout():
     target = types.SimpleNamespace(model=dual_model, device=cpu, dtype=torch.float32)
     int8 = torch.nn.Sequential(torch.nn.Identity())  # no plain linear layers
     drafter = types.SimpleNamespace(model=int8, device=cpu, dtype=torch.qint8)
-    assert setup_tag(target, drafter) == "cpu:float32:dual+cpu:qint8"
+    here = machine_tag(target, drafter)  # the CPU model, threads and torch version
+    assert setup_tag(target, drafter) == f"cpu:float32:dual+cpu:qint8@{here}"
     layout.set_min_rows(dual_model, 2)  # narrow passes timed faster in the second layout
-    assert setup_tag(target, drafter) == "cpu:float32:dual2+cpu:qint8"
+    assert setup_tag(target, drafter) == f"cpu:float32:dual2+cpu:qint8@{here}"
     layout.set_dual(dual_model, False)  # a timing that went the other way: one layout in use
-    assert setup_tag(target, drafter) == "cpu:float32+cpu:qint8"
+    assert setup_tag(target, drafter) == f"cpu:float32+cpu:qint8@{here}"
+    with mock.patch.object(layout, "machine", return_value="another CPU|2 threads|torch 2"):
+        assert machine_tag(target, drafter) != here  # a results folder carried elsewhere
 
 
 def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():

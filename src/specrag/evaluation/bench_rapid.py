@@ -132,13 +132,14 @@ def build_document(
 
 def prefill_state(loaded: LoadedLM, parts: list[list[int]]) -> Any:
     """A fresh KV cache of the target holding ``parts`` (prefilled one part after another)."""
-    from specrag.decoding.state import LMState
+    from specrag.decoding.state import LMState, sync
 
     def work() -> Any:
         state = LMState(loaded.model, loaded.device)
         for ids in parts:
             if ids:
                 state.extend(ids, all_logits=False)
+        sync(loaded.device)  # timed by the caller: the passes have run, not only been launched
         return state
 
     return MODEL_THREAD.call(work)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from specrag.models import layout
 from specrag.models.loading import dtype_name
@@ -73,7 +76,8 @@ def setup_tag(*models: Any) -> str:
     :func:`~specrag.models.layout.narrow_rows`). ``auto`` resolves per machine (fp32 on a CPU,
     bf16 on a GPU; a drafter int8 or bf16 by CPU features) and the layout by a timing kept per
     machine, so a results folder carried to another machine, or a load whose timing went the
-    other way, must not resume its records.
+    other way, must not resume its records. The tag ends in ``@`` and a digest of the machine
+    (:func:`machine_tag`): the same device type on another CPU or GPU times differently.
     """
 
     def tag(m: Any) -> str:
@@ -84,7 +88,19 @@ def setup_tag(*models: Any) -> str:
             dual = ":dual" if rows == layout.MIN_ROWS else f":dual{rows}"
         return f"{getattr(m.device, 'type', m.device)}:{dtype_name(m.dtype)}{dual}"
 
-    return "+".join(tag(m) for m in models)
+    return "+".join(tag(m) for m in models) + "@" + machine_tag(*models)
+
+
+def machine_tag(*models: Any) -> str:
+    """Eight hex digits naming the machine ``models`` run on.
+
+    A digest of its CPU model, thread count and torch version
+    (:func:`specrag.models.layout.machine`) and of the name of each GPU the models use.
+    """
+    devices = {torch.device(m.device) for m in models}
+    gpus = sorted(torch.cuda.get_device_name(d) for d in devices if d.type == "cuda")
+    text = "|".join([layout.machine(), *gpus])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
 
 def proposer_rules(setup: str) -> str:

@@ -30,7 +30,7 @@ from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, pre
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token, prefill_stop
-from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped
+from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped, sync
 from specrag.defuse import defuse
 from specrag.errors import InputError
 from specrag.models.loading import (
@@ -293,6 +293,7 @@ class ChatRapid(LocalChatBase):
                     stats.finish_reason = stop.reason
                     return
                 cache.put(key, target_state)
+            sync(target.device)  # a GPU runs ahead of the clock
             timings["prefix_s"] = round(time.perf_counter() - t1, 4)
             yield from rapid_decode(
                 target_state,
