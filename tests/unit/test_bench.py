@@ -317,7 +317,10 @@ def test_bench_rapid_resumes_a_part_run_case_whole(fake_rapid, tmp_path):
     assert per["draft_passes_per_token"]["hf_assisted"] == pytest.approx(12 / 6)
     assert per["draft_passes_per_token"]["target_only"] == 0
     assert len(per["repeat_question_speedup_ci95"]) == 2
-    table = (tmp_path / "bench_rapid" / "table.md").read_text()
+    # a quick run's files never overwrite a full run's in the same --out
+    table = (tmp_path / "bench_rapid" / "table-quick.md").read_text()
+    assert not (tmp_path / "bench_rapid" / "table.md").exists()
+    assert str(tmp_path / "bench_rapid" / "summary-quick.json") in result["files"]
     assert "e2e speedup vs target [95% CI]" in table
 
 
@@ -479,9 +482,10 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     verify = result["systems"]["spec_verify"]["1.0"]  # not proportional: a real interval
     lo, hi = verify["e2e_vs_serial_plain_ci95"]
     assert lo < verify["e2e_vs_serial_plain"] < hi < 1.0
-    table = (tmp_path / "bench_rag" / "table.md").read_text()
+    table = (tmp_path / "bench_rag" / "table-quick.md").read_text()  # quick: its own files
     assert "e2e_per_token_vs_serial_plain" in table and " [" in table
-    assert any(f.endswith("speedup.png") for f in result["files"])
+    assert any(f.endswith("speedup-quick.png") for f in result["files"])
+    assert not any(f.endswith(("summary.json", "table.md")) for f in result["files"])
 
     events.clear()
     bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())  # all recorded: nothing runs

@@ -37,12 +37,13 @@ MARKS = 20
 VERIFIER_MARKS = 1
 
 
-def sync(device: torch.device) -> None:
+def sync(device: torch.device | str) -> None:
     """Wait until ``device`` has run what was queued on it; a no-op on a CPU.
 
     CUDA runs ahead of the host's clock: every timing of device work reads it after this.
     """
-    if device.type == "cuda":
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(device)
 
 

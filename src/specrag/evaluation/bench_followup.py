@@ -25,6 +25,7 @@ from rich.console import Console
 from specrag.data.datasets import sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _index
+from specrag.evaluation.store import write_results
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services, open_index
 from specrag.nodes.retrieve import followup_query
@@ -124,9 +125,8 @@ def run(
             f"{s['rewrite_s_mean']:.3f} |"
         )
     table = "\n".join(lines) + "\n"
-    (out_dir / "summary.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=2))
-    (out_dir / "table.md").write_text(table)
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md")]
+    results = json.dumps({"summary": summary, "cases": rows}, indent=2)
+    files = write_results(out_dir, quick, {"summary.json": results, "table.md": table})
     log.print(table)
     log.print("results written to: " + ", ".join(files))
     return {

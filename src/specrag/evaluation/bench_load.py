@@ -22,6 +22,7 @@ from rich.console import Console
 
 from specrag.data.datasets import squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
+from specrag.evaluation.store import write_results
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.indexing.pipeline import index_records
@@ -181,11 +182,12 @@ def run(
         "peak_rss_mb": round(result["peak_rss_mb"], 1),
         "rss_growth_mb": round(result["rss_growth_mb"], 1),
     }
-    (out_dir / "summary.json").write_text(
-        json.dumps({**summary, "runs": result["levels"]}, indent=2, default=str)
+    runs = {**summary, "runs": result["levels"]}
+    files = write_results(
+        out_dir,
+        quick,
+        {"summary.json": json.dumps(runs, indent=2, default=str), "table.md": table},
     )
-    (out_dir / "table.md").write_text(table)
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md")]
     log.print(table)
     log.print("results written to: " + ", ".join(files))
     summary["files"] = files

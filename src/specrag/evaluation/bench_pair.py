@@ -42,7 +42,13 @@ from specrag.evaluation.bench_rag import (
     run_one,
     warm_indexes,
 )
-from specrag.evaluation.store import RunLog, proposer_rules, setup_tag
+from specrag.evaluation.store import (
+    RunLog,
+    out_path,
+    proposer_rules,
+    setup_tag,
+    write_results,
+)
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.models.loading import load_lm
@@ -283,7 +289,7 @@ def run(
             f"--sets {','.join(empty)}: the {'quick ' if quick else ''}sample has no such "
             f"question (it has {', '.join(f'{n} {s}' for s, n in sizes.items() if n)})"
         )
-    runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
+    runlog = RunLog(out_path(out_dir, "runs.jsonl", quick), fresh=fresh)
     items = build_datasets(n_squad, n_hotpot, log)
     items += long_items(n_long, items[0])
     if sets is not None:
@@ -324,9 +330,8 @@ def run(
     asyncio.run(go())
     records = [r for k, r in runlog.records.items() if k in keys]
     summary = metrics.json_ready(summarize(records))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "table.md").write_text(markdown(summary))
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runlog.path)]
+    texts = {"summary.json": json.dumps(summary, indent=2), "table.md": markdown(summary)}
+    files = [*write_results(out_dir, quick, texts), str(runlog.path)]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
     return {

@@ -48,7 +48,13 @@ from specrag import prompts
 from specrag.data.datasets import hotpot_questions, sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate, stop_on_text
-from specrag.evaluation.store import RunLog, proposer_rules, setup_tag
+from specrag.evaluation.store import (
+    RunLog,
+    out_path,
+    proposer_rules,
+    setup_tag,
+    write_results,
+)
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import open_index
@@ -575,7 +581,7 @@ def _yerr(points: list[float], cis: list[Any]) -> list[list[float]]:
     return [lo, hi]
 
 
-def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+def plots(summary: dict[str, Any], out_dir: Path, quick: bool = False) -> list[Path]:
     """latency.png, speedup.png and accuracy.png; error bars are the 95% bootstrap intervals."""
     import matplotlib
 
@@ -595,7 +601,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_title("specrag bench rag: latency vs retrieval latency")
     ax.legend()
     ax.grid(alpha=0.3)
-    latency_png = out_dir / "latency.png"
+    latency_png = out_path(out_dir, "latency.png", quick)
     fig.tight_layout()
     fig.savefig(latency_png, dpi=110)
     plt.close(fig)
@@ -615,7 +621,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_title("specrag bench rag: end-to-end latency relative to serial RAG")
     ax.legend()
     ax.grid(alpha=0.3)
-    speedup_png = out_dir / "speedup.png"
+    speedup_png = out_path(out_dir, "speedup.png", quick)
     fig.tight_layout()
     fig.savefig(speedup_png, dpi=110)
     plt.close(fig)
@@ -638,7 +644,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_ylabel("score (95% CI)")
     ax.set_title("specrag bench rag: accuracy per system")
     ax.legend()
-    accuracy_png = out_dir / "accuracy.png"
+    accuracy_png = out_path(out_dir, "accuracy.png", quick)
     fig.tight_layout()
     fig.savefig(accuracy_png, dpi=110)
     plt.close(fig)
@@ -694,7 +700,7 @@ def run(
     out_dir = out_dir / "bench_rag"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_squad, n_hotpot = (4, 2) if quick else (40, 20)
-    runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
+    runlog = RunLog(out_path(out_dir, "runs.jsonl", quick), fresh=fresh)
     items = build_datasets(n_squad, n_hotpot, log)
     base = SpecRagContext(refine_temperature=0.0, answer_max_tokens=64, seed=SEED)
     setup = setup_tag(load_lm(base.answer_spec, base.device, base.dtype))
@@ -732,20 +738,15 @@ def run(
     asyncio.run(go())
     records = [r for k, r in runlog.records.items() if k in keys]
     summary = summarize(records)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "table.md").write_text(markdown(summary))
     settings = compare_settings(records)
-    (out_dir / "answer_settings.json").write_text(json.dumps(settings, indent=2))
-    (out_dir / "answer_settings.md").write_text(settings_markdown(settings))
-    pngs = plots(summary, out_dir)
-    files = [
-        str(out_dir / "summary.json"),
-        str(out_dir / "table.md"),
-        str(out_dir / "answer_settings.json"),
-        str(out_dir / "answer_settings.md"),
-        *map(str, pngs),
-        str(runlog.path),
-    ]
+    texts = {
+        "summary.json": json.dumps(summary, indent=2),
+        "table.md": markdown(summary),
+        "answer_settings.json": json.dumps(settings, indent=2),
+        "answer_settings.md": settings_markdown(settings),
+    }
+    pngs = plots(summary, out_dir, quick)
+    files = [*write_results(out_dir, quick, texts), *map(str, pngs), str(runlog.path)]
     log.print(markdown(summary))
     log.print(settings_markdown(settings))
     log.print("results written to: " + ", ".join(files))

@@ -48,7 +48,7 @@ from specrag.data.datasets import QAExample, hotpot_questions, sample
 from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
-from specrag.evaluation.store import RunLog, setup_tag
+from specrag.evaluation.store import RunLog, out_path, setup_tag, write_results
 from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
 from specrag.models.loading import LoadedLM, drafter_dtype, dtype_name, load_lm
@@ -429,7 +429,7 @@ def run(
     pool = hotpot_questions()
     picked = sample(pool, n_questions, SEED)
     distractor_pool = sample(pool, 300, SEED + 1)
-    runlog = RunLog(out_dir / ("runs-quick.jsonl" if quick else "runs.jsonl"), fresh=fresh)
+    runlog = RunLog(out_path(out_dir, "runs.jsonl", quick), fresh=fresh)
     work = [(ex, length) for length in lengths for ex in picked]
     setup = setup_tag(loaded, drafter)
     keys = {case_key(ex.id, length, m, setup) for ex, length in work for m in METHODS}
@@ -462,9 +462,8 @@ def run(
                     runlog.add(key, rec)
                 bar.advance(task)
     summary = metrics.json_ready(summarize([r for k, r in runlog.records.items() if k in keys]))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "table.md").write_text(markdown(summary))
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runlog.path)]
+    texts = {"summary.json": json.dumps(summary, indent=2), "table.md": markdown(summary)}
+    files = [*write_results(out_dir, quick, texts), str(runlog.path)]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
     return {

@@ -19,6 +19,7 @@ from rich.console import Console
 from specrag.data.datasets import sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _index
+from specrag.evaluation.store import out_path, write_results
 from specrag.indexing.pipeline import open_for_writing
 from specrag.progress import progress_bar
 
@@ -41,7 +42,7 @@ def run(
         index.search("warm-up", 3, mode)
     hits: dict[str, list[float]] = {m: [] for m in MODES}
     seconds: dict[str, float] = dict.fromkeys(MODES, 0.0)
-    runs = out_dir / "runs.jsonl"
+    runs = out_path(out_dir, "runs.jsonl", quick)
     with progress_bar(log) as bar, runs.open("w", encoding="utf-8") as records:
         task = bar.add_task("bench retrieval", total=len(questions))
         for q in questions:
@@ -80,9 +81,8 @@ def run(
             f"{r['search_ms_mean']:.1f} |"
         )
     table = "\n".join(lines) + "\n"
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "table.md").write_text(table)
-    files = [str(out_dir / "summary.json"), str(out_dir / "table.md"), str(runs)]
+    texts = {"summary.json": json.dumps(summary, indent=2), "table.md": table}
+    files = [*write_results(out_dir, quick, texts), str(runs)]
     log.print(table)
     log.print("results written to: " + ", ".join(files))
     return {"benchmark": "retrieval", "quick": quick, "summary": summary, "files": files}

@@ -68,6 +68,28 @@ class RunLog:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
+def out_path(out_dir: Path, name: str, quick: bool) -> Path:
+    """``out_dir / name``; for a ``--quick`` run with ``-quick`` before the suffix.
+
+    A quick run and a full run share one ``--out`` folder without overwriting each other's
+    files (``summary.json`` / ``summary-quick.json``), as their run logs do.
+    """
+    if not quick:
+        return out_dir / name
+    path = Path(name)
+    return out_dir / f"{path.stem}-quick{path.suffix}"
+
+
+def write_results(out_dir: Path, quick: bool, texts: dict[str, str]) -> list[str]:
+    """Write each ``name: text`` of ``texts`` to :func:`out_path`; returns the paths written."""
+    written = []
+    for name, text in texts.items():
+        path = out_path(out_dir, name, quick)
+        path.write_text(text, encoding="utf-8")
+        written.append(str(path))
+    return written
+
+
 def setup_tag(*models: Any) -> str:
     """Where, in which dtype and weight layout each loaded model ran, for run-log keys.
 
@@ -98,7 +120,8 @@ def machine_tag(*models: Any) -> str:
     (:func:`specrag.models.layout.machine`) and of the name of each GPU the models use.
     """
     devices = {torch.device(m.device) for m in models}
-    gpus = sorted(torch.cuda.get_device_name(d) for d in devices if d.type == "cuda")
+    cuda = [d for d in devices if d.type == "cuda"]
+    gpus = sorted(torch.cuda.get_device_name(d) for d in cuda) if torch.cuda.is_available() else []
     text = "|".join([layout.machine(), *gpus])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
