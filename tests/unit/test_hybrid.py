@@ -1,6 +1,9 @@
 """BM25 and hybrid retrieval, kept in step with the Chroma index through re-index and pruning."""
 
-from specrag.indexing.lexical import rrf
+import os
+
+from specrag.indexing import lexical
+from specrag.indexing.lexical import LexicalIndex, rrf
 from specrag.indexing.pipeline import index_records, open_for_writing
 
 
@@ -37,6 +40,38 @@ def test_bm25_follows_reindex_and_pruning(tmp_path):
     fresh.remove_source("b.md")
     assert "b.md" not in sources(fresh.search("Rollo Normandy", 3, "bm25"))
     assert "b.md" not in sources(fresh.search("Rollo Normandy", 3, "hybrid"))
+
+
+def test_a_saved_bm25_index_of_another_tokenizer_does_not_match(monkeypatch, tmp_path):
+    ids = ["c1", "c2"]
+    built = LexicalIndex.build(ids, ["Rollo led the Norse.", "Zebrafish in Hinxton."])
+    built.save(tmp_path / "bm25")
+    assert LexicalIndex.load(tmp_path / "bm25").key == lexical.fingerprint(ids)
+    monkeypatch.setattr(lexical, "tokenizer_id", lambda: "bm25s 9.9|stopwords=en")
+    assert LexicalIndex.load(tmp_path / "bm25").key != lexical.fingerprint(ids)  # rebuilt
+
+
+def test_two_writers_saving_at_once_leave_one_whole_index(monkeypatch, tmp_path):
+    """Another process saves its index between this one's two moves: this save keeps that
+    index instead of failing, and leaves no temporary folder behind."""
+    target = tmp_path / "bm25"
+    mine = LexicalIndex.build(["c1"], ["Rollo led the Norse."])
+    theirs = LexicalIndex.build(["c2"], ["Zebrafish in Hinxton."])
+    real_replace = os.replace
+
+    def racing_replace(src, dst):
+        if str(src).startswith(str(target) + ".tmp") and "raced" not in calls:
+            calls.append("raced")
+            monkeypatch.setattr(lexical.os, "replace", real_replace)
+            theirs.save(target)  # the other writer wins the race
+        return real_replace(src, dst)
+
+    calls: list[str] = []
+    monkeypatch.setattr(lexical.os, "replace", racing_replace)
+    mine.save(target)
+    assert calls == ["raced"]
+    assert LexicalIndex.load(target).ids == ["c2"]  # whole: the other writer's
+    assert [p.name for p in tmp_path.iterdir()] == ["bm25"]
 
 
 def test_hybrid_scores_are_cosine_like_dense(tmp_path):

@@ -9,7 +9,9 @@ never return a chunk that is no longer indexed or miss one that is.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -19,9 +21,24 @@ from pathlib import Path
 from typing import Any
 
 
+@functools.cache
+def tokenizer_id() -> str:
+    """What the saved rows' tokens depend on besides the texts: bm25s' version and options."""
+    try:
+        version = importlib.metadata.version("bm25s")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return f"bm25s {version}|stopwords=en"
+
+
 def fingerprint(ids: list[str]) -> str:
-    """Identity of a set of chunk ids."""
-    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+    """Identity of a set of chunk ids, tokenized as :func:`tokenizer_id` says.
+
+    An index saved by another bm25s version (or other tokenizer options) does not match, and
+    is rebuilt from the collection's texts.
+    """
+    text = "\n".join([tokenizer_id(), *sorted(ids)])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _tokenize(texts: list[str]) -> Any:
@@ -59,9 +76,18 @@ class LexicalIndex:
             self.retriever.save(str(tmp))
         (tmp / "ids.json").write_text(json.dumps({"key": self.key, "ids": self.ids}))
         old = directory.with_name(f"{directory.name}.old{me}")
-        if directory.exists():
+        try:
             os.replace(directory, old)
-        os.replace(tmp, directory)
+        except FileNotFoundError:  # none yet, or another writer moved it aside first
+            pass
+        try:
+            os.replace(tmp, directory)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not directory.is_dir():
+                raise
+            # another process saved its index between the two moves: keep that one (a
+            # reader checks its key and rebuilds if it is of other chunks)
         shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
