@@ -35,16 +35,17 @@ from specrag.nodes.streaming import CLOCK_ID, emit, now
 log = logging.getLogger(__name__)
 
 
-async def _quietly(work: Callable[[], Any], errors: list[str] | None = None) -> Any:
+async def quietly(work: Callable[[], Any], errors: list[str] | None = None) -> Any:
     """Run blocking ``work`` in a thread; None if it raised.
 
     The node that needs the part reports its failure; where none would (``errors`` given),
-    it is recorded there.
+    it is recorded there. Warming a part ahead of its node (prepare; retrieve indexing a
+    resumed run's document) goes through here.
     """
     try:
         return await asyncio.to_thread(work)
     except Exception as exc:  # noqa: BLE001
-        log.debug("prepare: %s (left to the node that needs it)", exc)
+        log.debug("%s (left to the node that needs it)", exc)
         if errors is not None:
             errors.append(f"prepare: {short_error(exc)}")
         return None
@@ -98,25 +99,25 @@ def make_prepare(services: Services):  # noqa: ANN201
         t0 = now()
         # A part that cannot load (bad model path, missing index) is not an error HERE: the
         # node that needs it meets the same failure and takes its documented route.
-        await _quietly(lambda: services.warm(services.chat_model(ctx.answer_spec, ctx)))
+        await quietly(lambda: services.warm(services.chat_model(ctx.answer_spec, ctx)))
         if ctx.draft_policy != "off" and ctx.draft_spec != ctx.answer_spec:
-            await _quietly(lambda: services.warm(services.chat_model(ctx.draft_spec, ctx)))
-        await _quietly(lambda: services.warm_retriever(ctx, document or None))
+            await quietly(lambda: services.warm(services.chat_model(ctx.draft_spec, ctx)))
+        await quietly(lambda: services.warm_retriever(ctx, document or None))
         origin = now()
         timings = {"load_s": round(origin - t0, 4)}
         document_tokens = 0
         errors: list[str] = []
         if document:
-            n_tokens = await _quietly(lambda: services.document_tokens(ctx, document), errors)
+            n_tokens = await quietly(lambda: services.document_tokens(ctx, document), errors)
             if n_tokens is None and errors:  # say why the long-document route was not taken
                 errors[-1] += " (the document's length is unknown: RAPID not considered)"
             document_tokens = int(n_tokens or 0)
             if document_tokens > ctx.long_document_tokens:
-                await _quietly(lambda: services.warm(services.rapid_model(ctx)))
+                await quietly(lambda: services.warm(services.rapid_model(ctx)))
                 origin = now()
                 timings["load_s"] = round(origin - t0, 4)
             start = now()
-            await _quietly(lambda: services.index_document(ctx, document))
+            await quietly(lambda: services.index_document(ctx, document))
             timings["document_index_s"] = round(now() - start, 4)
 
         def count(text: str) -> int:  # history turns, in answer-model tokens

@@ -17,6 +17,7 @@ from specrag.indexing.documents import Chunk
 from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import LATER_BATCHES, short_error
+from specrag.nodes.prepare import quietly
 from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 
 
@@ -108,10 +109,9 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         document = state.get("run_document") or None
         incremental = ctx.answer_policy == "incremental" and not document
         if document:  # indexed by prepare (a cache hit); a run resumed in a new process
-            try:  # indexes it here, outside the retrieval budget, as prepare would have
-                await asyncio.to_thread(services.index_document, ctx, document)
-            except Exception:  # noqa: BLE001 - the search below meets it and says why
-                pass
+            # indexes it here, outside the retrieval budget, as prepare would have (a failure:
+            # the search below meets it and says why)
+            await quietly(lambda: services.index_document(ctx, document))
         start = now()
         got = Delivered(ctx, document, start)
         update: dict[str, Any] = {"query": question}
