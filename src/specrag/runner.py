@@ -69,13 +69,13 @@ async def run_graph(
 
     async with sqlite_checkpointer() as saver:
         app = build_graph(checkpointer=saver)
-        result = await _run(
-            app,
-            run_inputs(question, document, True),
-            ctx,
-            stream,
-            {"configurable": {"thread_id": thread}},
-        )
+        inputs = run_inputs(question, document, True)
+        config: Any = {"configurable": {"thread_id": thread}}
+        if inputs is None:  # --resume: a draft re-run after its retrieve finished stops at once
+            from specrag.graph.signals import restore_signal
+
+            restore_signal(await app.aget_state(config))
+        result = await _run(app, inputs, ctx, stream, config)
         try:  # finished: only the latest checkpoint is needed
             await keep_latest(saver, thread)
         except Exception as exc:  # noqa: BLE001 - the answer stands; the file stays larger

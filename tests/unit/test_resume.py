@@ -1,5 +1,7 @@
 """A run interrupted mid-way resumes from its last checkpoint (SQLite)."""
 
+import time
+
 import pytest
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -276,3 +278,52 @@ async def test_a_resumed_incremental_run_says_its_later_batches_were_lost(tmp_pa
         result = await graph.ainvoke(None, config=config, context=ctx(**settings))
     assert result["route"] == "generate" and result["answer"] == "Paris."
     assert any("later batches were lost" in e for e in result["errors"]), result["errors"]
+
+
+async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_path, monkeypatch):
+    """`--resume` of a run stopped inside the draft after retrieve had delivered evidence: the
+    signal lived in the dead process, and the resumed draft ("until_retrieval") drafted its
+    whole budget with the evidence already in the checkpoint."""
+    import importlib
+    import threading
+
+    from specrag.graph import signals
+    from specrag.runner import run_graph
+
+    delivered = threading.Event()
+    drafts = {"n": 0}
+
+    class CrashAfterRetrieval(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            drafts["n"] += 1
+            if drafts["n"] == 1:  # the first process stops inside the draft, after retrieve
+                delivered.wait(5)
+                time.sleep(0.3)  # retrieve's writes are saved
+                raise Crash()
+            yield from super()._stream(*a, **k)
+
+    long_draft = " ".join(["word"] * 20)
+    svc = services(draft=CrashAfterRetrieval(reply=long_draft, delay_s=0.02, calls=[]))
+    inner = svc.retriever
+
+    def search(question, document, context):
+        found = inner(question, document, context)
+        delivered.set()
+        return found
+
+    svc.retriever = search
+    builder = importlib.import_module("specrag.graph.builder")  # specrag.graph shadows it
+    real_build = builder.build_graph
+    monkeypatch.setattr(builder, "build_graph", lambda **kw: real_build(svc, **kw))
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    settings = ctx(draft_policy="until_retrieval")
+    with pytest.raises(Crash):
+        await run_graph("capital of France?", settings, None, False, thread="t-draft")
+    monkeypatch.setattr(signals, "_SIGNALS", type(signals._SIGNALS)())  # a new process
+    restored = []
+    real_restore = signals.restore_signal
+    monkeypatch.setattr(signals, "restore_signal", lambda s: restored.append(real_restore(s)))
+    result = await run_graph("", settings, None, False, thread="t-draft")  # --resume
+    assert restored == [True] and drafts["n"] == 2  # the draft ran again, ...
+    assert len(result["draft"].split()) <= 1, result["draft"]  # ... and stopped at once
+    assert result["route"] in ("generate", "refine") and result["answer"] == "Paris."

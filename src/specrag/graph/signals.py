@@ -48,6 +48,24 @@ def discard_signal(state: dict[str, Any]) -> None:
         _SIGNALS.pop(str(state.get("run_id") or ""), None)
 
 
+def restore_signal(snapshot: Any) -> bool:
+    """Set the signal of an interrupted run whose retrieve delivered evidence before the stop.
+
+    ``snapshot``: the thread's state (``aget_state``) before it resumes. The signal lives in
+    the process that ran ``retrieve``; a run resumed in a new process with its retrieve done
+    (its writes kept in the checkpoint) and its draft not would re-run the draft against a
+    fresh signal, drafting its whole budget with the evidence already there. Returns whether
+    it was set.
+    """
+    for task in getattr(snapshot, "tasks", ()):
+        found = task.result
+        if task.name == "retrieve" and isinstance(found, dict):
+            if found.get("retrieval_status") == "ok":  # as retrieve itself sets it
+                retrieval_signal(dict(snapshot.values or {})).set()
+                return True
+    return False
+
+
 @dataclass
 class EvidenceStream:
     """The batches a run's retrieval delivers after its first (``answer_policy="incremental"``).
