@@ -124,3 +124,43 @@ def test_a_cli_thread_is_a_conversation(stream, capsys):
         assert capsys.readouterr().err.count("Rollo.") == 2  # once per question
     assert run_inputs("Who?", None, False) == {"question": "Who?"}  # no thread: no history
     assert run_inputs("", None, True) is None  # --resume
+
+
+@pytest.mark.parametrize("answered_before", [False, True])
+def test_a_question_after_a_failed_message_run_is_the_one_asked(answered_before):
+    """A messages run that failed in prepare (an empty question) leaves its human message
+    last in ``messages``: the thread's next run, given a ``question``, re-asked that message
+    and failed again, whatever it asked."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from specrag.errors import InputError
+
+    app = build_graph(services(), checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"t-mixed-{answered_before}"}}
+    if answered_before:
+        asyncio.run(app.ainvoke({"messages": [HumanMessage("Who?")]}, config, context=ctx()))
+    with pytest.raises(InputError):
+        asyncio.run(app.ainvoke({"messages": [HumanMessage("   ")]}, config, context=ctx()))
+    out = asyncio.run(app.ainvoke({"question": "capital of France?"}, config, context=ctx()))
+    assert out["answer"] == "Paris." and out["query"] == "capital of France?"
+    state = app.get_state(config).values
+    assert state["question_taken"] == "capital of France?" and not state["from_messages"]
+    # the chat goes on: a new human message is asked, with the answered turns as history
+    asyncio.run(app.ainvoke({"messages": [HumanMessage("And Spain?")]}, config, context=ctx()))
+    assert app.get_state(config).values["question_taken"] == "And Spain?"
+
+
+def test_a_thread_answered_before_question_taken_existed_asks_its_new_message():
+    """Threads checkpointed by an older specrag hold the previous run's ``question`` and no
+    ``question_taken``: their next human message is the question, not that stale key."""
+    from specrag.nodes.prepare import asked
+
+    old = {
+        "question": "Who was the Norse leader?",
+        "messages": [
+            HumanMessage("Who was the Norse leader?"),
+            AIMessage("Rollo."),
+            HumanMessage("When did he die?"),
+        ],
+    }
+    assert asked(old) == "When did he die?"

@@ -90,6 +90,10 @@ class State(InputState, OutputState, total=False):
     """A fresh id per run (``prepare``): keys the signal between the parallel branches."""
     from_messages: bool
     """True when this run's question came from ``messages`` (the answer is appended there)."""
+    question_taken: str
+    """The question ``prepare`` took (from either input). A later run's ``question`` that
+    differs from it is that run's input: it wins over a human message an earlier run that
+    failed left unanswered at the end of ``messages``."""
     history: list[dict[str, str]]
     """Earlier turns given to the prompts (``role``/``content``), newest last, bounded by
     ``history_tokens``."""

@@ -52,9 +52,23 @@ async def quietly(work: Callable[[], Any], errors: list[str] | None = None) -> A
 
 
 def _last_human(state: State) -> Any:
-    """The chat interface's question: ``messages``' last message if a human's, else None."""
+    """The chat interface's question: ``messages``' last message if a human's, else None.
+
+    None too when this run's input is a new ``question`` (one other than the question the
+    thread's previous run took, ``question_taken``): a human message a failed run left
+    unanswered at the end of ``messages`` is not asked again in its place.
+    """
     messages = state.get("messages") or []
-    return messages[-1] if messages and messages[-1].type == "human" else None
+    if not messages or messages[-1].type != "human":
+        return None
+    question = state.get("question") or ""
+    taken = state.get("question_taken")
+    if question and taken is None:  # no run of the thread got past prepare since the key came
+        # in: a thread an older specrag answered has answers, and its question is not new
+        new = not any(m.type == "ai" for m in messages)
+    else:
+        new = bool(question) and question != taken
+    return None if new else messages[-1]
 
 
 def asked(state: State) -> str:
@@ -130,6 +144,7 @@ def make_prepare(services: Services):  # noqa: ANN201
         emit({"event": "prepared", "seed": seed, **timings})
         return {
             "question": question,
+            "question_taken": question,
             "query": question,
             "history": history(state, ctx, count),
             "from_messages": _last_human(state) is not None,
