@@ -11,7 +11,7 @@ from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.prefix_cache import PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode, transfer_distribution
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.speculative import DecodeStats, decode
+from specrag.decoding.speculative import DecodeStats, Revise, Token, decode
 from specrag.decoding.state import LMState
 from tests.tiny import padded_drafter, tiny_llama
 
@@ -417,7 +417,7 @@ def test_rapid_drafter_with_another_output_width(model, transfer, eta, temperatu
     assert stats.draft_tokens > stats.accepted_tokens > 0, stats.as_dict()
 
 
-def rapid_sampling_stats(n: int = 2000, cut: float = 0.0) -> dict[str, float]:
+def rapid_sampling_stats(n: int = 2000, cut: float = 0.0, top_p: float = 1.0) -> dict[str, float]:
     """Sample ``n`` RAPID (eta = 0) decodes; compare them with the target's exact distribution.
 
     Vocab 3 at temperature 3, 5 new tokens, gamma 3. The drafter is the target's network with
@@ -429,7 +429,7 @@ def rapid_sampling_stats(n: int = 2000, cut: float = 0.0) -> dict[str, float]:
     """
     target = tiny(vocab=3, seed=4, layers=1)
     drafter = tiny(vocab=3, seed=4, layers=1, sharpen=80.0)
-    prompt, drafter_prompt, new, sampler = [1, 2, 0, 1], [0, 1], 5, Sampler(3.0)
+    prompt, drafter_prompt, new, sampler = [1, 2, 0, 1], [0, 1], 5, Sampler(3.0, top_p)
     exact = exact_sequences(exact_conditionals(target, prompt, new, sampler), 3, new)
     drafter_alone = exact_sequences(
         exact_conditionals(drafter, drafter_prompt, new, sampler), 3, new
@@ -510,22 +510,73 @@ def test_rapid_eta0_sampling_with_the_confidence_cut_off_matches_target_distribu
     assert r["tv_12"] < 0.06, info
 
 
+def test_rapid_eta0_sampling_with_top_p_matches_the_targets_nucleus():
+    """With top-p the target's distribution is its tempered nucleus, as plain sampling draws
+    (``Sampler.probs``): RAPID took p from the full tempered softmax, so tokens outside the
+    nucleus came out. Measured (whole outputs; a vocab of 3 at top-p 0.8 cuts a token at most
+    positions): TV 0.014, 6643 proposed / 5384 accepted; with p from the full softmax (the
+    bug) TV 0.344."""
+    r = rapid_sampling_stats(top_p=0.8)
+    info = f"TV={r['tv']:.3f} TV_12={r['tv_12']:.3f} {counts_msg(r['proposed'], r['accepted'])}"
+    assert r["proposed"] > r["accepted"] > 0, info
+    assert r["tv"] < 0.10, info
+    assert r["tv_12"] < 0.06, info
+
+
+def test_no_new_tokens_decodes_nothing(model):
+    """``max_new_tokens=0`` (``max_tokens=0`` on a call) yielded the prefill's token."""
+    prompt = [3, 4, 5, 6]
+    stats = DecodeStats()
+    assert (
+        run(decode(LMState(model), prompt, max_new_tokens=0, sampler=Sampler(0.0), stats=stats))
+        == []
+    )
+    assert stats.finish_reason == "length" and stats.new_tokens == 0
+    shown = [Token(t, 0.0, "target") for t in greedy(model, prompt, 3)]
+    steps = list(
+        decode(LMState(model), prompt, max_new_tokens=0, sampler=Sampler(0.0), prior=shown)
+    )
+    assert steps == [Revise(keep=0, dropped=3)]  # what was shown is taken back
+    rapid = RapidStats()
+    gen = rapid_decode(
+        LMState(model),
+        LMState(model),
+        prompt,
+        prompt,
+        max_new_tokens=0,
+        sampler=Sampler(0.0),
+        cfg=RapidConfig(),
+        stats=rapid,
+    )
+    assert run(gen) == [] and rapid.finish_reason == "length" and not rapid.prefilled
+
+
+def test_an_empty_prompt_or_a_negative_crop_is_refused(model):
+    state = LMState(model)
+    state.extend([1, 2, 3])
+    with pytest.raises(ValueError, match="cannot crop to -1"):
+        state.crop(-1)  # emptied the cache but dropped one token: tokens != cache length
+    assert len(state) == 3 and state.tokens == [1, 2, 3]
+    with pytest.raises(ValueError, match="empty prompt"):
+        run(decode(LMState(model), [], max_new_tokens=4, sampler=Sampler(0.0)))
+
+
 def test_knowledge_transfer_shifts_toward_drafter():
     z = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     q = torch.tensor([[0.0, 0.9, 0.1, 0.0]])
-    p, p_hat = transfer_distribution(z, q, RapidConfig(eta=5.0), temperature=0.0)
+    p, p_hat = transfer_distribution(z, q, RapidConfig(eta=5.0), Sampler(0.0))
     assert p_hat[0, 1] > p[0, 1] and p_hat[0, 0] < p[0, 0]
     # tokens the drafter finds implausible (q < alpha * max q) are not shifted: their odds hold
     torch.testing.assert_close(p_hat[0, 3] / p_hat[0, 0], p[0, 3] / p[0, 0])
-    p0, same = transfer_distribution(z, q, RapidConfig(eta=0.0), temperature=0.0)
+    p0, same = transfer_distribution(z, q, RapidConfig(eta=0.0), Sampler(0.0))
     assert torch.equal(p0, same)
-    _, mix = transfer_distribution(z, q, RapidConfig(transfer="mixture", lam=0.5), 0.0)
+    _, mix = transfer_distribution(z, q, RapidConfig(transfer="mixture", lam=0.5), Sampler(0.0))
     torch.testing.assert_close(mix, 0.5 * p + 0.5 * q)
     # eta 0 turns the transfer off whatever the rule (rapid_eta=0 is documented as lossless;
     # the mixture's weight lam is not a graph setting, so it could not be turned off there)
     off = RapidConfig(transfer="mixture", eta=0.0, lam=0.5)
     assert off.lossless
-    _, unmixed = transfer_distribution(z, q, off, 0.0)
+    _, unmixed = transfer_distribution(z, q, off, Sampler(0.0))
     assert torch.equal(unmixed, p)
 
 

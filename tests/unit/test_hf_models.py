@@ -83,6 +83,16 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
     assert proposer["drafter_prompt_tokens"] <= proposer["drafter_prefill_tokens"]
     assert proposer["drafter_prefill_tokens"] < proposer["prompt_tokens"], proposer
 
+    # max_tokens=0 on a call decodes nothing (it read as "unset": the model's 40 tokens)
+    none = alone.invoke(messages, max_tokens=0)
+    assert none.content == "" and none.response_metadata["decoding"]["new_tokens"] == 0
+    try:
+        alone.invoke(messages, max_tokens=-1)
+    except ValueError as exc:
+        assert "max_new_tokens must be >= 0" in str(exc)
+    else:
+        raise AssertionError("a negative max_tokens was accepted")
+
 
 def test_float16_on_a_cpu_is_named_as_slow(caplog):
     """`--set dtype=fp16` on a CPU loaded without a word, then timed out (a new-user review,

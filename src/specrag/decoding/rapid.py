@@ -121,18 +121,26 @@ def transfer_distribution(
     target_logits: torch.Tensor,  # [n, vocab]
     draft_probs: torch.Tensor,  # [n, vocab]
     cfg: RapidConfig,
-    temperature: float,
+    sampler: Sampler,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(p, p_hat)``, each ``[n, vocab]``: the target's and the transfer distribution."""
-    scaled = target_logits / (temperature if temperature > 0 else 1.0)
+    """Return ``(p, p_hat)``, each ``[n, vocab]``: the target's and the transfer distribution.
+
+    Sampling, both are the ``sampler``'s: tempered and cut to its top-p nucleus (``p`` is
+    what plain sampling draws from). Greedy, ``p`` is the untempered softmax the shift rule
+    moves; only its argmax is read.
+    """
+    greedy = sampler.greedy
+    scaled = target_logits / (1.0 if greedy else sampler.temperature)
     p = torch.softmax(scaled, dim=-1)
+    if not greedy:
+        p = sampler.nucleus(p)
     if cfg.lossless:
         return p, p
     if cfg.transfer == "mixture":
         return p, (1.0 - cfg.lam) * p + cfg.lam * draft_probs
     mask = draft_probs >= cfg.alpha * draft_probs.max(dim=-1, keepdim=True).values
     p_hat = torch.softmax(scaled + cfg.eta * (draft_probs - p) * mask, dim=-1)
-    return p, p_hat
+    return p, p_hat if greedy else sampler.nucleus(p_hat)
 
 
 def rapid_decode(
@@ -175,6 +183,8 @@ def rapid_decode(
         st.cache_refills = target.refills + drafter.refills
         st.cache_restores = target.restores + drafter.restores
 
+    if max_new_tokens <= 0:  # nothing to decode: neither model runs
+        return finish("length")
     before = prefill_stop(should_stop)
     try:  # budgets apply to both prefills
         t0 = time.perf_counter()
@@ -193,7 +203,7 @@ def rapid_decode(
     t_start = time.perf_counter()
 
     # First token: from the transfer distribution at the prompt's last position.
-    _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler.temperature)
+    _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler)
     first = int(p_hat0[0].argmax()) if greedy else sampler.pick(p_hat0[0], generator)
     generated.append(first)
     yield [Token(first, token_logprob(z0, first), "target")]
@@ -248,7 +258,7 @@ def rapid_decode(
         z = target.extend([last, *drafts])  # [g + 1, vocab]
         st.steps += 1
         q_all = torch.stack(q_rows[: len(drafts) + 1])  # [g + 1, vocab]
-        p, p_hat = transfer_distribution(z, q_all, cfg, sampler.temperature)
+        p, p_hat = transfer_distribution(z, q_all, cfg, sampler)
         step: list[Token] = []
         hit_eos = False
         n_acc = 0

@@ -25,14 +25,17 @@ class Sampler:
             out = torch.zeros_like(logits)
             out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
             return out
-        probs = torch.softmax(logits / self.temperature, dim=-1)
-        if self.top_p < 1.0:
-            sorted_p, idx = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < self.top_p  # always keeps the top token
-            sorted_p = sorted_p * keep
-            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-            probs = probs / probs.sum(-1, keepdim=True)
-        return probs
+        return self.nucleus(torch.softmax(logits / self.temperature, dim=-1))
+
+    def nucleus(self, probs: torch.Tensor) -> torch.Tensor:
+        """``probs [..., vocab]`` cut to the top-p nucleus and renormalised (as is at top_p 1)."""
+        if self.top_p >= 1.0:
+            return probs
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < self.top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        return probs / probs.sum(-1, keepdim=True)
 
     def pick(self, probs: torch.Tensor, generator: torch.Generator | None) -> int:
         """Draw one token id from ``probs [vocab]``."""

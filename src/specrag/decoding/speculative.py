@@ -123,6 +123,8 @@ def prefill_verify(
     prompt - is verified against this prompt as speculative candidates. The cached prefix the
     two prompts share is reused.
     """
+    if not prompt:
+        raise ValueError("cannot decode from an empty prompt")
     # one crop to the shared prefix, or before the last position when the whole prompt is
     # cached (its logits are recomputed): a cache that cannot crop may re-read, and does so
     # once, under the budget too
@@ -250,6 +252,10 @@ def decode(
         stats.decode_s = time.perf_counter() - t1
         stats.cache_refills, stats.cache_restores = lm.refills, lm.restores
 
+    if max_new_tokens <= 0:  # nothing to decode: no pass runs, what was shown goes
+        if prior:
+            yield Revise(keep=0, dropped=len(prior))
+        return finish("length")
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
         logits_all = settle(prefill_verify(lm, prompt, before, prefill_stop(should_stop)))
     except Stopped as stop:

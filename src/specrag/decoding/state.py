@@ -286,8 +286,8 @@ class LMState:
         slice of that re-read as :meth:`extend` asks it (a long re-read keeps to a budget).
         """
         drop = len(self.tokens) - length
-        if drop < 0:
-            raise ValueError(f"cannot crop to {length}: only {len(self.tokens)} cached")
+        if drop < 0 or length < 0:
+            raise ValueError(f"cannot crop to {length}: {len(self.tokens)} cached")
         if not drop:
             return
         if croppable(self.cache):

@@ -85,7 +85,7 @@ class ChatLocalLM(LocalChatBase):
     device: str = "auto"
     dtype: str = "auto"
     temperature: float = 0.0
-    top_p: float = 1.0
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(
         default=256, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
     )
@@ -276,7 +276,9 @@ class ChatLocalLM(LocalChatBase):
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         loaded = self.load()
         temperature = self.temperature if options.temperature is None else options.temperature
-        max_new = options.max_new_tokens or self.max_new_tokens
+        max_new = self.max_new_tokens if options.max_new_tokens is None else options.max_new_tokens
+        if max_new < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
         tools = options.tools
         if tools and not supports_tools(loaded.tokenizer):
             raise ValueError(no_tools_message(loaded.name))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from pydantic import Field
 
 from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
@@ -160,6 +161,7 @@ class ChatRapid(LocalChatBase):
     dtype: str = "auto"
     drafter_dtype: str = "auto"  # see specrag.models.loading.drafter_dtype
     temperature: float = 0.0
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # sampling: the target's top-p nucleus
     max_new_tokens: int = 128
     gamma: int = 10
     transfer: Transfer = "shift"
@@ -237,7 +239,9 @@ class ChatRapid(LocalChatBase):
         if not same_tokenizer(target, drafter):
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
         instructions, document, question, history = split_messages(messages, options.document)
-        max_new = options.max_new_tokens or self.max_new_tokens
+        max_new = self.max_new_tokens if options.max_new_tokens is None else options.max_new_tokens
+        if max_new < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
         cfg = self.config()
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -262,7 +266,7 @@ class ChatRapid(LocalChatBase):
         target_prompt = head + doc_ids + tail
         drafter_prompt = d_head + d_ids + d_tail
         temperature = self.temperature if options.temperature is None else options.temperature
-        sampler = Sampler(float(temperature))
+        sampler = Sampler(float(temperature), self.top_p)
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(target.device, sampler, seed)
         cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
