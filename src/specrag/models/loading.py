@@ -34,14 +34,14 @@ from langchain_core.embeddings import Embeddings
 
 from specrag.decoding.drafter import PaidPrefills, PairCosts
 from specrag.decoding.state import sync
-from specrag.errors import ModelLoadError
+from specrag.errors import InputError, ModelLoadError
 from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir
 from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.models.records import Records
-from specrag.paths import cache_dir, package_dir
+from specrag.paths import cache_dir, package_dir, user_path
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,7 +145,10 @@ def check_local_model(name: str) -> Path | None:
     """
     if name == EMBEDDED_LM or name.endswith(".gguf") or name in PAIR:
         return None
-    path = Path(name).expanduser()
+    try:
+        path = user_path(name, "model path")
+    except InputError as exc:
+        raise ModelLoadError(str(exc)) from None
     looks_local = name.startswith((".", "/", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         raise ModelLoadError(f"model path not found or not a model folder: {name}")

@@ -38,6 +38,33 @@ def is_known_spec(spec: str) -> bool:
     return local_model_name(spec) is not None or ":" in spec
 
 
+def check_remote_spec(spec: str) -> None:
+    """Raise :class:`ModelLoadError` now where ``init_chat_model`` could not build ``spec``.
+
+    An unknown provider, or one whose integration package is not installed, is told before
+    any model loads or the index opens, without building the model (no API key is read).
+    Reads LangChain's provider table; a LangChain without it is left to fail at load.
+    """
+    import importlib.util
+
+    try:
+        from langchain.chat_models import base
+
+        _, provider = base._parse_model(spec, None)
+        package = base._BUILTIN_PROVIDERS[provider][0].split(".")[0]
+    except ValueError as exc:  # an unknown provider: LangChain's first sentence says so
+        first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+        raise ModelLoadError(f"cannot create chat model {spec!r}: {first}") from None
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return
+    community = provider == "ollama" and importlib.util.find_spec("langchain_community")
+    if importlib.util.find_spec(package) is None and not community:
+        raise ModelLoadError(
+            f"chat model {spec!r} needs the {package.replace('_', '-')} package "
+            f"(pip install {package.replace('_', '-')})"
+        )
+
+
 def chat_model_from_spec(
     spec: str, *, device: str = "auto", dtype: str = "auto", **params: Any
 ) -> BaseChatModel:
