@@ -226,8 +226,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         loaded.records,
         ctx,
         "indexing files",
-        prune_prefixes(args.paths),
-        keep=kept_paths(loaded.skipped),  # unreadable now: what was indexed stays
+        prune_prefixes(args.paths, loaded.folders),
+        keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
     )
     summary = {
         "index_dir": ctx.index_url or str(directory),

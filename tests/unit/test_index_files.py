@@ -488,3 +488,65 @@ def test_a_folder_that_can_be_listed_but_not_entered_is_reported(tmp_path, monke
     assert [r[0].split("/")[-1] for r in loaded.records] == ["a.md"]
     (locked,) = [s for s in loaded.skipped if s.path.endswith("b.md")]
     assert locked.reason.startswith("unreadable (Permission denied") and locked.still_there
+
+
+def indexed_sources(tmp_path, capsys, *paths):
+    """``specrag index PATHS`` (JSON checked), then the index's sources."""
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+
+    assert main(["index", *map(str, paths), "--json"]) == 0
+    json.loads(capsys.readouterr().out)
+    return sorted(open_index(SpecRagContext()).sources())
+
+
+def test_what_a_re_index_prunes_around_links_hidden_folders_and_pdf_pages(
+    tmp_path, monkeypatch, capsys
+):
+    """A review of pruning (2026-12-05) found four holes: a hidden link to a visible folder
+    (``.latest -> v2``) kept ``v2``'s deleted files; a hidden folder named as a root of its
+    own kept its deleted files; files reached through a link out of the named folder were
+    never pruned; and a named PDF's page prefix pruned ``x.pdf#page=2.md`` beside it."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, shared = tmp_path / "docs", tmp_path / "shared"
+    for folder in (d / "v2", d / ".private", shared):
+        folder.mkdir(parents=True)
+    (d / ".latest").symlink_to(d / "v2")
+    (d / "ext").symlink_to(shared)
+    for path in (d / "v2" / "a.md", d / ".private" / "p.md", shared / "s.md", d / "keep.md"):
+        path.write_text(f"The text of {path.name}, which Rollo wrote.")
+    beside = tmp_path / "x.pdf#page=2.md"
+    beside.write_text("A note next to the PDF.")
+    write_pdf(tmp_path / "x.pdf", ["The treaty was signed in 911."])
+    real = tmp_path.resolve()
+    before = indexed_sources(tmp_path, capsys, d, d / ".private", beside, tmp_path / "x.pdf")
+    assert before == sorted(
+        [
+            str(real / "docs" / "v2" / "a.md"),
+            str(real / "docs" / ".private" / "p.md"),
+            str(real / "shared" / "s.md"),
+            str(real / "docs" / "keep.md"),
+            str(beside.resolve()),
+            f"{real / 'x.pdf'}#page=1",
+        ]
+    )
+    for gone in (d / "v2" / "a.md", d / ".private" / "p.md", shared / "s.md"):
+        gone.unlink()
+    after = indexed_sources(tmp_path, capsys, d, d / ".private", tmp_path / "x.pdf")
+    assert after == sorted(
+        [str(real / "docs" / "keep.md"), str(beside.resolve()), f"{real / 'x.pdf'}#page=1"]
+    )
+
+
+def test_pdf_text_with_a_lone_surrogate_is_indexed(tmp_path, monkeypatch):
+    """pypdf decodes broken text maps with ``surrogatepass``: such a page stopped the whole
+    index run at that file (UnicodeEncodeError hashing its chunk ids), on every re-run."""
+    import pypdf
+
+    from specrag.indexing.documents import chunk_ids, read_records
+
+    write_pdf(tmp_path / "odd.pdf", ["placeholder"])
+    monkeypatch.setattr(pypdf.PageObject, "extract_text", lambda self, *a, **k: "Rollo \ud800 911")
+    [(source, text)] = read_records(tmp_path / "odd.pdf")
+    assert text == "Rollo \ufffd 911" and source.endswith("odd.pdf#page=1")
+    assert chunk_ids(source, [text])  # hashed and storable

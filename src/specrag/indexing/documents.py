@@ -158,6 +158,18 @@ def html_to_text(markup: str) -> str:
     return re.sub(r"\n\s*\n+", "\n\n", text).strip()
 
 
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with any lone surrogate (a PDF's broken text map) as U+FFFD.
+
+    pypdf decodes text maps with ``surrogatepass``: such text could be neither hashed into a
+    chunk id nor stored, and failed the whole index run at that file.
+    """
+    return _SURROGATES.sub("\ufffd", text)
+
+
 def read_pdf_pages(path: Path) -> list[str]:
     """The text of each page of a PDF (pypdf); one-line ``InputError`` if it cannot be read."""
     check_size(path)
@@ -167,7 +179,7 @@ def read_pdf_pages(path: Path) -> list[str]:
         reader = PdfReader(str(path))
         if reader.is_encrypted:
             raise Unreadable(f"cannot read {path}: the PDF is encrypted")
-        return [(page.extract_text() or "").strip() for page in reader.pages]
+        return [valid_text((page.extract_text() or "").strip()) for page in reader.pages]
     except InputError:
         raise
     except FileNotFoundError as exc:
@@ -256,36 +268,41 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
     return collect_files_report(paths)[0]
 
 
-def collect_files_report(paths: Iterable[str | Path]) -> tuple[list[Path], list[Skipped]]:
-    """Folders expanded to their supported files, and the files in them left out (by type).
+def collect_files_report(
+    paths: Iterable[str | Path],
+) -> tuple[list[Path], list[Skipped], list[str]]:
+    """Folders expanded to their files; what was left out; the real folders walked.
 
-    A file named explicitly must exist and be supported (one-line ``InputError``).
+    The real folders include a linked folder's target. A file named explicitly must exist
+    and be supported (one-line ``InputError``).
     """
     files: list[Path] = []
     skipped: list[Skipped] = []
+    folders: list[str] = []
     for item in paths:
         path = user_path(str(item), "cannot read")
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")
         if path.is_dir():
-            found, left_out = _walk(path)
+            found, left_out, walked = _walk(path)
             files += found
             skipped += left_out
+            folders += walked
         else:
             require_supported(path, item)
             files.append(path)
-    return list(dict.fromkeys(p.resolve() for p in files)), skipped
+    return list(dict.fromkeys(p.resolve() for p in files)), skipped, list(dict.fromkeys(folders))
 
 
-def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
-    """A folder's supported files, and what it left out.
+def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
+    """A folder's supported files, what it left out, and the real folders it walked.
 
     Left out: other types, broken links, folders that cannot be listed, and hidden entries
     (``.git``, ``.DS_Store``, ...; one entry each, a hidden folder never walked into).
     """
     files: list[Path] = []
     skipped: list[Skipped] = []
-    seen: set[str] = set()  # real folders walked: a link to a folder above is walked once
+    seen: dict[str, None] = {}  # real folders walked: a link to a folder above is walked once
 
     def unreadable(exc: OSError) -> None:  # a subfolder os.walk cannot list
         where = Path(exc.filename).absolute() if exc.filename else folder.absolute()
@@ -297,7 +314,7 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
         if real in seen:
             dirs[:] = []
             continue
-        seen.add(real)
+        seen[real] = None
         for d in sorted(d for d in dirs if d.startswith(".")):
             skipped.append(Skipped(str((here / d).absolute()), HIDDEN))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -321,7 +338,7 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped]]:
             else:
                 kind = p.suffix.lower() or "(no extension)"
                 skipped.append(Skipped(str(p.resolve()), f"unsupported type {kind}"))
-    return sorted(files), skipped
+    return sorted(files), skipped, list(seen)
 
 
 def make_splitter(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specrag.errors import InputError
 from specrag.indexing.documents import (
+    HIDDEN,
     PAGE_MARK,
     UNREADABLE,
     Skipped,
@@ -63,6 +64,8 @@ class Loaded:
     records: list[tuple[str, str]]
     files: list[str]
     skipped: list[Skipped] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+    """The real paths of the folders walked (a linked folder's target among them)."""
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         """The records (so ``index_records(load_files(paths), ...)`` keeps working)."""
@@ -80,9 +83,9 @@ def load_files(paths: Iterable[str]) -> Loaded:
     """
     paths = list(paths)
     max_file_bytes()  # a bad SPECRAG_MAX_FILE_MIB fails the run, not each file (no pruning)
-    files, skipped = collect_files_report(paths)
+    files, skipped, folders = collect_files_report(paths)
     named = {Path(p).expanduser().resolve() for p in paths if not Path(p).expanduser().is_dir()}
-    out = Loaded([], [], skipped)
+    out = Loaded([], [], skipped, folders)
     for f in files:
         try:
             records = [(source, text) for source, text in read_records(f) if text.strip()]
@@ -106,20 +109,36 @@ def load_files(paths: Iterable[str]) -> Loaded:
     return out
 
 
-def kept_paths(skipped: Iterable[Skipped]) -> list[str]:
-    """The skipped files and folders that are still there (unreadable, hidden).
+def kept_paths(skipped: Iterable[Skipped], paths: Iterable[str] = ()) -> list[str]:
+    """The skipped files and folders that are still there (unreadable, hidden), as sources.
 
-    A re-index keeps their indexed sources instead of pruning them as gone.
+    A re-index keeps their indexed sources instead of pruning them as gone. A hidden entry is
+    named as it is, not as what it links to (``.latest -> v2`` must not keep ``v2``'s vanished
+    files), and one that is also among the named ``paths`` (walked there) keeps nothing.
     """
-    return [s.path for s in skipped if s.still_there]
+    named = {str(Path(p).expanduser().resolve()) for p in paths}
+    out = []
+    for s in skipped:
+        if not s.still_there:
+            continue
+        path = Path(s.path).expanduser()
+        if s.reason == HIDDEN:
+            path = path.parent.resolve() / path.name
+            if str(path) in named or str(path.resolve()) in named:
+                continue
+        else:  # an unreadable file is indexed under its real path
+            path = path.resolve()
+        out.append(source_name(path))
+    return out
 
 
-def prune_prefixes(paths: Iterable[str]) -> list[str]:
+def prune_prefixes(paths: Iterable[str], folders: Iterable[str] = ()) -> list[str]:
     """Source prefixes whose sources a re-index of ``paths`` replaces.
 
     A folder's files (those gone from it are dropped), and a named PDF's pages (``x.pdf#page=``:
     pages it no longer has, or that lost their text, are dropped). A named text file is one
-    source, replaced whole.
+    source, replaced whole. ``folders``: the real folders the walk entered (:class:`Loaded`),
+    so files reached through a link out of a named folder are pruned when gone too.
     """
     out = []
     for p in paths:
@@ -128,7 +147,27 @@ def prune_prefixes(paths: Iterable[str]) -> list[str]:
             out.append(source_name(path.resolve()).rstrip(os.sep) + os.sep)
         elif path.suffix.lower() == ".pdf":
             out.append(f"{source_name(path.resolve())}{PAGE_MARK}")
+    for real in folders:
+        prefix = source_name(real).rstrip(os.sep) + os.sep
+        if not prefix.startswith(tuple(out)):
+            out.append(prefix)
     return out
+
+
+def _depth(source: str, prefixes: Iterable[str]) -> int:
+    """Length of the longest of ``prefixes`` that ``source`` lies under (0: none).
+
+    A page prefix (``x.pdf#page=``) holds only the pages of that PDF (``x.pdf#page=2``), not
+    a file named ``x.pdf#page=2.md`` beside it.
+    """
+    best = 0
+    for prefix in prefixes:
+        if not source.startswith(prefix):
+            continue
+        if prefix.endswith(PAGE_MARK) and not source[len(prefix) :].isdigit():
+            continue
+        best = max(best, len(prefix))
+    return best
 
 
 def index_records(
@@ -147,14 +186,15 @@ def index_records(
 
     Sources that start with a ``prune_roots`` prefix (:func:`prune_prefixes`) and are not
     among the records are dropped, but for those of the files and folders in ``keep``
-    (:func:`kept_paths`: there, but not read this time), which stay as they were indexed.
+    (:func:`kept_paths`, sources: there, but not read this time), which stay as they were
+    indexed - unless a named folder deeper than the kept one holds them (it was walked).
     ``index``: the index already opened with :func:`open_for_writing` (else opened here).
     """
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
     roots = list(prune_roots)
-    kept = [source_name(Path(k).expanduser().resolve()) for k in keep]
-    kept_prefixes = tuple(k + end for k in kept for end in (os.sep, PAGE_MARK))
+    kept = set(keep)  # sources, as kept_paths names them
+    kept_prefixes = [k + end for k in kept for end in (os.sep, PAGE_MARK)]
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
         records,
@@ -168,9 +208,11 @@ def index_records(
     if roots:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
-            if source in present or not source.startswith(tuple(roots)):
+            if source in present or source in kept:
                 continue
-            if source not in kept and not source.startswith(kept_prefixes):
+            # under a named (or walked) folder, and not under a deeper folder left unread
+            root = _depth(source, roots)
+            if root and root > _depth(source, kept_prefixes):
                 pruned += index.remove_source(source)
                 removed.append(source)
     report.sources_removed = removed
