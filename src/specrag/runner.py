@@ -244,7 +244,7 @@ def preload(ctx: Any, document: str | None = None, *, index: bool = True) -> flo
 
     started = time.perf_counter()
     services = Services()
-    specs = [ctx.answer_spec] + ([ctx.draft_spec] if ctx.draft_policy != "off" else [])
+    specs = [ctx.answer_spec] + ([ctx.draft_spec] if ctx.drafter_runs else [])
     for spec in dict.fromkeys(specs):
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)

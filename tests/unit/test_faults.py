@@ -99,6 +99,30 @@ async def test_failing_answer_over_streamed_evidence_ends_in_fallback_with_all_o
     assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
 
 
+async def test_an_incremental_answer_keeps_its_evidence_when_a_re_ranking_drops_all_of_it():
+    """Hybrid search: batch 1 is the best dense hit (relevant), batch 2 the fused ranking,
+    which may leave it out for chunks that all score below the threshold. The incremental
+    answer was rebuilt on no evidence at all and still reported verified, citing nothing
+    (a review of the graph, 2026-12-05)."""
+    first = chunk("Paris is the capital of France.", n=0)
+    low = chunk("Lyon has a large old town.", score=0.05, n=1)
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(0.05)
+        yield Batch("hybrid", [low], [low])
+
+    svc = dataclasses.replace(services(), batch_retriever=batches)
+    result, _ = await timed(
+        svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
+    )
+    assert result["route"] == "generate" and result["verified"]
+    assert [c["id"] for c in result["chunks"]] == ["id0"]  # the evidence it answered from
+    assert [c["source"] for c in result["citations"]] == ["doc.txt"]
+    assert any("ranked every chunk below relevance_threshold" in e for e in result["errors"])
+    assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
+
+
 async def test_a_late_or_failing_later_batch_keeps_the_evidence_found_before():
     """answer_policy="wait": batch 1 found the evidence, batch 2 hangs or fails. The answer
     comes from batch 1's evidence, the errors say the evidence is incomplete and why; before,

@@ -164,3 +164,28 @@ def test_a_thread_answered_before_question_taken_existed_asks_its_new_message():
         ],
     }
     assert asked(old) == "When did he die?"
+
+
+def test_a_draft_model_that_rewrites_follow_ups_loads_before_the_run(monkeypatch):
+    """`query_rewrite="model"` with drafting off: nothing loaded the draft model before the
+    run, so a follow-up's rewrite loaded it inside the retrieval budget (a graph review)."""
+    import dataclasses
+    import importlib
+
+    from specrag.runner import preload
+
+    warmed = []
+    svc = services()
+    svc = dataclasses.replace(svc, warm=lambda model: warmed.append(model))
+    draft, answer = svc.chat_model("fake:draft", ctx()), svc.chat_model("fake:answer", ctx())
+    settings = ctx(draft_policy="off", query_rewrite="model")
+    asyncio.run(build_graph(svc).ainvoke({"question": "Who?"}, context=settings))
+    assert draft in warmed and answer in warmed  # by prepare
+    assert settings.drafter_runs and not ctx(draft_policy="off").drafter_runs
+    loaded = []  # and by the CLI's preload
+    module = importlib.import_module("specrag.graph.services")  # specrag.graph: the graph
+    monkeypatch.setattr(module, "default_chat_model", lambda spec, c: loaded.append(spec))
+    monkeypatch.setattr(module.Services, "warm", lambda self, model: None)
+    monkeypatch.setattr(module.Services, "warm_retriever", lambda self, c, d: None)
+    preload(settings, None, index=False)
+    assert loaded == ["fake:answer", "fake:draft"]

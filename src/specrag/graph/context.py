@@ -416,6 +416,14 @@ class SpecRagContext:
         return self.draft_model or MODEL_PRESETS[self.models][0]
 
     @property
+    def drafter_runs(self) -> bool:
+        """Whether a run may call the draft model: to draft, or to rewrite a follow-up query.
+
+        Such a model loads before the run (``prepare``, ``preload``), outside every budget.
+        """
+        return self.draft_policy != "off" or self.query_rewrite == "model"
+
+    @property
     def answer_spec(self) -> str:
         """The answer model's spec: ``answer_model``, or the ``models`` preset's target."""
         return self.answer_model or MODEL_PRESETS[self.models][1]

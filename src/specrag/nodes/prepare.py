@@ -114,7 +114,7 @@ def make_prepare(services: Services):  # noqa: ANN201
         # A part that cannot load (bad model path, missing index) is not an error HERE: the
         # node that needs it meets the same failure and takes its documented route.
         await quietly(lambda: services.warm(services.chat_model(ctx.answer_spec, ctx)))
-        if ctx.draft_policy != "off" and ctx.draft_spec != ctx.answer_spec:
+        if ctx.drafter_runs and ctx.draft_spec != ctx.answer_spec:
             await quietly(lambda: services.warm(services.chat_model(ctx.draft_spec, ctx)))
         await quietly(lambda: services.warm_retriever(ctx, document or None))
         origin = now()

@@ -105,6 +105,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
 
     async def retrieve(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
         ctx = runtime.context or SpecRagContext()
+        entered = now()  # a resumed run's origin: its re-indexing below counts in total_s
         question = state.get("question", "")
         document = state.get("run_document") or None
         incremental = ctx.answer_policy == "incremental" and not document
@@ -183,7 +184,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                 "complete": done,
             }
         )
-        return {**update, **resumed_origin(dict(state), start)}
+        return {**update, **resumed_origin(dict(state), entered)}
 
     return retrieve
 
@@ -200,12 +201,22 @@ def stream_rest(
     stream.records = got.records  # the answer node reports every batch, later ones included
 
     async def rest() -> None:
+        lowered: list[str] = []
         try:
             async with asyncio.timeout(max(0.0, deadline - now())):
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
+                    before = got.relevant(got.found)
                     if got.add(batch):
                         emit({"event": "batch", **got.records[-1]})
-                        await stream.queue.put(got.relevant(got.found))
+                        if relevant := got.relevant(got.found):
+                            await stream.queue.put(relevant)
+                        elif not lowered:  # a fused re-ranking dropped every relevant chunk:
+                            lowered.append(  # the answer keeps the evidence it was given
+                                f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
+                                f"{ctx.relevance_threshold}; answering from the {len(before)} "
+                                "relevant chunk(s) found before"
+                            )
+                            stream.errors.extend(lowered)
         except TimeoutError:
             stream.errors.append(
                 f"{LATER_BATCHES} missed the {ctx.retrieval_timeout_s}s retrieval budget"
