@@ -626,6 +626,7 @@ def test_prefill_timing_waits_for_a_gpu_to_finish_the_pass(model, monkeypatch):
 
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, as far as sync sees
     assert state_module.settle(torch.zeros(2)) is not None and synced == []
     fake = SimpleNamespace(device=SimpleNamespace(type="cuda"))
     assert state_module.settle(fake) is fake and synced == [fake.device]

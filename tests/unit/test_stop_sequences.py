@@ -70,6 +70,61 @@ def test_a_models_own_stop_list_applies_to_calls_that_name_none():
     assert model.invoke("q", stop=["them"]).content == "Rollo led "  # a call's own wins
 
 
+def test_a_calls_empty_stop_list_or_its_options_stops_win_over_the_models():
+    """`stop=[]` on a call fell back to the model's own list, and the model's list replaced
+    the stop sequences of a call's `options=DecodeOptions(stop=...)` (a wrapper review)."""
+    from specrag.models.options import DecodeOptions
+
+    model = Words(steps=len(TEXT), step_s=0.0, words=TEXT, stop=["\nQuestion:"])
+    assert model.invoke("q", stop=[]).content == "".join(TEXT)  # no stop at all
+    call = DecodeOptions(stop=(" them",))
+    assert model.invoke("q", options=call).content == "Rollo led"
+
+
+def test_no_time_left_stops_at_once():
+    """`max_time=0` (a budget already spent) meant no time limit at all."""
+    model = Words(steps=len(TEXT), step_s=0.02, words=TEXT)
+    msg = model.invoke("q", max_time=0)
+    assert msg.response_metadata["truncated"] is True
+    assert len(msg.content) < len("".join(TEXT))
+
+
+async def test_a_cancelled_ainvoke_stops_its_decode():
+    """`ainvoke` went through the sync `_generate` in an executor thread: a caller's timeout
+    left the decode running to its end on the model thread (a wrapper review)."""
+    import asyncio
+
+    from tests.unit.test_budgets import SlowLocal
+
+    steps: list[int] = []
+
+    class Counting(SlowLocal):  # a decode that stops when asked, as the real ones do
+        def _job(self, messages, options):
+            job = super()._job(messages, options)
+
+            def counted(should_stop):
+                for i in range(self.steps):
+                    if should_stop(i):
+                        return
+                    time.sleep(self.step_s)
+                    steps.append(i)
+                    yield [Token(i, -0.1, "model")]
+
+            job.produce = counted
+            return job
+
+    model = Counting(steps=200, step_s=0.01)
+    try:
+        await asyncio.wait_for(model.ainvoke("q"), 0.2)
+    except TimeoutError:
+        pass
+    await asyncio.sleep(0.3)
+    seen = len(steps)
+    await asyncio.sleep(0.3)
+    assert seen < 100 and len(steps) == seen, len(steps)  # stopped, not still decoding
+    assert (await model.ainvoke("q", max_new_tokens=3)).content  # and it still answers
+
+
 def test_unknown_constructor_arguments_are_errors_and_langchain_names_are_aliases():
     """`ChatLocalLM(model="qwen2.5-coder-1.5b", max_tokens=100)` loaded SmolLM2 and decoded
     256 tokens: pydantic ignored both names."""

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import BaseModel, Field
 from transformers import LlamaConfig
 
@@ -259,3 +259,71 @@ def test_any_tool_among_several_forces_a_call_whose_name_the_model_writes(script
     ]
     free = scripted("It was in 1066.").bind_tools([search_docs, lookup_date])
     assert free.invoke([HumanMessage("When?")]).tool_calls == []  # "auto": text stays text
+
+
+def test_tool_choice_none_answers_in_words(scripted):
+    """`bind_tools(..., tool_choice="none")` still rendered the tools and parsed the call the
+    model wrote (a wrapper review): "none" is an answer without tools."""
+    model = scripted(CALL)
+    msg = model.bind_tools([search_docs], tool_choice="none").invoke([HumanMessage("q")])
+    assert msg.tool_calls == [] and msg.response_metadata["finish_reason"] != "tool_calls"
+    assert "search_docs" in str(msg.content)  # the text as written, not a call
+    loaded = model.load()
+    schemas = model.bind_tools([search_docs]).kwargs["tools"]
+    with_tools = encode_chat(loaded, [HumanMessage("q")], schemas)
+    assert len(encode_chat(loaded, [HumanMessage("q")])) < len(with_tools)
+
+
+def test_streamed_chunks_kept_in_the_history_keep_their_roles(smol):
+    """An answer added up from streamed chunks (`AIMessageChunk`) was rendered as a user turn,
+    a `SystemMessageChunk` lost its exemption from defusing (a wrapper review)."""
+    from langchain_core.messages import AIMessageChunk, SystemMessageChunk
+
+    from specrag.models.tools import template_messages
+
+    msgs = [SystemMessageChunk(content="s"), HumanMessage("h"), AIMessageChunk(content="a")]
+    assert [d["role"] for d in template_messages(msgs, tools=False)] == [
+        "system",
+        "user",
+        "assistant",
+    ]
+    assert encode_chat(smol, msgs) == encode_chat(
+        smol, [SystemMessage("s"), HumanMessage("h"), AIMessage("a")]
+    )
+
+
+def test_an_int8_chat_model_decodes_plainly(smol, monkeypatch):
+    """`ChatLocalLM(dtype="int8")` speculated like any model, but an int8 model's wide passes
+    compute differently from its steps, so a verify pass could change its answer."""
+    tok = smol.tokenizer
+    eos = smol.eos_token_ids[0]
+    script = tok("Rollo led the Norse. Rollo led the Norse.", add_special_tokens=False)["input_ids"]
+    loaded = LoadedLM(
+        "scripted-int8",
+        ScriptedLM(script, eos, len(tok)).eval(),
+        tok,
+        torch.device("cpu"),
+        torch.qint8,
+        (eos,),
+        0.0,
+        True,
+    )
+    monkeypatch.setitem(loading._LM_CACHE, ("scripted-int8", "cpu", str(torch.qint8)), loaded)
+    model = ChatLocalLM(model_name="scripted-int8", device="cpu", dtype="int8", max_new_tokens=20)
+    msg = model.invoke([HumanMessage("Rollo led the Norse. Who led?")])
+    decoding = msg.response_metadata["decoding"]
+    assert decoding["speculation"] == "none", decoding
+    assert not sum(decoding.get("candidates_proposed", {}).values())
+
+
+def test_models_that_answer_differently_have_different_cache_keys():
+    """LangChain's cache keys a call by `_identifying_params`: two models with other
+    settings (max tokens, stop, seed, top-p, dtype) shared one entry (a wrapper review)."""
+    from specrag.models.rapid_chat import ChatRapid
+
+    base = ChatLocalLM()._identifying_params
+    for other in (dict(max_new_tokens=5), dict(stop=["\n"]), dict(seed=3), dict(top_p=0.5)):
+        assert ChatLocalLM(**other)._identifying_params != base, other
+    rapid = ChatRapid()._identifying_params
+    for other in (dict(temperature=0.9), dict(max_new_tokens=8), dict(dtype="bfloat16")):
+        assert ChatRapid(**other)._identifying_params != rapid, other

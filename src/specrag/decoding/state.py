@@ -42,7 +42,7 @@ def sync(device: torch.device | str) -> None:
 
     CUDA runs ahead of the host's clock: every timing of device work reads it after this.
     """
-    device = torch.device(device)
+    device = torch.device(device) if isinstance(device, str) else device
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(device)
 

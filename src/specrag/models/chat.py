@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
@@ -117,12 +118,18 @@ class ChatLocalLM(LocalChatBase):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
+        # everything that shapes the answer: LangChain's cache keys a call by these
         return {
             "model_name": self.model_name,
             "device": self.device,
             "dtype": self.dtype,
             "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+            "stop": self.stop,
             "speculation": self.speculation,
+            "drafter_model": self.drafter_model,
         }
 
     def load(self) -> LoadedLM:
@@ -136,7 +143,7 @@ class ChatLocalLM(LocalChatBase):
         if self.drafter_model:
             load_lm(self.drafter_model, self.device, self._drafter_dtype())
         loaded = load_lm(self.model_name, self.device, self.dtype)
-        if self.speculation != "none":
+        if self.speculation != "none" and loaded.dtype != torch.qint8:  # int8: plain decoding
             self._drafter_plan(loaded, self.speculation)
             self._verify_plan(loaded, self.speculation)
         return loaded
@@ -279,7 +286,8 @@ class ChatLocalLM(LocalChatBase):
         max_new = self.max_new_tokens if options.max_new_tokens is None else options.max_new_tokens
         if max_new < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
-        tools = options.tools
+        # tool_choice "none": the model answers in words, as if no tool were bound
+        tools = () if options.tool_choice in ("none", False) else options.tools
         if tools and not supports_tools(loaded.tokenizer):
             raise ValueError(no_tools_message(loaded.name))
         forced = forced_prefix(options.tool_choice, tools) if tools else ""
@@ -324,6 +332,8 @@ class ChatLocalLM(LocalChatBase):
         prompt = encode(messages)
         draft_ids: list[int] = []
         speculation = options.speculation or self.speculation
+        if loaded.dtype == torch.qint8:  # its wide passes compute differently from its steps
+            speculation = "none"  # (specrag.models.int8): a verify pass could change its answer
         if speculation == "draft+prompt" and options.draft:
             draft_ids = loaded.tokenizer(options.draft, add_special_tokens=False)["input_ids"]
 

@@ -14,6 +14,7 @@ log-probabilities. What it adds over a plain wrapper:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -181,12 +182,18 @@ class LocalChatBase(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = list(self._stream(messages, stop, run_manager, **kwargs))
-        result = generate_from_stream(iter(chunks))
-        if any(c.message.response_metadata.get("revisions") for c in chunks):
-            # an incremental answer: the concatenated chunks still hold retracted text
-            result.generations[0].message.content = revised_text(chunks)
-        return result
+        return _result(list(self._stream(messages, stop, run_manager, **kwargs)))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # ainvoke / abatch through the native async stream: a cancelled caller (a timeout)
+        # stops the decode, and a call queued for the model holds no executor thread
+        return _result([c async for c in self._astream(messages, stop, run_manager, **kwargs)])
 
     def load(self) -> Any:
         """Load the model's weights (once per process); called before a decode's budget starts.
@@ -196,9 +203,18 @@ class LocalChatBase(BaseChatModel):
         return None
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> DecodeOptions:
-        """One call's decode options; its stop sequences, else the model's own."""
-        stop = stop or self.stop
-        return DecodeOptions.from_call({**kwargs, **({"stop": stop} if stop else {})})
+        """One call's decode options.
+
+        Stop sequences: the call's ``stop`` (``[]``: none), else its ``options``', else the
+        model's own.
+        """
+        options = DecodeOptions.from_call(kwargs)
+        if stop is not None:  # one string is one stop sequence, not its characters
+            stops = (stop,) if isinstance(stop, str) else tuple(stop)
+            return dataclasses.replace(options, stop=stops)
+        if not options.stop and self.stop:
+            return dataclasses.replace(options, stop=tuple(self.stop))
+        return options
 
     def _stream(
         self,
@@ -274,6 +290,15 @@ def first_stop(text: str, stops: Sequence[str]) -> int | None:
     return min(found) if found else None
 
 
+def _result(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    """One result of a whole stream of chunks."""
+    result = generate_from_stream(iter(chunks))
+    if any(c.message.response_metadata.get("revisions") for c in chunks):
+        # an incremental answer: the concatenated chunks still hold retracted text
+        result.generations[0].message.content = revised_text(chunks)
+    return result
+
+
 def revised_text(chunks: Sequence[ChatGenerationChunk]) -> str:
     """The text a stream of chunks shows once each ``revisions`` retraction is applied."""
     text = ""
@@ -297,7 +322,8 @@ class _Run:
         self.job = job
         self.started = started  # the call's start: its budget counts from there
         max_time = options.max_time if options.max_time is not None else owner.max_time
-        self.deadline = self.started + max_time if max_time else None
+        # 0 stops at once (a budget already spent); None: no time limit
+        self.deadline = self.started + max_time if max_time is not None else None
         self.stop_event: threading.Event | None = options.stop_event
         self.min_tokens = int(options.min_tokens)
         self.cancel = threading.Event()

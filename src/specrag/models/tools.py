@@ -16,7 +16,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
 
 from specrag.defuse import defuse
@@ -69,6 +75,26 @@ def forced_prefix(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str:
     return ""
 
 
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"}
+
+
+def message_kind(message: BaseMessage) -> str:
+    """``human``, ``ai``, ``system`` or ``tool`` for a message or its chunk class.
+
+    A streamed answer added up (``AIMessageChunk``) and kept in the history has the type
+    ``"AIMessageChunk"``: it is the assistant's turn all the same.
+    """
+    for cls, kind in (
+        (HumanMessage, "human"),
+        (AIMessage, "ai"),
+        (SystemMessage, "system"),
+        (ToolMessage, "tool"),
+    ):
+        if isinstance(message, cls):
+            return kind
+    return message.type
+
+
 def template_messages(messages: Sequence[BaseMessage], tools: bool) -> list[dict[str, Any]]:
     """LangChain messages -> chat-template dicts (text defused by the caller).
 
@@ -76,11 +102,11 @@ def template_messages(messages: Sequence[BaseMessage], tools: bool) -> list[dict
     template renders them as ``<tool_call>`` / ``<tool_response>`` turns); without, a tool
     result is a user turn.
     """
-    roles = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"}
     out: list[dict[str, Any]] = []
     for m in messages:
-        d: dict[str, Any] = {"role": roles.get(m.type, "user"), "content": str(m.text)}
-        if tools and m.type == "tool":
+        kind = message_kind(m)
+        d: dict[str, Any] = {"role": _ROLES.get(kind, "user"), "content": str(m.text)}
+        if tools and kind == "tool":
             d["role"] = "tool"
         if tools and isinstance(m, AIMessage) and m.tool_calls:
             d["tool_calls"] = [
