@@ -118,16 +118,9 @@ class ChatLocalLM(LocalChatBase):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        # everything that shapes the answer: LangChain's cache keys a call by these
         return {
             "model_name": self.model_name,
-            "device": self.device,
-            "dtype": self.dtype,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_new_tokens": self.max_new_tokens,
-            "seed": self.seed,
-            "stop": self.stop,
+            **self._decode_identity(),
             "speculation": self.speculation,
             "drafter_model": self.drafter_model,
         }

@@ -195,6 +195,15 @@ class LocalChatBase(BaseChatModel):
         # stops the decode, and a call queued for the model holds no executor thread
         return _result([c async for c in self._astream(messages, stop, run_manager, **kwargs)])
 
+    def _decode_identity(self) -> dict[str, Any]:
+        """The decode settings both local models share, for ``_identifying_params``.
+
+        LangChain's cache keys a call by those params: every setting that shapes an answer
+        must be among them, or two models with other settings share one entry.
+        """
+        names = ("device", "dtype", "temperature", "top_p", "max_new_tokens", "seed", "stop")
+        return {name: getattr(self, name, None) for name in names}
+
     def load(self) -> Any:
         """Load the model's weights (once per process); called before a decode's budget starts.
 

@@ -188,17 +188,10 @@ class ChatRapid(LocalChatBase):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        # everything that shapes the answer: LangChain's cache keys a call by these
         return {
             "target": self.target_model,
             "drafter": self.drafter_model or self.target_model,
-            "device": self.device,
-            "dtype": self.dtype,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_new_tokens": self.max_new_tokens,
-            "seed": self.seed,
-            "stop": self.stop,
+            **self._decode_identity(),
             "gamma": self.gamma,
             "transfer": self.transfer,
             "eta": self.eta,
