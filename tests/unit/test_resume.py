@@ -118,8 +118,7 @@ async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_
                 await build_graph(svc, checkpointer=saver).ainvoke(
                     {"question": "capital of France?"}, config=config, context=ctx()
                 )
-    for module in (specrag.nodes.streaming, specrag.nodes.answer):  # a new process
-        monkeypatch.setattr(module, "CLOCK_ID", -1.0)
+    monkeypatch.setattr(specrag.nodes.streaming, "CLOCK_ID", -1.0)  # a new process
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
         result = await build_graph(svc, checkpointer=saver).ainvoke(
             None, config=config, context=ctx()
@@ -127,6 +126,39 @@ async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_
     assert result["route"] == "generate" and result["answer"] == "Paris."
     t = result["timings"]
     assert 0 <= t["ttft_s"] <= t["total_s"] < 100, t  # from the resumed refine's start
+
+
+async def test_a_replay_in_the_same_process_times_and_budgets_from_its_own_start(monkeypatch):
+    """Studio's time travel replays a checkpoint in the process that ran it, perhaps minutes
+    later: its nodes read the replayed run's marks as live, so a replay of generate (after a
+    failed refine) found its answer budget spent and fell back, and total_s counted the pause
+    (a review of the graph, 2026-12-05)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    import specrag.nodes.answer
+    import specrag.nodes.streaming
+
+    calls = {"answer": 0}
+
+    class FailOnce(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            calls["answer"] += 1
+            if calls["answer"] == 1:
+                raise RuntimeError("refine broke")
+            yield from super()._stream(*a, **k)
+
+    svc = services(answer=FailOnce(reply="Paris.", calls=[]))
+    app = build_graph(svc, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t-replay"}}
+    first = await app.ainvoke({"question": "capital of France?"}, config, context=ctx())
+    assert first["route"] == "generate"
+    before_generate = [s async for s in app.aget_state_history(config) if s.next == ("generate",)]
+    real_now = specrag.nodes.streaming.now
+    for module in (specrag.nodes.streaming, specrag.nodes.answer):  # 1,000 s later
+        monkeypatch.setattr(module, "now", lambda: real_now() + 1000.0)
+    replay = await app.ainvoke(None, before_generate[0].config, context=ctx(answer_timeout_s=30.0))
+    assert replay["route"] == "generate" and replay["answer"] == "Paris.", replay["reason"]
+    assert replay["timings"]["total_s"] < 100, replay["timings"]
 
 
 def test_what_is_left_of_a_run_says_whether_it_needs_the_index():
@@ -206,8 +238,7 @@ async def test_a_resumed_document_run_indexes_its_document_outside_the_retrieval
     import specrag.nodes.answer
     import specrag.nodes.streaming
 
-    for module in (specrag.nodes.streaming, specrag.nodes.answer):  # a new process
-        monkeypatch.setattr(module, "CLOCK_ID", -1.0)
+    monkeypatch.setattr(specrag.nodes.streaming, "CLOCK_ID", -1.0)  # a new process
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
         result = await build_graph(svc, checkpointer=saver).ainvoke(
             None, config=config, context=ctx(**settings)
@@ -250,8 +281,7 @@ async def test_a_run_resumed_before_the_join_times_from_its_first_resumed_node(
             await build_graph(svc, checkpointer=saver).ainvoke(
                 {"question": "capital of France?"}, config=config, context=ctx(draft_policy="off")
             )
-    for module in (specrag.nodes.streaming, specrag.nodes.answer):  # a new process
-        monkeypatch.setattr(module, "CLOCK_ID", -1.0)
+    monkeypatch.setattr(specrag.nodes.streaming, "CLOCK_ID", -1.0)  # a new process
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
         result = await build_graph(svc, checkpointer=saver).ainvoke(
             None, config=config, context=ctx(draft_policy="off")

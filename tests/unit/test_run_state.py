@@ -167,11 +167,11 @@ def test_stage_timings_count_from_the_runs_origin_not_the_nodes_start():
     from langgraph.runtime import Runtime
 
     from specrag.nodes.draft import make_draft
-    from specrag.nodes.streaming import CLOCK_ID, now
+    from specrag.nodes.streaming import clock, now
 
     node = make_draft(services(draft=FakeLogprobChat(reply=SLOW_DRAFT, calls=[])))
     runtime = Runtime(context=ctx())
-    marks = {"origin": now() - 0.5, "clock": CLOCK_ID}  # the run began 0.5 s before the node
+    marks = {"origin": now() - 0.5, "clock": clock()}  # the run began 0.5 s before the node
     state = {"question": "Who led the Norse?", "marks": marks}
     t = asyncio.run(node(state, runtime))["timings"]
     assert 0.5 <= t["draft_ttft_s"] <= t["draft_s"] < 5, t

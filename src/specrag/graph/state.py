@@ -83,9 +83,10 @@ class OutputState(TypedDict, total=False):
 class State(InputState, OutputState, total=False):
     """Full working state."""
 
-    marks: Annotated[dict[str, float], merge_dicts]
+    marks: Annotated[dict[str, Any], merge_dicts]
     """Clock readings (time.perf_counter): ``origin`` (the run's start, after model loading)
-    and ``answer`` (start of the first answer node: the one answer budget)."""
+    and ``answer`` (start of the first answer node: the one answer budget), and ``clock``:
+    whose readings they are (a process, and the checkpoint a replay started from)."""
     run_id: str
     """A fresh id per run (``prepare``): keys the signal between the parallel branches."""
     from_messages: bool

@@ -26,7 +26,7 @@ from specrag.graph.signals import EvidenceStream, evidence_stream
 from specrag.graph.state import State
 from specrag.indexing.documents import PAGE_MARK
 from specrag.models.options import DecodeOptions
-from specrag.nodes.streaming import CLOCK_ID, emit, live_marks, now, stream_model
+from specrag.nodes.streaming import clock, emit, live_marks, now, stream_model
 
 
 @dataclass
@@ -203,8 +203,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         ctx = runtime.context or SpecRagContext()
         started = now()
         live = live_marks(dict(state))
-        marks = {"answer": live.get("answer", started), "clock": CLOCK_ID}
-        if "origin" not in live:  # resumed in a new process: the other clock's origin is void,
+        marks = {"answer": live.get("answer", started), "clock": clock()}
+        if "origin" not in live:  # resumed elsewhere, or a replay: the marks' origin is void,
             marks["origin"] = started  # and the marks merge: this node's start replaces it
         chunks = list(state.get("chunks") or [])
         stream = None if state.get("evidence_complete", True) else evidence_stream(dict(state))

@@ -30,7 +30,7 @@ from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import Services
 from specrag.graph.state import State
 from specrag.nodes.answer import short_error
-from specrag.nodes.streaming import CLOCK_ID, emit, now
+from specrag.nodes.streaming import clock, emit, now
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def make_prepare(services: Services):  # noqa: ANN201
             "run_document": document,
             "document_tokens": document_tokens,
             "seed": seed,
-            "marks": Overwrite({"origin": origin, "clock": CLOCK_ID}),
+            "marks": Overwrite({"origin": origin, "clock": clock()}),
             "timings": Overwrite(timings),
             "stats": Overwrite({}),
             "errors": Overwrite(errors),

@@ -33,10 +33,28 @@ def now() -> float:
 CLOCK_ID = random.random()
 
 
-def live_marks(state: dict[str, Any]) -> dict[str, float]:
-    """The run's clock marks if this process wrote them, else none."""
+def clock() -> str:
+    """Whose clock marks are live: this process's, in this invocation of the graph.
+
+    A replay or fork of a checkpoint (Studio's time travel; ``ainvoke(None, config)`` with a
+    ``checkpoint_id``) runs in the same process minutes later: the marks it finds are of the
+    run it replays, so its nodes time and budget from their own start. LangGraph names the
+    checkpoint a replay started from in every node's metadata; a run from its input, or a
+    resume of a thread's latest checkpoint, has none.
+    """
+    try:
+        from langgraph.config import get_config
+
+        replayed = (get_config().get("metadata") or {}).get("checkpoint_id") or ""
+    except Exception:  # noqa: BLE001 - outside a graph run
+        replayed = ""
+    return f"{CLOCK_ID}|{replayed}"
+
+
+def live_marks(state: dict[str, Any]) -> dict[str, Any]:
+    """The run's clock marks if this process wrote them in this invocation, else none."""
     marks = state.get("marks") or {}
-    return marks if marks.get("clock") == CLOCK_ID else {}
+    return marks if marks.get("clock") == clock() else {}
 
 
 def resumed_origin(state: dict[str, Any], start: float) -> dict[str, Any]:
@@ -47,7 +65,7 @@ def resumed_origin(state: dict[str, Any], start: float) -> dict[str, Any]:
     """
     if "origin" in live_marks(state):
         return {}
-    return {"marks": {"origin": start, "clock": CLOCK_ID}}
+    return {"marks": {"origin": start, "clock": clock()}}
 
 
 def emit(event: dict[str, Any]) -> None:
