@@ -131,3 +131,13 @@ def test_a_kept_chunk_takes_its_new_position_when_text_is_inserted_above_it(tmp_
     assert [m["position"] for m, _ in ranked] == list(range(len(ranked)))
     starts = [text.index(doc) for _, doc in ranked]
     assert starts == sorted(starts), starts  # positions follow the new text
+
+
+def test_a_killed_writers_temporary_copies_are_removed_by_the_next_save(tmp_path):
+    """SIGKILL between a save's two moves left ``bm25.tmp<pid>.<tid>`` / ``.old...`` copies
+    beside the index for good; a running process's copies are left alone."""
+    dead = 2**22 + 12345  # above Linux's default pid_max: no such process
+    for name in (f"bm25.tmp{dead}.1", f"bm25.old{dead}.1", f"bm25.tmp{os.getppid()}.1"):
+        (tmp_path / name).mkdir()
+    LexicalIndex.build(["c1"], ["Rollo led the Norse."]).save(tmp_path / "bm25")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", f"bm25.tmp{os.getppid()}.1"]

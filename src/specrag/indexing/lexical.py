@@ -68,6 +68,7 @@ class LexicalIndex:
     def save(self, directory: Path) -> None:
         """Write atomically: a reader sees the old index or the new one, never half."""
         directory.parent.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(directory)
         me = f"{os.getpid()}.{threading.get_ident()}"  # two threads never share a folder
         tmp = directory.with_name(f"{directory.name}.tmp{me}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,6 +115,29 @@ class LexicalIndex:
             for r, s in zip(rows[0], scores[0], strict=True)
             if float(s) > 0
         ]
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Delete the temporary copies of ``directory`` that killed writers left.
+
+    ``.tmp<pid>.<tid>`` and ``.old<pid>.<tid>`` of a process that is no longer running.
+    """
+    for kind in ("tmp", "old"):
+        for path in directory.parent.glob(f"{directory.name}.{kind}*"):
+            pid = path.name[len(directory.name) + 1 + len(kind) :].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists
+        return True
+    return True
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
