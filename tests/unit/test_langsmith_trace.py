@@ -103,6 +103,8 @@ async def test_graph_run_posts_one_trace_with_nodes_and_metadata(langsmith_serve
     assert gate_meta.get("route") == "refine" and "reason" in gate_meta
     refine_meta = children["refine"].get("extra", {}).get("metadata", {})
     assert refine_meta.get("answer_s") is not None and refine_meta.get("total_s") is not None
+    # the answering node names the final route and why (after a re-route, only it can)
+    assert refine_meta.get("route") == "refine" and refine_meta.get("reason") == result["reason"]
     assert result["route"] == "refine"
 
 

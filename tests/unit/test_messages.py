@@ -84,6 +84,27 @@ def test_follow_up_is_rewritten_before_retrieval(mode, expected):
     assert out["messages"][-1].content == out["answer"]
 
 
+def test_a_rewritten_follow_up_query_is_not_streamed_as_an_answer():
+    """The draft model's rewrite of a follow-up streamed in `messages` mode from node
+    `retrieve`: the CLI showed it as the answer, Studio and a parent chat graph as AI text."""
+    draft = FakeLogprobChat(reply="When did Rollo die?", calls=[])
+    svc, _ = recording_services(draft=draft)
+
+    async def streamed_nodes():
+        nodes = []
+        async for piece, meta in build_graph(svc).astream(
+            {"messages": conversation()},
+            context=ctx(query_rewrite="model", draft_policy="off"),
+            stream_mode="messages",
+        ):
+            if piece.content:
+                nodes.append(meta["langgraph_node"])
+        return nodes
+
+    nodes = asyncio.run(streamed_nodes())
+    assert "retrieve" not in nodes and {"generate", "refine"} & set(nodes), nodes
+
+
 def test_history_reaches_the_prompts_bounded_by_tokens():
     answer = FakeLogprobChat(reply="Around 930.", calls=[])
     svc, _ = recording_services(answer=answer)

@@ -185,8 +185,24 @@ def run_hf_lookup(
     )
     if (cut := first_stop(res["answer"], stops)) is not None:
         res["answer"] = res["answer"][:cut].strip()
+    if (ids := res.pop("output_ids", None)) is not None:  # the answer's tokens, as the graph's
+        res["new_tokens"] = tokens_before_stop(loaded.tokenizer, ids, stops)
     res["passes_per_token"] = res["forward_passes"] / max(res["new_tokens"], 1)
     return res
+
+
+def tokens_before_stop(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> int:
+    """How many of ``ids`` the answer holds when its text is cut at the first stop sequence.
+
+    As the graph counts (:mod:`specrag.models.local`): a token whose text starts at or after
+    the cut is not the answer's. HF stops only once the stop text is written, so its raw
+    count holds the stop sequence's tokens, which the graph's does not.
+    """
+    cut = first_stop(tokenizer.decode(ids, skip_special_tokens=True), stops)
+    if cut is None:
+        return len(ids)
+    starts = [len(tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+    return sum(1 for start in starts if start < cut)
 
 
 async def run_one(
@@ -235,9 +251,9 @@ async def run_one(
         chunks = [c.as_dict() for c in relevant]
         rec["retrieve_s"] = time.perf_counter() - start
         assisted = system == "serial_hf_assisted"
-        if not chunks:  # as the graph: no evidence, no generation (its fallback route)
-            retrieved = [c.source for c in found]  # what the search returned (recall)
-            rec.update(answer=prompts.NO_EVIDENCE_ANSWER, route="fallback", retrieved=retrieved)
+        if not chunks:  # as the graph: no evidence, no generation (its fallback route), and
+            # no retrieved source counted for recall (the graph's chunks are the relevant ones)
+            rec.update(answer=prompts.NO_EVIDENCE_ANSWER, route="fallback", retrieved=[])
         else:
             res = await asyncio.to_thread(run_hf_lookup, question, chunks, ctx, assisted)
             rec.update(

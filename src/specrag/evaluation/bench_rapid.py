@@ -223,6 +223,7 @@ def run_case(
     # tokenizer's); HF at the same ones
     kwargs["eos_token_id"] = list(loaded.eos_token_ids)
     res = hf_generate(loaded, prompt, max_new_tokens=max_new, **kwargs)
+    res.pop("output_ids", None)  # no stop sequences here: new_tokens is the answer's length
     res["e2e_s"] = time.perf_counter() - start
     res["generate_s"] = res.pop("total_s")
     if res.get("ttft_s") is not None:

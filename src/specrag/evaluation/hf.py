@@ -153,6 +153,7 @@ def hf_generate(
     return {
         "answer": text.strip(),
         "new_tokens": new,
+        "output_ids": out["ids"][0, len(prompt) :].tolist(),
         "ttft_s": ttft,
         "first_step_at": steps[0][0] if steps else None,  # perf_counter() of the first step
         "total_s": total,

@@ -289,7 +289,20 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         }
         if "answer_ttft_s" not in timings and result.ttft_s is not None:
             timings["answer_ttft_s"] = round(result.ttft_s, 4)
-        emit({"event": "answered", "node": node, **timings, "decoding": decoding})
+        reason = state.get("reason", "")
+        if state.get("answer_error"):  # reached after a failed refine / rapid_generate
+            reason = f"{reason}; {state['answer_error']} -> {node}"
+        # the final route and why on this node's trace run too (the gate's says what it chose)
+        emit(
+            {
+                "event": "answered",
+                "node": node,
+                "route": node,
+                "reason": reason,
+                **timings,
+                "decoding": decoding,
+            }
+        )
         update: dict[str, Any] = {
             "answer": result.text,
             "answer_error": "",
@@ -307,8 +320,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 update["errors"] = list(stream.errors)
         elif lost:
             update["errors"] = lost
-        if state.get("answer_error"):  # reached after a failed refine / rapid_generate
-            update["reason"] = f"{state.get('reason', '')}; {state['answer_error']} -> {node}"
+        if state.get("answer_error"):
+            update["reason"] = reason
         return {**update, **answer_message(state, update)}
 
     answer.__name__ = node

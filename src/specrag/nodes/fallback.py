@@ -31,7 +31,15 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
         reason = f"{reason}; {state['answer_error']} -> fallback"
     t = now()
     timings = run_timings(dict(state), t, fallback_origin=t)  # resumed here: from its start
-    emit({"event": "answered", "node": "fallback", **timings})
+    emit(
+        {
+            "event": "answered",
+            "node": "fallback",
+            "route": "fallback",
+            "reason": reason,
+            **timings,
+        }
+    )
     update: dict[str, Any] = {
         "answer": answer,
         "route": "fallback",

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+from langgraph.constants import TAG_NOSTREAM
 from langgraph.runtime import Runtime
 
 from specrag import prompts
@@ -41,7 +42,7 @@ async def followup_query(
             services.chat_model(ctx.draft_spec, ctx),
             prompts.query_rewrite_messages(question, history),
             budget_s=ctx.retrieval_timeout_s,  # the search waits within the same budget
-            tags=["query_rewrite"],
+            tags=["query_rewrite", TAG_NOSTREAM],  # not an answer: off the messages stream
             options=DecodeOptions(temperature=0.0, max_new_tokens=32, speculation="none"),
         )
         text = result.text.strip('"').splitlines()
