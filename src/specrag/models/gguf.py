@@ -46,8 +46,15 @@ def file_sha256(path: Path, memo: Path) -> str:
         while block := f.read(1 << 24):
             digest.update(block)
     sha = digest.hexdigest()
-    memo_file.put(where, {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha})
+    remember_sha256(path, memo, sha)
     return sha
+
+
+def remember_sha256(path: Path, memo: Path, sha: str) -> None:
+    """Record ``sha`` as ``path``'s digest in ``memo`` (a writer that hashed what it wrote)."""
+    stat = path.stat()
+    record = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
+    Records(memo).put(str(path.resolve()), record)
 
 
 def _remembered(record: object, stat: os.stat_result) -> str | None:

@@ -78,6 +78,21 @@ class LoadedLM:
         return f"{self.name}|{self.weights}|{self.device}|{self.dtype}"
 
     @property
+    def kv_key(self) -> str:
+        """:attr:`key` and what else a KV cache written to disk depends on.
+
+        The torch and transformers versions (a fix to a model's attention or rotary
+        embedding changes its KV) and a GPU's name: a cache dir shared between machines (an
+        NFS home) or kept across an upgrade must not serve KV another stack computed.
+        """
+        import transformers
+
+        device = torch.device(self.device)
+        gpu = f"|{torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+        software = f"torch {torch.__version__}|transformers {transformers.__version__}"
+        return f"{self.key}|{software}{gpu}"
+
+    @property
     def max_context(self) -> int:
         """Longest context the model supports, in tokens."""
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)

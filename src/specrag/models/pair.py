@@ -80,29 +80,46 @@ def _sha256(path: Path) -> str:
 
 
 def joined_gguf(model: PairModel) -> Path:
-    """The model's joined GGUF: joined from the installed parts and verified on first use."""
+    """The model's joined GGUF: joined from the installed parts, its sha256 checked.
+
+    A joined file already there is checked too (its digest remembered by path, size and
+    mtime, the memo its conversion reads): weights re-released at the same size, or a file
+    damaged in place, are joined again instead of being used. A cache dir that cannot be
+    written (full, read-only) is one :class:`ModelLoadError` naming ``SPECRAG_CACHE_DIR``.
+    """
+    from specrag.models.gguf import DIGESTS, file_sha256, remember_sha256
+
     path = model.gguf_path
-    if path.is_file() and path.stat().st_size == model.size:
-        return path  # verified when it was written (written atomically, below)
-    parts = model.part_files()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    digest = hashlib.sha256()
+    memo = cache_dir() / "models" / DIGESTS
     try:
-        with tmp.open("wb") as out:
-            for part in parts:
-                with part.open("rb") as fh:
-                    while block := fh.read(1 << 22):
-                        digest.update(block)
-                        out.write(block)
-        if digest.hexdigest() != model.sha256 or tmp.stat().st_size != model.size:
-            raise ModelLoadError(
-                f"{model.title}: joined file has sha256 {digest.hexdigest()[:16]}..., expected "
-                f"{model.sha256[:16]}... (corrupt or wrong wheels; {INSTALL_HINT})"
-            )
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        if path.is_file() and path.stat().st_size == model.size:
+            if file_sha256(path, memo) == model.sha256:
+                return path
+        parts = model.part_files()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        digest = hashlib.sha256()
+        try:
+            with tmp.open("wb") as out:
+                for part in parts:
+                    with part.open("rb") as fh:
+                        while block := fh.read(1 << 22):
+                            digest.update(block)
+                            out.write(block)
+            if digest.hexdigest() != model.sha256 or tmp.stat().st_size != model.size:
+                raise ModelLoadError(
+                    f"{model.title}: joined file has sha256 {digest.hexdigest()[:16]}..., "
+                    f"expected {model.sha256[:16]}... (corrupt or wrong wheels; {INSTALL_HINT})"
+                )
+            os.replace(tmp, path)
+            remember_sha256(path, memo, model.sha256)  # hashed as it was written
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"{model.title}: cannot write its joined GGUF in {path.parent} "
+            f"({exc.strerror or exc}; set SPECRAG_CACHE_DIR to a writable folder with room)"
+        ) from exc
     return path
 
 

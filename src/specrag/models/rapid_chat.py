@@ -282,7 +282,7 @@ class ChatRapid(LocalChatBase):
 
         def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
             prefix = head + doc_ids
-            key = prefix_key(target.key, prefix)
+            key = prefix_key(target.kv_key, prefix)
             target_state = cache.get(key, target.model) if self.use_prefix_cache else None
             # a hit may be partial: an earlier call's budget stopped its document prefill
             hit["value"] = target_state is not None and len(target_state) == len(prefix)
