@@ -688,8 +688,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype",
         help="bench rag --models pair and bench rapid only: the answer model's dtype (auto, "
-        "float32, bfloat16, float16; default auto: fp32 on CPU, bf16 on GPU; the drafter "
-        "follows it, except int8 beside an fp32 or bf16 answer model on an x86 CPU); runs of "
+        "float32, bfloat16, float16; default auto: fp32 on CPU, bf16 on a GPU with native "
+        "bf16; the drafter follows it, except int8 beside an fp32 or bf16 answer model on an "
+        "x86 CPU); runs of "
         "a dtype other than auto are recorded apart",
     )
     models_flag(p)

@@ -182,3 +182,15 @@ def test_an_int8_drafter_beside_a_bf16_target(pair):
     )
     assert out == greedy(target, doc + [5, 6], 30)
     assert rstats.draft_tokens > rstats.accepted_tokens > 0, rstats.as_dict()
+
+
+def test_auto_dtype_on_a_gpu_without_native_bf16_is_fp32(monkeypatch):
+    """A T4 or V100 emulates bf16 slowly: `auto` took bf16 on every CUDA card (a review)."""
+    from specrag.models import loading
+
+    gpu = torch.device("cuda:0")
+    monkeypatch.setattr(loading, "gpu_native_bf16", lambda device: False)
+    assert loading.resolve_dtype("auto", gpu) == torch.float32
+    monkeypatch.setattr(loading, "gpu_native_bf16", lambda device: True)
+    assert loading.resolve_dtype("auto", gpu) == torch.bfloat16
+    assert loading.resolve_dtype("auto", torch.device("cpu")) == torch.float32

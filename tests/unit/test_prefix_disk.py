@@ -303,3 +303,26 @@ def test_the_kv_a_document_prefix_is_kept_under_names_the_software_that_computed
     assert f"torch {torch.__version__}" in before
     monkeypatch.setattr(transformers, "__version__", "99.0")
     assert loaded.kv_key != before
+
+
+def test_a_device_without_room_for_a_copy_never_fails_the_run(monkeypatch, tmp_path):
+    """Entries are copies on the model's device: a GPU a long document's KV nearly fills can
+    refuse one, and the OutOfMemoryError failed the answer (a CUDA review, 2026-12-05)."""
+    model = tiny_llama()
+    prefix = list(range(3, 40))
+    key = prefix_key("m", prefix)
+    cache = PrefixCache()
+    cache.put(key, prefilled(model, prefix))  # kept while there is room
+    real_clone = LMState.clone
+
+    def full(self):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(LMState, "clone", full)
+    assert cache.get(key, model) is None and cache.misses == 1  # a miss, and its memory freed
+    assert cache.nbytes() == 0
+    cache.put(key, prefilled(model, prefix))  # not kept, no error
+    assert cache.nbytes() == 0
+    monkeypatch.setattr(LMState, "clone", real_clone)
+    cache.put(key, prefilled(model, prefix))
+    assert cache.get(key, model).tokens == prefix

@@ -42,6 +42,21 @@ def prefix_key(model_key: str, prefix: list[int]) -> str:
     return f"{model_key}:{len(prefix)}:{digest}"
 
 
+def _copy(state: LMState, key: str) -> LMState | None:
+    """A clone of ``state``, or None where the device has no room for one.
+
+    Entries live on the model's device: a GPU that a long document's KV nearly fills can
+    refuse the copy. A cache never fails a run: the prefix is not kept, or the hit is a miss.
+    """
+    try:
+        return state.clone()
+    except torch.OutOfMemoryError:
+        log.warning("prefix cache: no device memory to copy %s; not cached", key[:60])
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+
+
 class PrefixCache:
     """LRU of prefilled :class:`LMState` prefixes, bounded in bytes; optionally on disk too."""
 
@@ -82,9 +97,14 @@ class PrefixCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-                self.hits += 1
-                return entry.clone()
-        if model is not None and (state := self._read(key, model)) is not None:
+        if entry is not None:
+            if (copy := _copy(entry, key)) is not None:
+                with self._lock:
+                    self.hits += 1
+                return copy
+            with self._lock:  # no room for a copy on the device: the memory goes back
+                self._entries.pop(key, None)
+        elif model is not None and (state := self._read(key, model)) is not None:
             with self._lock:
                 self.disk_hits += 1
                 self.hits += 1
@@ -92,7 +112,11 @@ class PrefixCache:
                     return state
                 self._entries[key] = state
                 self._evict()
-            return state.clone()
+            if (copy := _copy(state, key)) is not None:
+                return copy
+            with self._lock:
+                self._entries.pop(key, None)
+            return state  # the only copy: the caller's own
         with self._lock:
             self.misses += 1
         return None
@@ -112,7 +136,7 @@ class PrefixCache:
                 kv = state.kv_tensors()
             except ValueError as exc:
                 log.debug("prefix cache: not saving %s: %s", key, exc)
-        snapshot = state.clone() if keep else None
+        snapshot = _copy(state, key) if keep else None
         with self._lock:
             if snapshot is not None:
                 self._entries[key] = snapshot

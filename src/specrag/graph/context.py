@@ -74,7 +74,8 @@ class SpecRagContext:
     device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N, mps.")
     dtype: str = _f(
         "auto",
-        "dtype for local models: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16 "
+        "dtype for local models: auto (fp32 on CPU, bf16 on a GPU with native bf16, else fp32), "
+        "float32, bfloat16, float16 "
         "(or fp32, bf16, fp16).",
     )
     drafter_dtype: str = _f(

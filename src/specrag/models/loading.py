@@ -125,7 +125,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` is fp32 on CPU and bf16 on GPUs.
+    """``auto`` is fp32 on CPU and bf16 on a GPU (fp32 on one without native bf16).
+
+    A GPU older than Ampere (T4, V100) emulates bf16, slowly: ``auto`` is fp32 there.
 
     ``int8`` (CPU only; ``torch.qint8``): fp32 weights whose linear layers are quantized to
     int8 at load (:mod:`specrag.models.int8`) - for a drafter, whose numerics only shape
@@ -140,7 +142,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     CPU with AMX"); ``dtype="bfloat16"`` opts in.
     """
     if dtype in ("", "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" and gpu_native_bf16(device):
+            return torch.bfloat16
+        return torch.float32  # a CPU; a GPU without native bf16 (pre-Ampere: T4, V100)
     if dtype in INT8_NAMES:
         if device.type != "cpu":
             raise ModelLoadError(f"dtype {dtype!r} (int8 dynamic quantization) runs on CPU only")
@@ -150,6 +154,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             f"unknown dtype {dtype!r} (use auto, float32, bfloat16, float16 or int8)"
         )
     return getattr(torch, FLOAT_DTYPES[dtype])  # type: ignore[no-any-return]
+
+
+def gpu_native_bf16(device: torch.device) -> bool:
+    """Whether the GPU ``device`` computes in bf16 natively (not by emulation)."""
+    try:
+        with torch.cuda.device(device):
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except (RuntimeError, AssertionError, TypeError):  # no CUDA here, or an older torch
+        return True
 
 
 def check_local_model(name: str) -> Path | None:
