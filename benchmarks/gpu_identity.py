@@ -37,6 +37,15 @@ def engines_only() -> None:
         sys.modules["specrag"] = pkg
 
 
+def found(name: str) -> bool:
+    """A file or folder that is here, or a hub id (``org/name``).
+
+    A hub id is served by the Hugging Face cache or the hub, as the package's loader does.
+    """
+    local = name.startswith((".", "/", "~")) or name.endswith((".gguf", ".json"))
+    return Path(name).expanduser().exists() or not local
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_identity", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    missing = [p for p in (args.prompts, args.target, args.drafter) if p and not Path(p).exists()]
+    missing = [p for p in (args.prompts, args.target, args.drafter) if p and not found(p)]
     if missing:
         print(f"gpu_identity: error: not found: {', '.join(missing)}", file=sys.stderr)
         return 2
@@ -108,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     elif (spec := prepared(args.models)) is None:
         return 2
     models = sources(spec, args.target, args.drafter)
-    if missing := [m for m in dict.fromkeys(models) if not Path(m).exists()]:
+    if missing := [m for m in dict.fromkeys(models) if not found(m)]:
         print(
             f"gpu_identity: error: model not found here: {', '.join(missing)} "
             "(name the files with --target/--drafter)",

@@ -49,7 +49,7 @@ def argmax_loop(model, prompt, n):
 def test_float32_identity_holds_and_the_check_speculates(spec):
     result = identity.run(spec, "cpu", ["float32"])
     rows = result["dtypes"]["float32"]
-    for method, n in (("ngram", 2), ("merged", 2), ("rapid_eta0", 1)):
+    for method, n in (("ngram", 2), ("merged", 2), ("gpu_plan", 2), ("rapid_eta0", 1)):
         row = rows[method]
         proposed, accepted = sum(row["proposed"].values()), sum(row["accepted"].values())
         assert row["identical"] == f"{n}/{n}", (method, row)
@@ -58,6 +58,7 @@ def test_float32_identity_holds_and_the_check_speculates(spec):
         assert method == "ngram" or accepted > 0, (method, row)
         assert row["time_per_token_vs_plain"] > 0, row
     assert rows["merged"]["proposed"].get("drafter", 0) > 0, rows["merged"]
+    assert rows["gpu_plan"]["proposed"].get("drafter", 0) > 0, rows["gpu_plan"]
     assert rows["divergences"] == []
     # the reference is the target's own greedy decode
     target = AutoModelForCausalLM.from_pretrained(spec["target"]).eval()
@@ -91,11 +92,11 @@ def test_a_method_that_changes_a_token_is_reported(spec, monkeypatch):
     monkeypatch.setattr(identity, "rapid_decode", corrupting(identity.rapid_decode, 7, bool))
     result = identity.run(spec, "cpu", ["float32"])
     rows = result["dtypes"]["float32"]
-    assert rows["ngram"]["identical"] == "0/2" and rows["merged"]["identical"] == "0/2"
+    assert all(rows[m]["identical"] == "0/2" for m in ("ngram", "merged", "gpu_plan"))
     assert rows["rapid_eta0"]["identical"] == "0/1"
     found = {(d["method"], d["case"], d["position"]) for d in rows["divergences"]}
     cases = {"squad:q0", "squad:q1"}
-    assert found == {(m, c, 5) for m in ("ngram", "merged") for c in cases} | {
+    assert found == {(m, c, 5) for m in ("ngram", "merged", "gpu_plan") for c in cases} | {
         ("rapid_eta0", "haystack:h", 7)
     }
     target = AutoModelForCausalLM.from_pretrained(spec["target"]).eval()

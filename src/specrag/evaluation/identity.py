@@ -41,7 +41,13 @@ from specrag.decoding.state import LMState, sync
 from specrag.evaluation import metrics
 from specrag.models.gguf import convert_gguf, converted_dir
 
-METHODS = ("plain", "ngram", "merged")  # on serial-RAG prompts; "rapid_eta0" on haystacks
+# on serial-RAG prompts; "rapid_eta0" on haystacks. "gpu_plan": the merged proposer as the
+# chat model runs it where wide passes are cheap (a GPU): up to WIDE candidates per pass, none
+# fewer after a rejection, n-gram matches before the drafter, 1-token matches where neither
+# proposes, the drafter scoring its first DRAFTER_VOCAB ids (ChatLocalLM's wide_candidates and
+# drafter_vocab) - the widest passes, where bf16 near-ties flip
+METHODS = ("plain", "ngram", "merged", "gpu_plan")
+WIDE, DRAFTER_VOCAB = 16, 32768
 GREEDY = Sampler(0.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # the drafter proposes wherever no strong n-gram does, from the first token on, full-length
@@ -219,13 +225,23 @@ def _decode_case(
     stats = DecodeStats()
     proposer: Any = None
     drafter_lm = None
+    wide = method == "gpu_plan"
     if method != "plain":
         ngrams = NgramProposer({"prompt": prompt})
         proposer = ngrams
-        if method == "merged":
+        if method in ("merged", "gpu_plan"):
             vocab = int(target.get_output_embeddings().weight.shape[0])
-            drafter_lm = DrafterProposer(LMState(drafter), prompt, GREEDY, vocab=vocab, eos_ids=eos)
-            proposer = MergedProposer(ngrams, drafter_lm, ALWAYS_DRAFT)
+            drafter_lm = DrafterProposer(
+                LMState(drafter),
+                prompt,
+                GREEDY,
+                vocab=vocab,
+                eos_ids=eos,
+                vocab_first=DRAFTER_VOCAB if wide else 0,
+            )
+            proposer = MergedProposer(
+                ngrams, drafter_lm, ALWAYS_DRAFT, ngrams_first=wide, single_matches=wide
+            )
     steps = decode(
         LMState(target),
         prompt,
@@ -234,6 +250,8 @@ def _decode_case(
         eos_ids=eos,
         proposer=proposer,
         stats=stats,
+        max_candidates=WIDE if wide else 8,  # decode's default
+        shrink_k=not wide,
     )
     run = _collect(steps, next(target.parameters()).device)
     info = {
