@@ -64,6 +64,25 @@ class FakeLogprobChat(BaseChatModel):
             yield chunk
 
 
+def failing_once(
+    error: BaseException, calls: dict[str, int] | None = None, reply: str = "Paris."
+) -> FakeLogprobChat:
+    """A model that raises ``error`` at its first call, then answers ``reply``.
+
+    ``calls["answer"]`` counts its calls where a test reads them.
+    """
+    count = calls if calls is not None else {"answer": 0}
+
+    class FailingOnce(FakeLogprobChat):
+        def _stream(self, *a: Any, **k: Any) -> Iterator[ChatGenerationChunk]:
+            count["answer"] = count.get("answer", 0) + 1
+            if count["answer"] == 1:
+                raise error
+            yield from super()._stream(*a, **k)
+
+    return FailingOnce(reply=reply, calls=[])
+
+
 def chunk(text: str, score: float = 0.8, source: str = "doc.txt", n: int = 0) -> Chunk:
     return Chunk(id=f"id{n}", source=source, text=text, position=n, score=score)
 

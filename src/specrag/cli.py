@@ -175,7 +175,8 @@ def index_dir_of(ctx: Any) -> Path:
     """The index directory a context points at."""
     from specrag.paths import default_index_dir
 
-    return user_path(ctx.index_dir, "--index-dir") if ctx.index_dir else default_index_dir()
+    # its path was checked where the context was built (SpecRagContext: index_dir)
+    return Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir()
 
 
 # --- commands -------------------------------------------------------------------------------

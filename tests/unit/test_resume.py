@@ -6,7 +6,7 @@ import pytest
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from specrag import build_graph
-from tests.fakes import FakeLogprobChat, ctx, services
+from tests.fakes import FakeLogprobChat, ctx, failing_once, services
 
 
 class Crash(BaseException):
@@ -15,15 +15,7 @@ class Crash(BaseException):
 
 def crash_once(calls: dict[str, int], reply: str = "Paris.") -> FakeLogprobChat:
     """An answer model that stops the process at its first call, then answers ``reply``."""
-
-    class CrashOnce(FakeLogprobChat):
-        def _stream(self, *a, **k):
-            calls["answer"] += 1
-            if calls["answer"] == 1:
-                raise Crash()
-            yield from super()._stream(*a, **k)
-
-    return CrashOnce(reply=reply, calls=[])
+    return failing_once(Crash(), calls, reply)
 
 
 async def test_interrupted_run_resumes_without_redoing_retrieval(tmp_path):
@@ -138,16 +130,7 @@ async def test_a_replay_in_the_same_process_times_and_budgets_from_its_own_start
     import specrag.nodes.answer
     import specrag.nodes.streaming
 
-    calls = {"answer": 0}
-
-    class FailOnce(FakeLogprobChat):
-        def _stream(self, *a, **k):
-            calls["answer"] += 1
-            if calls["answer"] == 1:
-                raise RuntimeError("refine broke")
-            yield from super()._stream(*a, **k)
-
-    svc = services(answer=FailOnce(reply="Paris.", calls=[]))
+    svc = services(answer=failing_once(RuntimeError("refine broke")))
     app = build_graph(svc, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t-replay"}}
     first = await app.ainvoke({"question": "capital of France?"}, config, context=ctx())

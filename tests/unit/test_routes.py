@@ -5,7 +5,7 @@ import math
 import pytest
 
 from specrag import build_graph, prompts
-from tests.fakes import FakeLogprobChat, chunk, ctx, services
+from tests.fakes import FakeLogprobChat, chunk, ctx, failing_once, services
 
 
 async def run(svc, question="What is the capital of France?", **kw):
@@ -100,16 +100,7 @@ async def test_refine_error_falls_back_to_generate_then_fallback():
 
 
 async def test_refine_error_recovers_in_generate():
-    calls = {"n": 0}
-
-    class FlakyOnce(FakeLogprobChat):
-        def _stream(self, *a, **k):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise RuntimeError("transient")
-            yield from super()._stream(*a, **k)
-
-    result = await run(services(answer=FlakyOnce(reply="Paris.", calls=[])))
+    result = await run(services(answer=failing_once(RuntimeError("transient"))))
     assert result["route"] == "generate"
     assert "refine: RuntimeError: transient -> generate" in result["reason"]
     assert result["answer"] == "Paris."

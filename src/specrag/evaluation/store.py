@@ -10,10 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from specrag.models import layout
-from specrag.models.loading import dtype_name
+from specrag.models.loading import dtype_name, gpu_suffix
 
 
 class RunLog:
@@ -119,10 +117,8 @@ def machine_tag(*models: Any) -> str:
     A digest of its CPU model, thread count and torch version
     (:func:`specrag.models.layout.machine`) and of the name of each GPU the models use.
     """
-    devices = {torch.device(m.device) for m in models}
-    cuda = [d for d in devices if d.type == "cuda"]
-    gpus = sorted(torch.cuda.get_device_name(d) for d in cuda) if torch.cuda.is_available() else []
-    text = "|".join([layout.machine(), *gpus])
+    gpus = sorted({gpu_suffix(m.device) for m in models})
+    text = layout.machine() + "".join(gpus)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
 
 

@@ -276,9 +276,7 @@ class ChatLocalLM(LocalChatBase):
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         loaded = self.load()
         temperature = self.temperature if options.temperature is None else options.temperature
-        max_new = self.max_new_tokens if options.max_new_tokens is None else options.max_new_tokens
-        if max_new < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
+        max_new = self._max_new(options)
         # tool_choice "none": the model answers in words, as if no tool were bound
         tools = () if options.tool_choice in ("none", False) else options.tools
         if tools and not supports_tools(loaded.tokenizer):

@@ -87,10 +87,8 @@ class LoadedLM:
         """
         import transformers
 
-        device = torch.device(self.device)
-        gpu = f"|{torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
         software = f"torch {torch.__version__}|transformers {transformers.__version__}"
-        return f"{self.key}|{software}{gpu}"
+        return f"{self.key}|{software}{gpu_suffix(self.device)}"
 
     @property
     def max_context(self) -> int:
@@ -154,6 +152,18 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             f"unknown dtype {dtype!r} (use auto, float32, bfloat16, float16 or int8)"
         )
     return getattr(torch, FLOAT_DTYPES[dtype])  # type: ignore[no-any-return]
+
+
+def gpu_suffix(device: torch.device | str) -> str:
+    """``|<GPU name>`` for a CUDA device, else ``""``.
+
+    What a key of timed or computed work adds for the GPU it ran on: the same device type on
+    another card times and computes differently.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return ""
+    return f"|{torch.cuda.get_device_name(device)}"
 
 
 def gpu_native_bf16(device: torch.device) -> bool:
@@ -391,8 +401,7 @@ def _timing_slot(models: tuple[LoadedLM, ...], check: str) -> str | None:
         return None
     import transformers
 
-    device = models[-1].device
-    gpu = f"|{torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    gpu = gpu_suffix(models[-1].device)
     parts = [f"{m.key}|{weight_layout.state(m.model)}" for m in models]
     software = f"transformers {transformers.__version__}|{TIMINGS_VERSION}"
     return "|".join([*parts, weight_layout.machine() + gpu, software, check])

@@ -244,9 +244,7 @@ class ChatRapid(LocalChatBase):
         if not same_tokenizer(target, drafter):
             raise InputError("RAPID needs target and drafter models with the same tokenizer")
         instructions, document, question, history = split_messages(messages, options.document)
-        max_new = self.max_new_tokens if options.max_new_tokens is None else options.max_new_tokens
-        if max_new < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
+        max_new = self._max_new(options)
         cfg = self.config()
         timings: dict[str, float] = {}
         t0 = time.perf_counter()

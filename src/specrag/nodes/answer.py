@@ -72,6 +72,17 @@ def run_timings(
     return out
 
 
+def final_reason(state: dict[str, Any], node: str) -> str:
+    """The run's reason once ``node`` answers: the gate's, and the failure that led here.
+
+    ``gate's reason; refine: RuntimeError: ... -> generate`` after a failed answer node.
+    """
+    reason = state.get("reason", "")
+    if state.get("answer_error"):
+        reason = f"{reason}; {state['answer_error']} -> {node}"
+    return str(reason)
+
+
 def citations(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Numbered citations matching the evidence blocks (``page`` for a PDF page's chunk)."""
     out = []
@@ -289,9 +300,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         }
         if "answer_ttft_s" not in timings and result.ttft_s is not None:
             timings["answer_ttft_s"] = round(result.ttft_s, 4)
-        reason = state.get("reason", "")
-        if state.get("answer_error"):  # reached after a failed refine / rapid_generate
-            reason = f"{reason}; {state['answer_error']} -> {node}"
+        reason = final_reason(dict(state), node)
         # the final route and why on this node's trace run too (the gate's says what it chose)
         emit(
             {

@@ -10,7 +10,7 @@ from specrag import prompts
 from specrag.graph.context import SpecRagContext
 from specrag.graph.routing import draft_usable
 from specrag.graph.state import State
-from specrag.nodes.answer import answer_message, run_timings
+from specrag.nodes.answer import answer_message, final_reason, run_timings
 from specrag.nodes.streaming import emit, now
 
 
@@ -26,9 +26,7 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
         answer = prompts.UNVERIFIED_PREFIX + draft
     else:
         answer = prompts.NO_EVIDENCE_ANSWER
-    reason = state.get("reason", "")
-    if state.get("answer_error"):
-        reason = f"{reason}; {state['answer_error']} -> fallback"
+    reason = final_reason(dict(state), "fallback")
     t = now()
     timings = run_timings(dict(state), t, fallback_origin=t)  # resumed here: from its start
     emit(

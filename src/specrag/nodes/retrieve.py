@@ -202,7 +202,7 @@ def stream_rest(
     stream.records = got.records  # the answer node reports every batch, later ones included
 
     async def rest() -> None:
-        lowered: list[str] = []
+        emptied = False  # a re-ranking left no relevant chunk (said once)
         try:
             async with asyncio.timeout(max(0.0, deadline - now())):
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
@@ -211,13 +211,13 @@ def stream_rest(
                         emit({"event": "batch", **got.records[-1]})
                         if relevant := got.relevant(got.found):
                             await stream.queue.put(relevant)
-                        elif not lowered:  # a fused re-ranking dropped every relevant chunk:
-                            lowered.append(  # the answer keeps the evidence it was given
+                        elif not emptied:  # a fused re-ranking dropped every relevant
+                            emptied = True  # chunk: the answer keeps the evidence it was given
+                            stream.errors.append(
                                 f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
                                 f"{ctx.relevance_threshold}; answering from the {len(before)} "
                                 "relevant chunk(s) found before"
                             )
-                            stream.errors.extend(lowered)
         except TimeoutError:
             stream.errors.append(
                 f"{LATER_BATCHES} missed the {ctx.retrieval_timeout_s}s retrieval budget"
