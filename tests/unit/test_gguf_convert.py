@@ -11,7 +11,14 @@ import torch
 import transformers
 
 from specrag.models import gguf as gguf_module
-from specrag.models.gguf import DIGESTS, convert_gguf, converted_dir
+from specrag.models.gguf import (
+    DIGESTS,
+    STAMP,
+    conversion_stamp,
+    convert_gguf,
+    converted_dir,
+    is_converted,
+)
 
 
 class Saved:
@@ -42,6 +49,7 @@ def test_a_conversion_another_process_finished_first_is_used_and_leaves_nothing(
     target = tmp_path / "model-float32-abc"
     target.mkdir()
     (target / "config.json").write_text("the other process's copy")
+    (target / STAMP).write_text(json.dumps(conversion_stamp()))
     killed = tmp_path / "model-float32-abc.tmp4242"  # a conversion killed two hours ago
     killed.mkdir()
     (killed / "model.safetensors").write_bytes(b"x" * 10)
@@ -56,8 +64,37 @@ def test_a_first_conversion_lands_in_place(tmp_path, monkeypatch):
     fake_loaders(monkeypatch)
     target = tmp_path / "model-float32-abc"
     convert_gguf(tmp_path / "model.gguf", target, None)
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", STAMP, "tokenizer.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+    assert is_converted(target)
+
+
+@pytest.mark.parametrize("stamp", [None, "older", "torn"])
+def test_a_copy_older_libraries_made_or_cut_short_is_converted_again_in_place(
+    tmp_path, monkeypatch, stamp
+):
+    """No stamp (a copy from before stamps, or a power loss before it), another transformers."""
+    fake_loaders(monkeypatch)
+    target = tmp_path / "model-float32-abc"
+    target.mkdir()
+    (target / "config.json").write_text("old")
+    (target / "model.safetensors").write_text("weights an older transformers de-quantized")
+    if stamp == "older":
+        (target / STAMP).write_text(json.dumps({**conversion_stamp(), "transformers": "4.0.0"}))
+    elif stamp == "torn":
+        (target / STAMP).write_text('{"transformers": "5.')
+    assert not is_converted(target)
+    convert_gguf(tmp_path / "model.gguf", target, None)
+    assert is_converted(target)
+    assert (target / "config.json").read_text() == "config.json"  # the new copy
+    assert not (target / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]  # the old one is gone
+
+
+def test_a_stamp_names_the_converting_libraries():
+    stamp = conversion_stamp()
+    assert stamp["transformers"] == transformers.__version__
+    assert set(stamp) == {"transformers", "gguf"}
 
 
 def test_the_copy_is_keyed_by_content_not_by_path_or_mtime(tmp_path):
@@ -202,7 +239,7 @@ def test_half_a_copy_left_by_a_removal_cut_short_is_replaced(tmp_path, monkeypat
     target.mkdir()
     (target / "model.safetensors").write_bytes(b"half")  # no config.json
     convert_gguf(tmp_path / "model.gguf", target, None)
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer.json"]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", STAMP, "tokenizer.json"]
 
 
 def test_a_cache_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):

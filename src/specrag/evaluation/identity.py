@@ -39,7 +39,7 @@ from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, Token, decode, prefill
 from specrag.decoding.state import LMState, sync
 from specrag.evaluation import metrics
-from specrag.models.gguf import convert_gguf, converted_dir
+from specrag.models.gguf import convert_gguf, converted_dir, is_converted
 
 # on serial-RAG prompts; "rapid_eta0" on haystacks. "gpu_plan": the merged proposer as the
 # chat model runs it where wide passes are cheap (a GPU): up to WIDE candidates per pass, none
@@ -152,7 +152,7 @@ def load_model(source: str, dtype: torch.dtype, device: torch.device) -> Any:
     path = Path(source)
     if path.suffix == ".gguf":
         folder = converted_dir(path, torch.float32, _cache_root())
-        if not (folder / "config.json").is_file():
+        if not is_converted(folder):
             folder.parent.mkdir(parents=True, exist_ok=True)
             convert_gguf(path, folder, torch.float32)
         source = str(folder)

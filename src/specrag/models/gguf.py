@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import json
 import logging
 import os
 import re
@@ -25,6 +26,52 @@ log = logging.getLogger(__name__)
 
 DIGESTS = "gguf-digests.json"  # under the copies' root: sha256 by (path, size, mtime)
 LEFT_BEHIND_S = 3600.0  # scratch folders and unused stale copies older than this are removed
+STAMP = "specrag-converted.json"  # in a finished copy, written last: who converted it
+
+
+def conversion_stamp() -> dict[str, str]:
+    """The libraries that de-quantize a GGUF, by version: a copy is of the versions that made it.
+
+    An upgrade of either (a fixed conversion bug) converts again rather than keep loading a
+    copy the old code wrote.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    stamp = {}
+    for lib in ("transformers", "gguf"):
+        try:
+            stamp[lib] = version(lib)
+        except PackageNotFoundError:
+            stamp[lib] = "missing"
+    return stamp
+
+
+def is_converted(folder: Path) -> bool:
+    """True when ``folder`` holds a whole copy made by this process's library versions.
+
+    The stamp is written (and synced) after every other file: a copy cut short by a kill or a
+    power loss, or one from before stamps (2026-12-05), has none and is converted again.
+    """
+    try:
+        stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return stamp == conversion_stamp() and (folder / "config.json").is_file()
+
+
+def _sync(*paths: Path) -> None:
+    """Flush each file or folder in ``paths`` to disk (best effort)."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # e.g. a folder on Windows, which cannot be opened
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def file_sha256(path: Path, memo: Path) -> str:
@@ -80,7 +127,9 @@ def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     cache's memo has any more (a replaced wheel, the keys of before 2026-12-04: the path and
     mtime, then the size and the first and last MiB) and that were not used for an hour are
     removed by the next conversion (:func:`prune_stale_copies`): an existing copy's mtime is
-    touched here, as it is about to be used.
+    touched here, as it is about to be used. A copy is used only when its stamp names this
+    process's transformers and gguf versions (:func:`is_converted`); else it is converted again
+    in place.
     """
     sha = file_sha256(gguf, root / DIGESTS)
     folder = root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}"
@@ -103,19 +152,27 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         del model.config.quantization_config
     _remove_left_behind(target.parent, glob.escape(target.name) + ".tmp*")  # killed conversions
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    outdated = target.with_name(f".{target.name}.prune{os.getpid()}")
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        if target.is_dir() and not (target / "config.json").is_file():
-            shutil.rmtree(target, ignore_errors=True)  # half of a copy (a killed removal)
+        _sync(*tmp.rglob("*"))  # the weights on disk before the stamp says they are whole
+        (tmp / STAMP).write_text(json.dumps(conversion_stamp()), encoding="utf-8")
+        _sync(tmp / STAMP, tmp)
+        if target.is_dir() and not is_converted(target):
+            # half of a copy (a killed removal), or one older library versions wrote
+            with contextlib.suppress(OSError):
+                os.replace(target, outdated)
         try:
             os.replace(tmp, target)  # atomic: a killed conversion never leaves a half cache
         except OSError:
             # another process finished the same conversion first: its copy is as good
-            if not (target / "config.json").is_file():
+            if not is_converted(target):
                 raise
+        _sync(target.parent)  # the rename itself
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(outdated, ignore_errors=True)
     try:
         prune_stale_copies(gguf, target)
     except Exception as exc:  # noqa: BLE001 - tidying up never fails a conversion
