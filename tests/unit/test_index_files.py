@@ -2,6 +2,7 @@
 other files (skipped files are reported, with the reason)."""
 
 import json
+import os
 
 import pytest
 
@@ -550,3 +551,17 @@ def test_pdf_text_with_a_lone_surrogate_is_indexed(tmp_path, monkeypatch):
     [(source, text)] = read_records(tmp_path / "odd.pdf")
     assert text == "Rollo \ufffd 911" and source.endswith("odd.pdf#page=1")
     assert chunk_ids(source, [text])  # hashed and storable
+
+
+def test_one_file_under_two_names_is_indexed_once(tmp_path):
+    """On a case-insensitive file system ``docs/a.md`` and ``DOCS/a.md`` are one file under two
+    spellings; a hard link stands in for that here (two paths, one device and inode)."""
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "a.md").write_text("Rollo led the Norse settlers.")
+    (d / "b.md").write_text("Richard I was Rollo's great-grandson.")
+    other = tmp_path / "DOCS"
+    other.mkdir()
+    os.link(d / "a.md", other / "a.md")
+    loaded = load_files([str(d), str(other), str(other / "a.md")])
+    assert [s for s, _ in loaded.records] == [str(d / "a.md"), str(d / "b.md")]

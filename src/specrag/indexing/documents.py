@@ -291,7 +291,29 @@ def collect_files_report(
         else:
             require_supported(path, item)
             files.append(path)
-    return list(dict.fromkeys(p.resolve() for p in files)), skipped, list(dict.fromkeys(folders))
+    return _one_per_file(files), skipped, list(dict.fromkeys(folders))
+
+
+def _one_per_file(files: Iterable[Path]) -> list[Path]:
+    """Resolved ``files``, each file once: the first name given for it wins.
+
+    One file is known by its device and inode, not its path: on a case-insensitive file system
+    (macOS, Windows) ``docs/a.txt`` and ``DOCS/a.txt`` resolve to two spellings of one file,
+    and a hard link is another name for the same bytes; either would be indexed twice.
+    """
+    seen: set[object] = set()
+    out: list[Path] = []
+    for path in files:
+        real = path.resolve()
+        try:
+            stat = real.stat()
+            key: object = (stat.st_dev, stat.st_ino) if stat.st_ino else str(real)
+        except OSError:  # gone meanwhile: reading it reports that
+            key = str(real)
+        if key not in seen:
+            seen.add(key)
+            out.append(real)
+    return out
 
 
 def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
