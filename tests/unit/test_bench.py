@@ -668,3 +668,25 @@ def test_hf_answers_count_their_tokens_up_to_the_stop_sequence_as_the_graph_does
     tail = tok("\nQuestion: who?", add_special_tokens=False)["input_ids"]
     assert tokens_before_stop(tok, answer + tail, ["\nQuestion:"]) == len(answer)
     assert tokens_before_stop(tok, answer, ["\nQuestion:"]) == len(answer)  # no stop
+
+
+def test_warm_up_tries_the_next_question_when_one_warms_no_model(monkeypatch):
+    """A warm-up question whose retrieval finds nothing takes the fallback route and never runs
+    HF's generate (or the graph's answer model): the next question is tried, at most 3."""
+    runs: list[tuple[str, str]] = []
+    no_evidence = {"q0", "q1"}
+
+    async def fake_run_one(item, system, latency, graph, base):
+        runs.append((item["id"], system))
+        stuck = system == "serial_lookup" or item["id"] in no_evidence and system != "no_rag"
+        return {"route": "fallback" if stuck else "generate"}
+
+    monkeypatch.setattr(bench_rag, "run_one", fake_run_one)
+    items = [{"id": f"q{i}"} for i in range(5)]
+    systems = ["no_rag", "serial_plain", "serial_lookup"]
+    asyncio.run(bench_rag.warm_systems(items, systems, None, lambda item: None))
+    assert runs == [
+        ("q0", "no_rag"),
+        *[(q, "serial_plain") for q in ("q0", "q1", "q2")],  # q2 reached generation
+        *[(q, "serial_lookup") for q in ("q0", "q1", "q2")],  # never: 3 tries, then on
+    ]

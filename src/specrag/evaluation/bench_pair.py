@@ -41,6 +41,7 @@ from specrag.evaluation.bench_rag import (
     build_datasets,
     run_one,
     warm_indexes,
+    warm_systems,
 )
 from specrag.evaluation.store import (
     RunLog,
@@ -312,10 +313,9 @@ def run(
         if any(not runlog.done(k) for k in keys):
             log.print("bench rag (pair): warming up (indexes, both models, every system)")
             await warm_indexes(items, base)  # every index, every mode (BM25 copies too)
-            for system in SYSTEMS:
-                await run_one(
-                    items[-1], system, 0.0, graph, context_for(base, items[-1]["dataset"])
-                )
+            await warm_systems(  # the last sets' questions first (the long answers)
+                items[::-1], SYSTEMS, graph, lambda item: context_for(base, item["dataset"])
+            )
         with progress_bar(log) as bar:
             task = bar.add_task("bench rag (pair)", total=len(work))
             for item, system in work:

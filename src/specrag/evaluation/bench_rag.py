@@ -35,7 +35,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -676,8 +676,29 @@ async def warm_up(items: list[dict[str, Any]], graph: Any, base: SpecRagContext)
     (sampling and its seeded generator, the other prompts).
     """
     await warm_indexes(items, base)
-    for system in [*SYSTEMS, *STYLE_SYSTEMS]:
-        await run_one(items[0], system, 0.0, graph, base)
+    await warm_systems(items, [*SYSTEMS, *STYLE_SYSTEMS], graph, lambda _item: base)
+
+
+WARM_TRIES = 3  # questions tried per system until one reaches generation
+
+
+async def warm_systems(
+    items: list[dict[str, Any]],
+    systems: list[str],
+    graph: Any,
+    context_of: Callable[[dict[str, Any]], SpecRagContext],
+) -> None:
+    """Run each system once, untimed and unrecorded, on a question that reaches generation.
+
+    A question whose retrieval finds no relevant chunk takes the fallback route and warms no
+    model (HF's generate never runs for it): the next of ``items`` is tried then, up to
+    ``WARM_TRIES`` questions per system.
+    """
+    for system in systems:
+        for item in items[:WARM_TRIES]:
+            record = await run_one(item, system, 0.0, graph, context_of(item))
+            if record.get("route") != "fallback":
+                break
 
 
 async def warm_indexes(items: list[dict[str, Any]], base: SpecRagContext) -> None:
