@@ -120,3 +120,33 @@ async def test_tracing_to_a_dead_endpoint_never_fails_a_run(monkeypatch):
         assert result["answer"] == "Paris."
     finally:
         utils.get_env_var.cache_clear()
+
+
+async def test_later_batches_are_traced_on_the_answer_node_as_a_list(langsmith_server):
+    """An incremental run's later batches arrive while the answer node runs: their trace went to
+    the retrieve run, already posted (lost), and each batch overwrote the last one's keys."""
+    import dataclasses
+    import time
+
+    from langchain_core.tracers.langchain import wait_for_all_tracers
+
+    from tests.fakes import FakeLogprobChat, two_batches
+
+    slow = FakeLogprobChat(reply="Paris is the capital of France, it is.", delay_s=0.05, calls=[])
+    svc = dataclasses.replace(
+        services(answer=slow), batch_retriever=two_batches(lambda: time.sleep(0.1))
+    )
+    result = await build_graph(svc).ainvoke(
+        {"question": "capital of France?"}, context=ctx(answer_policy="incremental")
+    )
+    wait_for_all_tracers()
+    runs: dict = {}
+    for run in langsmith_server.posted:
+        runs[run["id"]] = dict(run)
+    for patch in langsmith_server.patched:
+        runs.setdefault(patch["id"], {}).update({k: v for k, v in patch.items() if v is not None})
+    meta = {r["name"]: r.get("extra", {}).get("metadata", {}) for r in runs.values()}
+    assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
+    node = result["route"]
+    assert [b["source"] for b in meta[node]["batch_events"]] == ["hybrid"]  # the later one
+    assert meta["retrieve"]["batches"] == 1 and "arrival_s" not in meta["retrieve"]

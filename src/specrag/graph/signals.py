@@ -78,6 +78,7 @@ class EvidenceStream:
 
     queue: asyncio.Queue[list[dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
     records: list[dict[str, Any]] = field(default_factory=list)
+    delivered: int = 0  # how many of ``records`` retrieve returned with (the rest came later)
     errors: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     ended: bool = False

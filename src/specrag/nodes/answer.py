@@ -26,7 +26,7 @@ from specrag.graph.signals import EvidenceStream, evidence_stream
 from specrag.graph.state import State
 from specrag.indexing.documents import PAGE_MARK
 from specrag.models.options import DecodeOptions
-from specrag.nodes.streaming import clock, emit, live_marks, now, stream_model
+from specrag.nodes.streaming import clock, emit, live_marks, now, stream_model, trace
 
 
 @dataclass
@@ -196,6 +196,8 @@ def evidence(
         stream.errors.append(
             f"{LATER_BATCHES} were not woven in: the answer budget ended the answer first"
         )
+    # the later batches' trace: this node's run (retrieve's was posted before they came)
+    trace({"batch_events": [dict(r) for r in stream.records[stream.delivered :]]}, extend=True)
     return {
         "chunks": list(chunks),
         "batches": [dict(r) for r in stream.records],

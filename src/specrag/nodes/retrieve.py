@@ -200,6 +200,7 @@ def stream_rest(
     """Search on in a task; each later batch's evidence goes to the run's evidence stream."""
     stream = open_evidence_stream(dict(state))
     stream.records = got.records  # the answer node reports every batch, later ones included
+    stream.delivered = len(got.records)
 
     async def rest() -> None:
         emptied = False  # a re-ranking left no relevant chunk (said once)
@@ -208,7 +209,9 @@ def stream_rest(
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
                     before = got.relevant(got.found)
                     if got.add(batch):
-                        emit({"event": "batch", **got.records[-1]})
+                        # the stream event now; the trace's copy goes on the answer node's
+                        # run (this task outlives retrieve, whose run is posted already)
+                        emit({"event": "batch", **got.records[-1]}, traced=False)
                         if relevant := got.relevant(got.found):
                             await stream.queue.put(relevant)
                         elif not emptied:  # a fused re-ranking dropped every relevant

@@ -68,21 +68,46 @@ def resumed_origin(state: dict[str, Any], start: float) -> dict[str, Any]:
     return {"marks": {"origin": start, "clock": clock()}}
 
 
-def emit(event: dict[str, Any]) -> None:
+REPEATED = ("batch", "revise")  # events a node sends many times: listed, not merged
+
+
+def emit(event: dict[str, Any], traced: bool = True) -> None:
     """Send a ``stream_mode="custom"`` event and record it as the node run's trace metadata.
 
+    A repeated event (a later batch, a retraction) is appended to the run's
+    ``<event>_events`` list, so one does not overwrite the last; ``traced=False`` sends the
+    stream event only (from a task that outlives its node, whose run is already posted).
     Both are no-ops outside a graph run / without tracing, and never raise.
     """
     try:
         get_stream_writer()(event)
     except Exception:  # noqa: BLE001 - no writer outside a graph run
         pass
+    if not traced:
+        return
+    fields = {k: v for k, v in event.items() if k != "event"}
+    if (name := event.get("event")) in REPEATED:
+        trace({f"{name}_events": [fields]}, extend=True)
+    else:
+        trace(fields)
+
+
+def trace(metadata: dict[str, Any], extend: bool = False) -> None:
+    """Add ``metadata`` to the current node run's trace (``extend``: lists are appended to).
+
+    A no-op without tracing; never raises.
+    """
     try:
         from langsmith.run_helpers import get_current_run_tree
 
         run = get_current_run_tree()
-        if run is not None:
-            run.metadata.update({k: v for k, v in event.items() if k != "event"})
+        if run is None:
+            return
+        for key, value in metadata.items():
+            if extend and isinstance(value, list):
+                run.metadata[key] = [*(run.metadata.get(key) or []), *value]
+            else:
+                run.metadata[key] = value
     except Exception:  # noqa: BLE001 - tracing must never fail a run
         pass
 
