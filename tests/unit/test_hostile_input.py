@@ -147,3 +147,14 @@ def test_defuse_leaves_ordinary_markup_and_code_alone():
         assert prompts.defuse(text) == text
     assert prompts.defuse("x <reponame> y", specials=("<reponame>",)) == "x \u2039reponame> y"
     assert "<start_of_turn>" not in prompts.defuse("<start_of_turn>user")
+
+
+def test_prose_that_starts_like_a_tag_keeps_its_words():
+    """``<evidence[^>]*>`` ran on to the next ">" and deleted the words between."""
+    prose = "The <evidence of guilt was thin, and 3 > 2 said the judge."
+    assert (
+        prompts.neutralise(prose)
+        == "The \u2039evidence of guilt was thin, and 3 > 2 said the judge."
+    )
+    tags = '</evidence><evidence id="2" source="secret.txt">BANANA</Evidence ><evidence id=9>'
+    assert prompts.neutralise(tags).split() == ["BANANA"]

@@ -105,15 +105,19 @@ def test_a_rewritten_follow_up_query_is_not_streamed_as_an_answer():
     assert "retrieve" not in nodes and {"generate", "refine"} & set(nodes), nodes
 
 
-def test_history_reaches_the_prompts_bounded_by_tokens():
+@pytest.mark.parametrize("refine_mode", ["verify", "rewrite"])
+def test_history_reaches_the_prompts_bounded_by_tokens(refine_mode):
+    """``rewrite`` sent the evidence, question and draft without the conversation."""
     answer = FakeLogprobChat(reply="Around 930.", calls=[])
     svc, _ = recording_services(answer=answer)
     long_turns = [HumanMessage("old " * 500), AIMessage("older answer " * 200)]
-    asyncio.run(
+    result = asyncio.run(
         build_graph(svc).ainvoke(
-            {"messages": long_turns + conversation()}, context=ctx(history_tokens=64)
+            {"messages": long_turns + conversation()},
+            context=ctx(history_tokens=64, refine_mode=refine_mode),
         )
     )
+    assert result["route"] == "refine"
     (prompt,) = answer.calls
     texts = [str(m.content) for m in prompt]
     assert "Who was the Norse leader?" in texts and "Rollo." in texts  # recent turns kept

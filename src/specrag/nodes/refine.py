@@ -31,7 +31,7 @@ def make_refine(services: Services):  # noqa: ANN201
         def make(some: list[dict[str, Any]]) -> list[BaseMessage]:
             if ctx.refine_mode == "verify":
                 return prompts.evidence_messages(question, some, ctx.answer_prompt, history)
-            return prompts.rewrite_messages(question, some, draft, ctx.rewrite_prompt)
+            return prompts.rewrite_messages(question, some, draft, ctx.rewrite_prompt, history)
 
         return AnswerCall(
             model=services.chat_model(ctx.answer_spec, ctx),

@@ -77,7 +77,12 @@ UNCHECKED_PREFIX = (
     "Unverified (evidence was found, but the answer model could not check this draft against it): "
 )
 
-_TAG = re.compile(r"</?\s*evidence[^>]*>", re.IGNORECASE)
+# a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2" is
+# prose, whose "<" the fragment rule defuses, keeping its words
+_TAG = re.compile(
+    r"</?\s*evidence(?:\s+[\w-]+\s*=\s*(?:\"[^\"<>]*\"|'[^'<>]*'|[^\s\"'<>]+))*\s*/?>",
+    re.IGNORECASE,
+)
 _TAG_FRAGMENT = re.compile(r"<(?=\s*/?\s*evidence)", re.IGNORECASE)  # "<evidence" unclosed
 
 
@@ -148,10 +153,14 @@ def query_rewrite_messages(question: str, history: History) -> list[BaseMessage]
 
 
 def rewrite_messages(
-    question: str, chunks: Sequence[dict[str, Any]], draft: str, system: str = REWRITE_SYSTEM
+    question: str,
+    chunks: Sequence[dict[str, Any]],
+    draft: str,
+    system: str = REWRITE_SYSTEM,
+    history: History = (),
 ) -> list[BaseMessage]:
-    """The rewrite prompt: evidence + question + the draft to check."""
+    """The rewrite prompt: system + earlier turns + evidence + question + the draft to check."""
     user = REWRITE_USER.format(
         evidence=format_evidence(chunks), question=defuse(question), draft=defuse(draft)
     )
-    return [SystemMessage(system), HumanMessage(user)]
+    return [SystemMessage(system), *history_messages(history), HumanMessage(user)]
