@@ -245,3 +245,14 @@ async def test_a_remote_answers_wait_for_the_evidence_is_part_of_its_budget():
         )
     assert "spent waiting for the rest of the evidence" in result["reason"], result["reason"]
     assert [c["id"] for c in result["chunks"]] == ["id1", "id0"]  # all of it, for the fallback
+
+
+async def test_an_answer_cut_by_its_budget_says_so():
+    """A slow answer model's partial text was returned as a plain verified answer: nothing but
+    ``stats.<node>.truncated`` (local models only) said it was cut."""
+    slow = FakeLogprobChat(reply=" ".join(f"w{i}" for i in range(200)), delay_s=0.02, calls=[])
+    async with asyncio.timeout(20):
+        result, _ = await timed(services(answer=slow), answer_timeout_s=0.5, draft_policy="off")
+    assert result["route"] == "generate" and result["answer"].startswith("w0 w1")
+    assert not result["answer"].endswith("w199")
+    assert any("cut after" in e and "answer_timeout_s=0.5" in e for e in result["errors"])

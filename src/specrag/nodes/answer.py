@@ -325,12 +325,19 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             "marks": marks,
             "revisions": result.revisions,
         }
+        errors: list[str] = []
         if stream is not None:
             update.update(evidence(stream, chunks, unread))
-            if stream.errors:
-                update["errors"] = list(stream.errors)
+            errors += stream.errors
         elif lost:
-            update["errors"] = lost
+            errors += lost
+        if result.timed_out:  # the answer is what came in time: say it is cut
+            errors.append(
+                f"{node}: the answer was cut after {result.tokens} tokens by the answer budget "
+                f"(answer_timeout_s={ctx.answer_timeout_s})"
+            )
+        if errors:
+            update["errors"] = errors
         if state.get("answer_error"):
             update["reason"] = reason
         return {**update, **answer_message(state, update)}
