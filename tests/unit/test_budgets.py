@@ -132,7 +132,7 @@ class SlowLocal(LocalChatBase):
 
     def _job(self, messages, options):
         class Tok:
-            def decode(self, ids, skip_special_tokens=True):
+            def decode(self, ids, skip_special_tokens=True, **_):
                 return "".join(f"t{i} " for i in ids)
 
         def produce(should_stop):

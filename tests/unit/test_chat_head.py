@@ -125,6 +125,33 @@ async def test_a_later_longer_prompt_of_an_incremental_answer_caps_the_answer(
     assert len(encode_chat(model.load(), short)) + 140 <= 255  # no cap for the first prompt
 
 
+async def test_each_prompt_of_an_incremental_answer_gets_its_own_answer_limit(
+    tmp_path, monkeypatch
+):
+    """The answer limit was lowered for the first prompt only: a later, longer prompt that
+    serial RAG would fit whole (a lower limit) lost tokens from its middle instead."""
+    from specrag.decoding.incremental import PromptFeed
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=200)
+    loaded = model.load()
+    first = [SystemMessage("Answer briefly."), HumanMessage("Rollo led them. " * 8)]
+    later = [SystemMessage("Answer briefly."), HumanMessage("Rollo led them. " * 18)]
+    n_first, n_later = len(encode_chat(loaded, first)), len(encode_chat(loaded, later))
+    assert 255 - n_first < 200 and n_first < n_later <= 255 - 127  # both prompts cap it
+    feed = PromptFeed()
+    feed.put(later)
+    feed.close()
+    out = await stream_model(
+        model, first, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
+    )
+    got = out.metadata["decoding"]
+    assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] == n_later  # read whole
+    assert "prompt_cut" not in got
+    assert got["answer_cap"] == 255 - n_later and got["new_tokens"] <= 255 - n_later
+
+
 def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_path, monkeypatch):
     """The middle cut of a document longer than the context depended on the question's
     length, so each question about the longest documents had its own prefix and the prefix
@@ -149,6 +176,27 @@ def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_
         seen.append(out.response_metadata)
     assert all(m["document_truncated"] for m in seen)
     assert seen[0]["prefix_cache_hit"] is False and seen[1]["prefix_cache_hit"] is True
+
+
+def test_a_rapid_answer_limit_past_the_context_caps_the_answer(tmp_path, monkeypatch, caplog):
+    """max_new_tokens at or past the context made RAPID's prompt limit negative: "the
+    question is too long" for a one-word question. The answer is capped, as ChatLocalLM's."""
+    from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.models.rapid_chat import ChatRapid
+
+    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
+    model = ChatRapid(
+        target_model=str(tmp_path / "short"),
+        eta=0.0,
+        max_new_tokens=1000,
+        prefix_cache=PrefixCache(),
+    )
+    with caplog.at_level("WARNING"):
+        out = model.invoke(
+            [HumanMessage("Who?")], document="Rollo led them. " * 40, drafter_context="Rollo."
+        )
+    assert "the answer is capped at 127 tokens (max_new_tokens 1000)" in caplog.text
+    assert out.response_metadata["new_tokens"] <= 127
 
 
 def test_a_follow_up_about_a_long_document_reads_the_earlier_turns_after_it():

@@ -957,3 +957,17 @@ def test_a_bf16_drafter_beside_an_fp32_target_keeps_greedy_output(pair):
     print(counts_msg(proposed, accepted))
     assert out == plain
     assert proposed > accepted > 0, counts_msg(proposed, accepted)
+
+
+def test_a_models_logit_width_is_its_output_layers_not_its_configs():
+    """The drafter's q was laid out on ``config.vocab_size`` rows; a config that disagrees
+    with the output layer (a resized embedding, a composite config) broke ``p - q``."""
+    from specrag.models import int8
+    from specrag.models.loading import LoadedLM
+
+    target, _ = tiny_pair(vocab=64)
+    loaded = LoadedLM("tiny", target, None, torch.device("cpu"), torch.float32, (), 0.0, True)
+    target.config.vocab_size = 80  # stale
+    assert loaded.output_rows == 64
+    int8.quantize(target, wide=False)  # an int8 model's output layer says it too
+    assert loaded.output_rows == 64

@@ -83,6 +83,19 @@ def test_a_local_sliding_window_pair_answers_as_the_target_alone(tmp_path, monke
     assert proposer["drafter_prompt_tokens"] <= proposer["drafter_prefill_tokens"]
     assert proposer["drafter_prefill_tokens"] < proposer["prompt_tokens"], proposer
 
+    # a drafter whose context is shorter than the prompt and answer never reads past it
+    drafter.config.max_position_embeddings = 48
+    drafter.save_pretrained(tmp_path / "short-drafter")
+    tokenizer.save_pretrained(tmp_path / "short-drafter")
+    short_pair = pair.model_copy(
+        update={"drafter_model": local_model_name(f"hf:{tmp_path / 'short-drafter'}")}
+    )
+    capped = short_pair.invoke(messages)
+    decoding = capped.response_metadata["decoding"]
+    assert capped.content == expected.content
+    assert not decoding["candidates_proposed"].get("drafter"), decoding["proposer"]
+    assert "drafter's context of 48 tokens" in decoding["proposer"]["why"]
+
     # max_tokens=0 on a call decodes nothing (it read as "unset": the model's 40 tokens)
     none = alone.invoke(messages, max_tokens=0)
     assert none.content == "" and none.response_metadata["decoding"]["new_tokens"] == 0

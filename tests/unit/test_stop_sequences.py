@@ -16,7 +16,7 @@ class Words(SlowLocal):
         words = self.words
 
         class Tok:
-            def decode(self, ids, skip_special_tokens=True):
+            def decode(self, ids, skip_special_tokens=True, **_):
                 return "".join(words[i] for i in ids)
 
         job.tokenizer = Tok()
@@ -210,3 +210,28 @@ async def test_a_revise_keeping_tokens_decoded_after_the_stop_counts_none_of_the
     out = await stream_model(model, "q", budget_s=5.0, tags=["answer"], options=opts)
     assert out.text == "Rollo led them."
     assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)
+
+
+def test_a_stream_goes_on_when_the_decoder_rewrites_text_it_showed():
+    """A tokenizer that cleans up " ," to "," made the decoded text stop starting with what
+    was shown: every later token's text was dropped from the stream."""
+    from specrag.models.local import TextStream
+
+    pieces = {1: "Hello", 2: " ", 3: ",", 4: " world", 5: "!"}
+
+    class Cleaning:
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=True):
+            text = "".join(pieces[i] for i in ids)
+            return text.replace(" ,", ",")  # rewrites whatever it is asked
+
+    stream = TextStream(Cleaning(), ())
+    shown = "".join(stream.push([i]) for i in (1, 2, 3, 4, 5))
+    assert shown.endswith(" world!") and shown.startswith("Hello")
+
+    class Honest(Cleaning):  # cleans up only when asked to: the stream never asks
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=True):
+            text = "".join(pieces[i] for i in ids)
+            return text.replace(" ,", ",") if clean_up_tokenization_spaces else text
+
+    stream = TextStream(Honest(), ())
+    assert "".join(stream.push([i]) for i in (1, 2, 3, 4, 5)) == "Hello , world!"

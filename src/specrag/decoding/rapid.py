@@ -267,7 +267,7 @@ def rapid_decode(
                 ok = int(p_hat[i].argmax()) == d
             else:
                 u = float(torch.rand((), generator=generator, device=p.device))
-                ok = u * float(q_all[i, d]) <= float(p_hat[i, d])
+                ok = u * float(q_all[i, d]) < float(p_hat[i, d])  # p_hat 0: never, even at u = 0
             if not ok:
                 if greedy:
                     nxt = int(p_hat[i].argmax())

@@ -276,7 +276,7 @@ class ChatLocalLM(LocalChatBase):
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         loaded = self.load()
         temperature = self.temperature if options.temperature is None else options.temperature
-        max_new = self._max_new(options)
+        asked = max_new = self._max_new(options)
         # tool_choice "none": the model answers in words, as if no tool were bound
         tools = () if options.tool_choice in ("none", False) else options.tools
         if tools and not supports_tools(loaded.tokenizer):
@@ -291,18 +291,22 @@ class ChatLocalLM(LocalChatBase):
             # An answer limit past the context caps the answer, not the prompt: it takes what
             # the prompt leaves, and the prompt keeps at least half the context (a prompt
             # cut to 16 tokens for max_new_tokens near the context answered nothing asked).
-            fit = max(min(max_new, limit - len(ids)), min(max_new, limit // 2))
-            if fit < max_new and not stats.answer_cap:
-                log.warning(
-                    "the answer is capped at %d tokens (max_new_tokens %d): %s reads %d "
-                    "tokens at most, and the prompt has %d",
-                    fit,
-                    max_new,
-                    loaded.name,
-                    loaded.max_context,
-                    len(ids),
-                )
-                max_new = stats.answer_cap = fit
+            # Each prompt of an incremental answer is fitted on its own, as serial RAG would
+            # fit it (a longer later prompt lowers the limit instead of losing its middle).
+            fit = max(min(asked, limit - len(ids)), min(asked, limit // 2))
+            if fit < asked:
+                if not stats.answer_cap:  # warned once per answer
+                    log.warning(
+                        "the answer is capped at %d tokens (max_new_tokens %d): %s reads %d "
+                        "tokens at most, and the prompt has %d",
+                        fit,
+                        asked,
+                        loaded.name,
+                        loaded.max_context,
+                        len(ids),
+                    )
+                stats.answer_cap = fit
+            max_new = fit
             if len(ids) + max_new > limit:  # keep the chat head and the question end
                 keep = max(limit - max_new, 16)
                 head = min(chat_head(loaded, msgs, ids, tools, forced) or 8, keep // 2)
@@ -345,6 +349,19 @@ class ChatLocalLM(LocalChatBase):
             if len(ids) + max_new <= limit:  # else the answer model's prompt (cut to fit)
                 drafter_prompt = ids
                 plan = {**plan, "drafter_prompt_tokens": len(ids), "prompt_tokens": len(prompt)}
+        if drafter is not None and drafter.max_context < loaded.max_context:
+            # a drafter that reads fewer tokens than the target: it proposes only where the
+            # whole prompt and answer fit in its context (an incremental prompt may grow)
+            room = drafter.max_context
+            if feed is not None or len(drafter_prompt) + max_new > room - 1:
+                drafter = None
+                plan = {
+                    **plan,
+                    "drafter_used": False,
+                    "why": f"the prompt and answer ({len(drafter_prompt)} + {max_new} tokens"
+                    f"{', and later prompts' if feed is not None else ''}) may not fit the "
+                    f"drafter's context of {room} tokens",
+                }
 
         def produce(should_stop: StopCheck) -> Iterator[Step]:
             draft_lm = LMState(drafter.model, drafter.device) if drafter is not None else None
@@ -366,7 +383,7 @@ class ChatLocalLM(LocalChatBase):
                         drafter_ids or ids,
                         sampler,
                         generator,
-                        vocab=loaded.model.config.vocab_size,
+                        vocab=loaded.output_rows,
                         usable=len(loaded.tokenizer),
                         eos_ids=loaded.eos_token_ids,
                         vocab_first=self.drafter_vocab,

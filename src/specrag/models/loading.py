@@ -91,6 +91,19 @@ class LoadedLM:
         return f"{self.key}|{software}{gpu_suffix(self.device)}"
 
     @property
+    def output_rows(self) -> int:
+        """Rows of the output layer: the width of the model's logits.
+
+        Not the config's ``vocab_size``, which a resized embedding leaves stale and a
+        composite config keeps elsewhere (``text_config``).
+        """
+        head = self.model.get_output_embeddings()
+        rows = getattr(head, "out_features", None)
+        if isinstance(rows, int):
+            return rows
+        return int(self.model.config.get_text_config().vocab_size)
+
+    @property
     def max_context(self) -> int:
         """Longest context the model supports, in tokens."""
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)

@@ -132,12 +132,26 @@ class TextStream:
     def push(self, ids: list[int]) -> str:
         """Add tokens; return the new text that is now stable."""
         self.ids.extend(i for i in ids if i not in self.skip)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = decode_text(self.tokenizer, self.ids)
         if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next token
             return ""
-        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
-        self.emitted = text if text.startswith(self.emitted) else self.emitted
+        # A decoder that rewrites earlier text (a normaliser) cannot take back what was
+        # shown: the stream goes on past the length shown (it stopped for good before)
+        delta = text[len(self.emitted) :]
+        if len(text) >= len(self.emitted):
+            self.emitted = text
         return delta
+
+
+def decode_text(tokenizer: Any, ids: list[int]) -> str:
+    """``ids`` as text, as a stream shows it.
+
+    Without the clean-up of spaces before punctuation, which rewrites text already shown when
+    the punctuation comes ("Hello " then "Hello,"); the embedded model's and the pair's
+    tokenizers never clean up anyway.
+    """
+    text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return str(text)
 
 
 StopCheck = Callable[[int], "str | None"]
@@ -435,7 +449,7 @@ class _Run:
         del self.ids[revise.keep :]
         del self.starts[revise.keep :]
         self.text.ids = [i for i in self.ids if i not in self.text.skip]
-        text = self.job.tokenizer.decode(self.text.ids, skip_special_tokens=True)
+        text = decode_text(self.job.tokenizer, self.text.ids)
         self.text.emitted = text.rstrip("\ufffd")
         cut = first_stop(text, self.stops)
         self.stop_hit = cut is not None
@@ -475,7 +489,7 @@ class _Run:
         if self.stops:  # where each token's text starts, to cut at a stop sequence later
             ids = list(self.text.ids)
             for token in step:
-                self.starts.append(len(self.job.tokenizer.decode(ids, skip_special_tokens=True)))
+                self.starts.append(len(decode_text(self.job.tokenizer, ids)))
                 if token.id not in self.text.skip:
                     ids.append(token.id)
         shown_before = len(self.text.emitted) - len(self.held)

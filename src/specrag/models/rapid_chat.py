@@ -261,6 +261,21 @@ class ChatRapid(LocalChatBase):
             )
         timings["retrieve_s"] = round(time.perf_counter() - t0, 4)
         head, doc_ids, tail = layout(target, instructions, document, question, history)
+        # an answer limit past the context caps the answer, as ChatLocalLM does: it takes what
+        # the prompt leaves, the prompt keeping at least half the context
+        limit = min(target.max_context, drafter.max_context) - 1
+        prompt_len = len(head) + len(doc_ids) + len(tail)
+        capped = max(min(max_new, limit - prompt_len), min(max_new, limit // 2))
+        if capped < max_new:
+            log.warning(
+                "the answer is capped at %d tokens (max_new_tokens %d): the models read %d "
+                "tokens at most, and the prompt has %d",
+                capped,
+                max_new,
+                limit + 1,
+                prompt_len,
+            )
+            max_new = capped
         doc_ids, truncated = fit(head, doc_ids, tail, target.max_context - max_new - 1)
         if truncated:
             log.warning("document middle-truncated to fit %d tokens", target.max_context)
