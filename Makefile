@@ -49,5 +49,5 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src
 
-clean:
-	rm -rf $(VENV) results
+clean:  # the virtual environment only: results/ holds benchmark run logs worth hours
+	rm -rf $(VENV)

@@ -150,10 +150,13 @@ def make_context(
         for key in INDEX_KEYS:
             base.pop(key, None)
     ctx = SpecRagContext.from_overrides({**base, **given})
-    if ctx.models == "pair" and answers:
-        check_pair_installed()
     from specrag.models.loading import check_local_model
+    from specrag.models.pair import PAIR
     from specrag.models.registry import check_remote_spec, local_model_name
+
+    pair_named = {local_model_name(s) for s in (ctx.answer_spec, ctx.draft_spec)} & set(PAIR)
+    if (ctx.models == "pair" or pair_named) and answers:  # the preset, or one of its models
+        check_pair_installed()
 
     for spec in (ctx.answer_spec, ctx.draft_spec):  # a bad path or provider fails before any
         if name := local_model_name(spec):  # model loads or the index opens
@@ -721,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # named with the subcommand whose --help lists what it takes
         line = f"unrecognized arguments: {' '.join(extra)} (see `specrag {args.command} --help`)"
         print_error(line)
+        if wants_json and hasattr(args, "json"):  # `--json=x` before the subcommand: the
+            args.json = True  # error is still one JSON document
         return _json_error(args, line, 2)
     quiet_libraries()
     try:

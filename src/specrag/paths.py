@@ -15,12 +15,18 @@ import platformdirs
 
 def data_dir() -> Path:
     """Directory for persistent data (the default Chroma index lives here)."""
-    return Path(os.environ.get("SPECRAG_DATA_DIR") or platformdirs.user_data_dir("specrag"))
+    # "~" expanded here as in a path on the command line: a quoted value, an env file,
+    # systemd or docker pass it on literally (a "~" folder in the working directory)
+    return Path(
+        os.environ.get("SPECRAG_DATA_DIR") or platformdirs.user_data_dir("specrag")
+    ).expanduser()
 
 
 def cache_dir() -> Path:
     """Directory for caches that can be rebuilt (converted models)."""
-    return Path(os.environ.get("SPECRAG_CACHE_DIR") or platformdirs.user_cache_dir("specrag"))
+    return Path(
+        os.environ.get("SPECRAG_CACHE_DIR") or platformdirs.user_cache_dir("specrag")
+    ).expanduser()
 
 
 def default_index_dir() -> Path:

@@ -644,6 +644,22 @@ def test_run_log_keeps_only_whole_groups(tmp_path):
     assert last.keep_whole([["q2|a", "q2|b"]]) == 0 and last.records["q2|a"]["e2e_s"] == 2.0
 
 
+def test_a_damaged_run_log_still_resumes(tmp_path):
+    """A line cut mid-character (records are written with ensure_ascii=False) or one that is
+    not a record made every later run crash; only --fresh, which drops every record, helped."""
+    from specrag.evaluation.store import RunLog
+
+    path = tmp_path / "runs.jsonl"
+    log = RunLog(path)
+    log.add("q1|a", {"answer": "Rollo, duc de Normandie"})
+    log.add("q2|a", {"answer": "Caen église"})
+    data = path.read_bytes()
+    cut = data.rindex("é".encode()) + 1  # inside the two bytes of "é"
+    path.write_bytes(data[:cut] + b'\n[1, 2]\n"text"\n{"no key": 1}\n')
+    again = RunLog(path)
+    assert set(again.records) == {"q1|a"}  # the cut record runs again
+
+
 def test_a_set_the_sample_has_no_question_of_is_refused_before_anything_loads(tmp_path):
     """`bench rag --models pair --quick --sets hotpot` (the quick sample has no HotpotQA
     question) skipped the warm-up, wrote an empty summary and exited 0."""

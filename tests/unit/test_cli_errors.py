@@ -621,6 +621,9 @@ def test_json_before_the_subcommand_or_with_a_value_still_gets_a_json_document(c
     assert isinstance(json.loads(capsys.readouterr().out), list)
     line = one_line_error(capsys, main(["ask", "q", "--json=1"]))
     assert "--json" in line  # one_line_error read the JSON document on stdout too
+    assert main(["--json=x", "ask", "q"]) == 2  # before the subcommand: a document too
+    doc = json.loads(capsys.readouterr().out)
+    assert "--json=x" in doc["error"] and doc["exit_code"] == 2
 
 
 def test_index_paths_after_a_flag_are_all_indexed(tmp_path, monkeypatch, capsys):
@@ -646,6 +649,18 @@ def test_config_and_index_do_not_need_the_pair_installed(capsys, monkeypatch):
     assert rows["models"] == "pair"
     line = one_line_error(capsys, main(["ask", "q", "--models", "pair"]))
     assert "make models-pair" in line
+    # one of the pair's models named on its own needs it too: said before anything loads
+    line = one_line_error(capsys, main(["ask", "q", "--set", "answer_model=qwen2.5-coder-1.5b"]))
+    assert "make models-pair" in line
+
+
+def test_a_missing_gguf_model_file_is_told_before_anything_loads(capsys, tmp_path):
+    """A `.gguf` model path was checked only when that model loaded: `config` accepted it and
+    `ask` failed after the embedding model, the index and the other model had loaded."""
+    line = one_line_error(
+        capsys, main(["config", "--set", f"answer_model=hf:{tmp_path / 'nope.gguf'}"])
+    )
+    assert "model file not found" in line and "nope.gguf" in line
 
 
 def test_specrag_debug_0_is_off(capsys, monkeypatch):

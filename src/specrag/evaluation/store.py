@@ -30,12 +30,15 @@ class RunLog:
             path.unlink()
         self.records: dict[str, dict[str, Any]] = {}
         if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
+            # bytes, decoded line by line: a line cut by a kill (mid-character, too) or
+            # damaged otherwise is a unit to redo, never a run that cannot resume
+            for raw in path.read_bytes().splitlines():
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a kill: redo that unit
+                    rec = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError):
                     continue
-                self.records[rec["key"]] = rec
+                if isinstance(rec, dict) and isinstance(rec.get("key"), str):
+                    self.records[rec["key"]] = rec
 
     def done(self, key: str) -> bool:
         """True when ``key`` was recorded by this or an earlier run."""

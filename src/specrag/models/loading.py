@@ -194,12 +194,16 @@ def check_local_model(name: str) -> Path | None:
     Called before a run starts (the CLI) as well as at load, so a mistyped path fails at
     once, before other models are loaded or converted.
     """
-    if name == EMBEDDED_LM or name.endswith(".gguf") or name in PAIR:
+    if name == EMBEDDED_LM or name in PAIR:
         return None
     try:
         path = user_path(name, "model path")
     except InputError as exc:
         raise ModelLoadError(str(exc)) from None
+    if name.endswith(".gguf"):  # a file, converted at load
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {name}")
+        return None
     looks_local = name.startswith((".", "/", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         raise ModelLoadError(f"model path not found or not a model folder: {name}")
