@@ -125,12 +125,13 @@ def test_a_files_digest_is_remembered_by_path_size_and_mtime(tmp_path):
     gguf, root = tmp_path / "m.gguf", tmp_path / "cache"
     gguf.write_bytes(b"abc")
     real = converted_dir(gguf, torch.float32, root)
-    assert real.name == f"m-float32-{hashlib.sha256(b'abc').hexdigest()[:12]}"
+    tag = gguf_module.stamp_tag()  # the library versions that convert it
+    assert real.name == f"m-float32-{hashlib.sha256(b'abc').hexdigest()[:12]}-c{tag}"
     memo = root / DIGESTS
     kept = json.loads(memo.read_text())
     kept[str(gguf.resolve())]["sha256"] = "f" * 64  # what the memo says is what counts
     memo.write_text(json.dumps(kept))
-    assert converted_dir(gguf, torch.float32, root).name == f"m-float32-{'f' * 12}"
+    assert converted_dir(gguf, torch.float32, root).name == f"m-float32-{'f' * 12}-c{tag}"
     os.utime(gguf, ns=(5, 5))  # the file changed (as far as its mtime says): hashed again
     assert converted_dir(gguf, torch.float32, root) == real
     memo.write_text("not json")  # an unreadable memo counts as empty
@@ -283,3 +284,29 @@ def test_a_joined_pair_file_is_checked_before_it_is_used(tmp_path, monkeypatch):
     model.gguf_path.parent.write_text("a file where the folder goes")  # cannot be written
     with pytest.raises(ModelLoadError, match="SPECRAG_CACHE_DIR"):
         pair.joined_gguf(model)
+
+
+def test_environments_with_other_library_versions_keep_their_own_copies(tmp_path, monkeypatch):
+    """One cache dir, two venvs (transformers 5.x and an older one): each converted the
+    other's copy again in turn. Each has its own now; one unused for a week goes."""
+    fake_loaders(monkeypatch)
+    gguf, root = tmp_path / "m.gguf", tmp_path / "cache"
+    gguf.write_bytes(b"weights")
+    ours = converted_dir(gguf, torch.float32, root)
+    real = gguf_module.conversion_stamp
+    monkeypatch.setattr(gguf_module, "conversion_stamp", lambda: {**real(), "transformers": "4"})
+    theirs = converted_dir(gguf, torch.float32, root)
+    convert_gguf(gguf, theirs, torch.float32)
+    monkeypatch.setattr(gguf_module, "conversion_stamp", real)
+    assert theirs != ours and not is_converted(theirs)  # not for this process's versions
+    legacy = root / ours.name.rsplit("-c", 1)[0]  # a copy from before stamps
+    legacy.mkdir()
+    day = time.time() - 86400
+    for folder in (theirs, legacy):
+        os.utime(folder, (day, day))  # used yesterday: kept
+    convert_gguf(gguf, ours, torch.float32)
+    assert is_converted(ours) and theirs.exists() and legacy.exists()
+    fortnight = time.time() - 14 * 86400
+    os.utime(theirs, (fortnight, fortnight))  # unused for two weeks: removed
+    gguf_module.prune_stale_copies(gguf, ours)
+    assert not theirs.exists() and legacy.exists() and ours.exists()

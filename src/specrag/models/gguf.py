@@ -26,7 +26,18 @@ log = logging.getLogger(__name__)
 
 DIGESTS = "gguf-digests.json"  # under the copies' root: sha256 by (path, size, mtime)
 LEFT_BEHIND_S = 3600.0  # scratch folders and unused stale copies older than this are removed
+OTHER_VERSIONS_S = 7 * 86400.0  # copies other library versions made: removed unused this long
 STAMP = "specrag-converted.json"  # in a finished copy, written last: who converted it
+
+
+def stamp_tag() -> str:
+    """8 hex digits of :func:`conversion_stamp`: part of a copy's folder name.
+
+    Two environments with different library versions that share a cache dir each keep their
+    own copy instead of converting the other's again in turn.
+    """
+    text = json.dumps(conversion_stamp(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def conversion_stamp() -> dict[str, str]:
@@ -132,7 +143,7 @@ def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     in place.
     """
     sha = file_sha256(gguf, root / DIGESTS)
-    folder = root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}"
+    folder = root / f"{gguf.stem}-{str(dtype).split('.')[-1]}-{sha[:12]}-c{stamp_tag()}"
     with contextlib.suppress(OSError):
         os.utime(folder)  # "used now" for the pruning (a missing copy: nothing to touch)
     return folder
@@ -194,17 +205,21 @@ def _remove_left_behind(root: Path, pattern: str, min_age_s: float = LEFT_BEHIND
 def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = LEFT_BEHIND_S) -> list[Path]:
     """Remove other converted copies of a file named like ``gguf`` that nothing uses any more.
 
-    A copy ``<stem>-<dtype>-<key>`` next to ``kept`` is stale when ``key`` is not ``kept``'s
-    own, begins no digest remembered in the cache's memo for a GGUF that is still where it
-    was, as it was (same size and mtime), and the copy was not made or used (its mtime,
-    touched by :func:`converted_dir`) for ``min_age_s``: a copy in use, or one whose digest
-    record two processes writing the memo at once dropped, is in use within that time.
+    A copy ``<stem>-<dtype>-<key>[-c<tag>]`` next to ``kept`` is stale when ``key`` is not
+    ``kept``'s own, begins no digest remembered in the cache's memo for a GGUF that is still
+    where it was, as it was (same size and mtime), and the copy was not made or used (its
+    mtime, touched by :func:`converted_dir`) for ``min_age_s``: a copy in use, or one whose
+    digest record two processes writing the memo at once dropped, is in use within that time.
+    A copy of a live GGUF that other library versions made (another ``tag``, or none: before
+    stamps) is stale once unused for :data:`OTHER_VERSIONS_S` (another environment sharing the
+    cache dir may still use it).
     Copies of other file names are left alone. A copy is renamed to a hidden name before it is
     deleted, so a removal cut short never leaves a half copy under a key. Returns what was
     removed; each removal is logged with its size.
     """
     root = kept.parent
-    live = {kept.name[-12:]}
+    name = re.compile(rf"{re.escape(gguf.stem)}-[a-z0-9]+-([0-9a-f]{{12}})(?:-c([0-9a-f]{{8}}))?")
+    live = {found[1]} if (found := name.fullmatch(kept.name)) else set()
     for where, record in Records(root / DIGESTS).read().items():
         try:
             sha = _remembered(record, Path(where).stat())
@@ -212,15 +227,20 @@ def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = LEFT_BEHIND_S)
             continue
         if sha is not None:
             live.add(sha[:12])
-    name = re.compile(rf"{re.escape(gguf.stem)}-[a-z0-9]+-([0-9a-f]{{12}})")
     _remove_left_behind(root, f".{glob.escape(gguf.stem)}-*.prune*", min_age_s)  # cut short
     removed = []
     for copy in sorted(root.iterdir()):
         found = name.fullmatch(copy.name)
-        if not found or found[1] in live or copy == kept or not copy.is_dir():
+        if not found or copy == kept or not copy.is_dir():
             continue
+        # of a GGUF still here, by other library versions (or before stamps): kept a week
+        # unused, for another environment sharing this cache dir
+        ours = found[2] == stamp_tag()
+        if found[1] in live and ours:
+            continue
+        age = min_age_s if found[1] not in live else max(min_age_s, OTHER_VERSIONS_S)
         try:
-            if copy.stat().st_mtime > time.time() - min_age_s:
+            if copy.stat().st_mtime > time.time() - age:
                 continue
             size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file())
         except OSError:
