@@ -83,6 +83,24 @@ async def test_rapid_generate_route_through_the_graph():
     assert result["timings"]["document_index_s"] >= 0
 
 
+async def test_a_long_document_whose_search_failed_is_still_read_by_rapid():
+    """A failed search routed a long document to fallback ("not ... in the indexed
+    documents"), although RAPID's target reads the whole document; its drafter then picks
+    its own chunks. Should RAPID fail too, serial RAG has no evidence: fallback, which names
+    the document, not the index."""
+    rapid = FakeLogprobChat(reply="Rollo.", calls=[])
+    svc = services(answer=rapid, retrieve_error=OSError("embedding model missing"))
+    document = "Rollo led the Norse. " * 400
+    result = await run(svc, "Who led the Norse?", inputs={"document": document})
+    assert result["route"] == "rapid_generate" and result["answer"] == "Rollo."
+    assert "retrieval failed: the drafter picks its own chunks" in result["reason"]
+    broken = FakeLogprobChat(fail=True, calls=[])
+    svc = services(answer=broken, retrieve_error=OSError("embedding model missing"))
+    result = await run(svc, "Who led the Norse?", inputs={"document": document}, draft_policy="off")
+    assert result["route"] == "fallback" and "rapid_generate" in result["reason"]
+    assert result["answer"] == prompts.NO_EVIDENCE_IN_DOCUMENT
+
+
 async def test_a_follow_up_on_the_rapid_route_gets_the_conversation():
     """rapid_generate sent only the system prompt and the question: a follow-up about a long
     document was answered without the earlier turns, which generate and refine both get."""

@@ -58,7 +58,9 @@ def build_graph(
         ["refine", "generate", "rapid_generate", "fallback"],
     )
     builder.add_conditional_edges("refine", route_after_refine, ["generate", END])
-    builder.add_conditional_edges("rapid_generate", route_after_refine, ["generate", END])
+    builder.add_conditional_edges(
+        "rapid_generate", route_after_refine, ["generate", "fallback", END]
+    )
     builder.add_conditional_edges("generate", route_after_generate, ["fallback", END])
     builder.add_edge("fallback", END)
     return builder.compile(name="specrag", checkpointer=checkpointer)  # type: ignore[arg-type,return-value]

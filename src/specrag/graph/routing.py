@@ -32,19 +32,21 @@ def draft_usable(state: dict[str, Any], ctx: SpecRagContext) -> tuple[bool, str]
 def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
     """Choose the answer route after retrieve and draft have both finished."""
     retrieval = state.get("retrieval_status", "failed")
-    if retrieval != "ok":
-        detail = {
-            "timeout": f"retrieval timed out after {ctx.retrieval_timeout_s}s",
-            "failed": "retrieval failed",
-            "empty": "retrieval found nothing",
-            "irrelevant": f"no chunk scored {ctx.relevance_threshold} or more",
-        }.get(retrieval, f"retrieval status {retrieval}")
-        return "fallback", detail
+    detail = {
+        "timeout": f"retrieval timed out after {ctx.retrieval_timeout_s}s",
+        "failed": "retrieval failed",
+        "empty": "retrieval found nothing",
+        "irrelevant": f"no chunk scored {ctx.relevance_threshold} or more",
+    }.get(retrieval, f"retrieval status {retrieval}")
     doc_tokens = int(state.get("document_tokens") or 0)
-    if doc_tokens > ctx.long_document_tokens:
+    if doc_tokens > ctx.long_document_tokens:  # the target reads the whole document anyway
+        without = "" if retrieval == "ok" else f" ({detail}: the drafter picks its own chunks)"
         return "rapid_generate", (
             f"long document ({doc_tokens} tokens > {ctx.long_document_tokens}): RAPID decoding"
+            + without
         )
+    if retrieval != "ok":
+        return "fallback", detail
     usable, why = draft_usable(state, ctx)
     if not usable:
         return "generate", f"{why}: serial RAG without a draft"
@@ -67,9 +69,14 @@ def route_after_gate(state: dict[str, Any]) -> GateRoute:
     return route  # type: ignore[return-value]
 
 
-def route_after_refine(state: dict[str, Any]) -> Literal["generate", "__end__"]:
-    """An error in refine or rapid_generate falls back to serial RAG."""
-    return "generate" if state.get("answer_error") else "__end__"
+def route_after_refine(state: dict[str, Any]) -> Literal["generate", "fallback", "__end__"]:
+    """An error in refine or rapid_generate falls back to serial RAG, which needs evidence.
+
+    A RAPID run on a document whose search found no relevant chunk has none: ``fallback``.
+    """
+    if not state.get("answer_error"):
+        return "__end__"
+    return "generate" if state.get("retrieval_status") == "ok" else "fallback"
 
 
 def route_after_generate(state: dict[str, Any]) -> Literal["fallback", "__end__"]:

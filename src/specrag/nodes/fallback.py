@@ -24,6 +24,8 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
         answer = prompts.UNCHECKED_PREFIX + draft if usable else prompts.ANSWER_FAILED
     elif usable:
         answer = prompts.UNVERIFIED_PREFIX + draft
+    elif state.get("run_document"):  # a run about a given document, not the index
+        answer = prompts.NO_EVIDENCE_IN_DOCUMENT
     else:
         answer = prompts.NO_EVIDENCE_ANSWER
     reason = final_reason(dict(state), "fallback")

@@ -30,7 +30,10 @@ def make_rapid_generate(services: Services):  # noqa: ANN201
             ],
             options=DecodeOptions(
                 document=state.get("run_document", ""),
-                drafter_context="\n\n".join(str(c.get("text", "")) for c in chunks),
+                # no relevant chunk found (the search failed): ChatRapid's own retriever
+                drafter_context="\n\n".join(str(c.get("text", "")) for c in chunks)
+                if chunks
+                else None,
                 seed=state.get("seed"),
                 stop=ctx.stop_sequences(),
             ),

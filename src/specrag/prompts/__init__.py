@@ -68,6 +68,9 @@ NO_EVIDENCE_ANSWER = (
     "I could not find evidence for this in the indexed documents, so I cannot give a verified "
     "answer."
 )
+NO_EVIDENCE_IN_DOCUMENT = (
+    "I could not find evidence for this in the given document, so I cannot give a verified answer."
+)
 ANSWER_FAILED = (
     "Evidence was found, but the answer model did not produce an answer from it (the route's "
     "reason says why: a time budget such as answer_timeout_s, or an error)."
