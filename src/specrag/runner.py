@@ -47,6 +47,7 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
             "draft_s": timings.get("draft_s"),
             "draft_ttft_s": timings.get("draft_ttft_s"),
             "answer_s": answer_s,
+            "answer_ttft_s": timings.get("answer_ttft_s"),
             "total_s": timings.get("total_s"),
             "ttft_s": timings.get("ttft_s"),
         },

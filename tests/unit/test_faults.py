@@ -256,3 +256,12 @@ async def test_an_answer_cut_by_its_budget_says_so():
     assert result["route"] == "generate" and result["answer"].startswith("w0 w1")
     assert not result["answer"].endswith("w199")
     assert any("cut after" in e and "answer_timeout_s=0.5" in e for e in result["errors"])
+
+
+async def test_a_stores_own_timeout_error_is_reported_as_it_is():
+    """Any TimeoutError read as the retrieval budget's end: "the index is busy" (another run
+    opening the index) was reported as "no result within 10.0s", the real cause lost."""
+    svc = services(retrieve_error=TimeoutError("the index is busy: another run opens one"))
+    result, _ = await timed(svc, retrieval_timeout_s=10.0)
+    assert result["route"] == "fallback" and result["reason"] == "retrieval failed"
+    assert "retrieve: TimeoutError: the index is busy: another run opens one" in result["errors"]

@@ -300,7 +300,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             "answer_s": round(now() - started, 4),
             **run_timings(dict(state), ttft_abs, started),
         }
-        if "answer_ttft_s" not in timings and result.ttft_s is not None:
+        if result.ttft_s is not None:  # from the answer call's start (ttft_s: the run's)
             timings["answer_ttft_s"] = round(result.ttft_s, 4)
         reason = final_reason(dict(state), node)
         # the final route and why on this node's trace run too (the gate's says what it chose)

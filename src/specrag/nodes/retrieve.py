@@ -119,6 +119,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         update: dict[str, Any] = {"query": question}
         batches: Iterator[Batch] = iter(())
         done = True
+        budget = asyncio.timeout(ctx.retrieval_timeout_s)
         try:
 
             async def search() -> bool:
@@ -133,7 +134,8 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                         return False  # evidence: answer now, weave the rest in later
                 return True
 
-            done = await asyncio.wait_for(search(), timeout=ctx.retrieval_timeout_s)
+            async with budget:
+                done = await search()
             relevant = got.relevant(got.found)
             status = "ok" if relevant else ("irrelevant" if got.found else "empty")
             update.update(chunks=relevant, retrieval_status=status)
@@ -144,7 +146,8 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                     f"{ctx.relevance_threshold}"
                 ]
         except Exception as exc:  # noqa: BLE001 - the fallback route, or ...
-            timed_out = isinstance(exc, TimeoutError)
+            # the budget's end, not a TimeoutError of the store's own ("the index is busy")
+            timed_out = isinstance(exc, TimeoutError) and budget.expired()
             relevant = got.relevant(got.found)
             if relevant:  # ... the evidence earlier batches found, which stays good evidence
                 later = (
