@@ -265,3 +265,31 @@ async def test_a_stores_own_timeout_error_is_reported_as_it_is():
     result, _ = await timed(svc, retrieval_timeout_s=10.0)
     assert result["route"] == "fallback" and result["reason"] == "retrieval failed"
     assert "retrieve: TimeoutError: the index is busy: another run opens one" in result["errors"]
+
+
+@pytest.mark.timeout(60)  # a regression hangs (forever before the fix)
+async def test_searches_that_never_return_do_not_starve_later_runs():
+    """Each hung search kept one thread of the event loop's shared pool after its run ended
+    (cores + 4 threads): once they were all taken, every later run waited forever in its
+    first to_thread (prepare's warm-ups), which no budget ends. Here the pool has 2 threads
+    and 3 runs hang their searches."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hang = threading.Event()
+
+    def never(query, document, context):  # until the test ends
+        hang.wait()
+        yield from ()
+
+    pool = ThreadPoolExecutor(2)
+    asyncio.get_running_loop().set_default_executor(pool)
+    try:
+        for _ in range(3):
+            svc = dataclasses.replace(services(), batch_retriever=never)
+            result, _ = await timed(svc, retrieval_timeout_s=0.2)
+            assert result["route"] == "fallback" and "timed out" in result["reason"]
+        async with asyncio.timeout(8):  # forever before
+            result, _ = await timed(services(), retrieval_timeout_s=5.0)
+        assert result["route"] == "refine" and result["answer"] == "Paris."
+    finally:
+        hang.set()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.runtime import Runtime
@@ -51,9 +53,44 @@ async def followup_query(
         return concat
 
 
+T = TypeVar("T")
+
+
+async def in_own_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a daemon thread of its own (the caller's context variables: tracing).
+
+    For a search, which may never return (a store that accepts a connection and never
+    answers): the run's budget ends the wait, not the thread. On the event loop's shared pool
+    (cores + 4 threads) a few such runs would strand every thread, and each later run would
+    wait forever in its first ``to_thread`` (model warm-ups), with no budget to end it; a
+    daemon thread also never holds up the process's exit.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():  # the waiter may have gone (its budget ended)
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def work() -> None:
+        try:
+            result: Any = context.run(fn)
+            ok = True
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            result, ok = exc, False
+        try:
+            loop.call_soon_threadsafe(settle, ok, result)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits
+            pass
+
+    threading.Thread(target=work, name="specrag-search", daemon=True).start()
+    return await done
+
+
 async def next_batch(batches: Iterator[Batch], n: int, ctx: SpecRagContext) -> Batch | None:
     """The next batch of a search (``n`` delivered so far), after its injected delay."""
-    batch = await asyncio.to_thread(next, batches, None)
+    batch = await in_own_thread(lambda: next(batches, None))
     if batch is not None and n > 0 and ctx.added_batch_latency_s > 0:  # benchmarks only
         await asyncio.sleep(ctx.added_batch_latency_s)
     return batch
