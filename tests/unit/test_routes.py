@@ -136,6 +136,20 @@ async def test_until_retrieval_stops_draft_after_retrieval():
     assert 2 <= len(result["draft"].split()) < 200  # stopped well before the end
 
 
+async def test_a_remote_draft_between_chunks_stops_when_retrieval_delivers():
+    # words at 2 s, 4 s, ...; retrieval at 2.6 s. Polled per chunk only, the draft would
+    # wait for its 2nd word (4 s) to see the stop and keep it
+    slow = FakeLogprobChat(reply="one two three four five", delay_s=2.0, calls=[])
+    result = await run(
+        services(draft=slow, retrieve_delay_s=2.6),
+        draft_policy="until_retrieval",
+        min_draft_tokens=1,
+        draft_timeout_s=20.0,
+    )
+    assert result["draft"] == "one"  # stopped after retrieval, before the next word came
+    assert result["route"] == "refine"
+
+
 async def test_streams_route_and_draft_tokens():
     graph = build_graph(services())
     modes = []

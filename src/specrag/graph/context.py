@@ -146,7 +146,7 @@ class SpecRagContext:
     # --- draft ----------------------------------------------------------------------------
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
         "until_retrieval",
-        "until_retrieval: draft while retrieval runs and stop within one token of it "
+        "until_retrieval: draft while retrieval runs and stop within one token (or 20 ms) of it "
         "finishing; complete: draft to the end or the budget; off: no draft.",
     )
     draft_timeout_s: float = _f(

@@ -8,6 +8,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +160,28 @@ def with_remote_settings(model: BaseChatModel, options: DecodeOptions) -> BaseCh
     return model.model_copy(update=update) if update else model
 
 
+STOP_POLL_S = 0.02  # how often a remote stream's stop event is looked at between chunks
+
+
+async def until_stopped(work: Coroutine[Any, Any, None], stopped: Callable[[], bool]) -> bool:
+    """Run ``work``; cancel it once ``stopped()`` (looked at every :data:`STOP_POLL_S`).
+
+    True when it was stopped so. A cancellation from outside (a budget) cancels ``work`` too.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            if stopped():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return True
+            await asyncio.wait({task}, timeout=STOP_POLL_S)
+        task.result()  # its own error, if any
+        return False
+    finally:
+        task.cancel()  # a no-op once done
+
+
 async def stream_model(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -173,7 +196,8 @@ async def stream_model(
 
     Local models get ``max_time`` (and the stop event) in their :class:`DecodeOptions`, so
     their decode loop - prefill included - stops itself; other models are cut off by
-    ``asyncio.timeout`` and the stop event is polled per chunk.
+    ``asyncio.timeout`` and stopped by the stop event within :data:`STOP_POLL_S`, whether
+    or not a chunk arrives (once ``min_tokens`` came).
     """
     out = Streamed()
     start = out.started = now()
@@ -191,37 +215,50 @@ async def stream_model(
         if options.stop:
             kwargs["stop"] = list(options.stop)
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
+
+    async def consume() -> None:
+        async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
+            text = chunk.text if isinstance(chunk.text, str) else str(chunk.content)
+            meta = chunk.response_metadata or {}
+            for revision in meta.get("revisions") or []:  # new evidence retracted text
+                out.text = out.text[: revision["keep"]]
+                out.tokens = revision["kept_tokens"]
+                out.logprobs = out.logprobs[: revision["kept_tokens"]]
+                out.revisions.append({**revision, "at_s": round(now() - start, 4)})
+                emit({"event": "revise", **out.revisions[-1]})
+            if text and out.ttft_s is None:
+                out.ttft_s = now() - start
+            out.text += text
+            lps = (meta.get("logprobs") or {}).get("content") or []
+            out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
+            # local models report a log-prob per token; others count text chunks
+            out.tokens += len(lps) if (lps or local) else (1 if text else 0)
+            for key, value in meta.items():
+                if key not in ("logprobs", "revisions"):
+                    out.metadata[key] = value
+            if chunk.usage_metadata:
+                out.metadata["usage"] = dict(chunk.usage_metadata)
+            if (
+                stop_event is not None
+                and not local
+                and stop_event.is_set()
+                and out.tokens >= min_tokens
+            ):
+                out.stopped = True
+                break
+
     try:
         async with asyncio.timeout(budget_s + GRACE_S):
-            async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
-                text = chunk.text if isinstance(chunk.text, str) else str(chunk.content)
-                meta = chunk.response_metadata or {}
-                for revision in meta.get("revisions") or []:  # new evidence retracted text
-                    out.text = out.text[: revision["keep"]]
-                    out.tokens = revision["kept_tokens"]
-                    out.logprobs = out.logprobs[: revision["kept_tokens"]]
-                    out.revisions.append({**revision, "at_s": round(now() - start, 4)})
-                    emit({"event": "revise", **out.revisions[-1]})
-                if text and out.ttft_s is None:
-                    out.ttft_s = now() - start
-                out.text += text
-                lps = (meta.get("logprobs") or {}).get("content") or []
-                out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
-                # local models report a log-prob per token; others count text chunks
-                out.tokens += len(lps) if (lps or local) else (1 if text else 0)
-                for key, value in meta.items():
-                    if key not in ("logprobs", "revisions"):
-                        out.metadata[key] = value
-                if chunk.usage_metadata:
-                    out.metadata["usage"] = dict(chunk.usage_metadata)
-                if (
-                    stop_event is not None
-                    and not local
-                    and stop_event.is_set()
-                    and out.tokens >= min_tokens
-                ):
-                    out.stopped = True
-                    break
+            if stop_event is None or local:  # a local decode polls the event itself
+                await consume()
+            else:  # a remote stream may send nothing for a while: stop it between chunks
+                event = stop_event
+                out.stopped = (
+                    await until_stopped(
+                        consume(), lambda: event.is_set() and out.tokens >= min_tokens
+                    )
+                    or out.stopped
+                )
     except TimeoutError:
         out.timed_out = True
     retracted = int((out.metadata.get("decoding") or {}).get("retracted_tokens") or 0)
