@@ -191,6 +191,7 @@ def index_with_progress(
     label: str,
     prune_roots: list[str] | None = None,
     keep: list[str] | None = None,
+    reach: dict[str, list[str]] | None = None,
 ) -> Any:
     """Index records into the context's index with a progress bar on stderr.
 
@@ -213,6 +214,7 @@ def index_with_progress(
             keep=keep or (),
             url=ctx.index_url,
             index=index,
+            reach=reach,
         )
 
 
@@ -232,6 +234,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         "indexing files",
         prune_prefixes(args.paths, loaded.folders),
         keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
+        reach=loaded.reach,  # a link removed since: what it reached goes
     )
     summary = {
         "index_dir": ctx.index_url or str(directory),

@@ -565,3 +565,57 @@ def test_one_file_under_two_names_is_indexed_once(tmp_path):
     os.link(d / "a.md", other / "a.md")
     loaded = load_files([str(d), str(other), str(other / "a.md")])
     assert [s for s, _ in loaded.records] == [str(d / "a.md"), str(d / "b.md")]
+
+
+def test_what_a_removed_or_repointed_link_reached_is_pruned_unless_indexed_in_its_own_right(
+    tmp_path, monkeypatch, capsys
+):
+    """A review (2026-12-05): a re-index after a link out of the named folder was removed kept
+    the chunks of what it had reached, which no walk of the folder would ever prune."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, shared, other, own = (tmp_path / n for n in ("docs", "shared", "other", "own"))
+    for folder in (d, shared, other, own):
+        folder.mkdir()
+    for path in (d / "keep.md", shared / "s.md", other / "f.md", own / "o.md"):
+        path.write_text(f"The text of {path.name}, which Rollo wrote.")
+    (d / "ext").symlink_to(shared)
+    (d / "f.md").symlink_to(other / "f.md")
+    (d / "mine").symlink_to(own)
+    real = tmp_path.resolve()
+    indexed_sources(tmp_path, capsys, own)  # in its own right: no link decides its fate
+    first = indexed_sources(tmp_path, capsys, d)
+    assert first == sorted(
+        str(real / p) for p in ("docs/keep.md", "shared/s.md", "other/f.md", "own/o.md")
+    )
+    (d / "f.md").unlink()
+    (d / "mine").unlink()
+    (d / "ext").unlink()
+    (d / "ext").symlink_to(other)  # pointed elsewhere: shared/ is no longer reached
+    after = indexed_sources(tmp_path, capsys, d)
+    assert after == sorted(str(real / p) for p in ("docs/keep.md", "other/f.md", "own/o.md"))
+    (d / "ext").unlink()
+    assert indexed_sources(tmp_path, capsys, d) == sorted(
+        str(real / p) for p in ("docs/keep.md", "own/o.md")
+    )
+
+
+def test_an_index_without_a_link_record_prunes_nothing_for_links(
+    tmp_path, monkeypatch, capsys, caplog
+):
+    """An index made before the record (or whose record is damaged) cannot know what a removed
+    link reached: it keeps it, as before, and a warning names a damaged record."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, shared = tmp_path / "docs", tmp_path / "shared"
+    d.mkdir(), shared.mkdir()
+    (shared / "s.md").write_text("Rollo signed the treaty.")
+    (d / "keep.md").write_text("Rollo kept his word.")
+    (d / "ext").symlink_to(shared)
+    indexed_sources(tmp_path, capsys, d)
+    (record,) = (tmp_path / "data").rglob("reach-*.json")
+    assert json.loads(record.read_text()) == {
+        f"{d.resolve()}{os.sep}": [f"{shared.resolve()}{os.sep}"]
+    }
+    record.write_text("{not json")
+    (d / "ext").unlink()
+    assert str(shared.resolve() / "s.md") in indexed_sources(tmp_path, capsys, d)
+    assert "ignoring the unreadable link record" in caplog.text

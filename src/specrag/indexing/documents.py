@@ -268,17 +268,25 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
     return collect_files_report(paths)[0]
 
 
+def folder_prefix(path: str | Path) -> str:
+    """The source prefix of a real folder's files (``/docs/``)."""
+    return source_name(path).rstrip(os.sep) + os.sep
+
+
 def collect_files_report(
     paths: Iterable[str | Path],
-) -> tuple[list[Path], list[Skipped], list[str]]:
-    """Folders expanded to their files; what was left out; the real folders walked.
+) -> tuple[list[Path], list[Skipped], list[str], dict[str, list[str]]]:
+    """Folders expanded to their files; what was left out; the real folders walked; the reach.
 
-    The real folders include a linked folder's target. A file named explicitly must exist
+    The real folders include a linked folder's target. The reach: per named path (a folder's
+    source prefix, a file's source), what it reached through links out of itself - folder
+    prefixes and file sources (none for a named file). A file named explicitly must exist
     and be supported (one-line ``InputError``).
     """
     files: list[Path] = []
     skipped: list[Skipped] = []
     folders: list[str] = []
+    reach: dict[str, list[str]] = {}
     for item in paths:
         path = user_path(str(item), "cannot read")
         if not path.exists():
@@ -288,10 +296,16 @@ def collect_files_report(
             files += found
             skipped += left_out
             folders += walked
+            key = folder_prefix(path.resolve())
+            out = [p for p in map(folder_prefix, walked) if not p.startswith(key)]
+            linked = (source_name(f.resolve()) for f in found)
+            out += [f for f in linked if not f.startswith((key, *out))]
+            reach[key] = sorted({*reach.get(key, []), *out})
         else:
             require_supported(path, item)
             files.append(path)
-    return _one_per_file(files), skipped, list(dict.fromkeys(folders))
+            reach.setdefault(source_name(path.resolve()), [])
+    return _one_per_file(files), skipped, list(dict.fromkeys(folders)), reach
 
 
 def _one_per_file(files: Iterable[Path]) -> list[Path]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -66,6 +66,8 @@ class Loaded:
     skipped: list[Skipped] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     """The real paths of the folders walked (a linked folder's target among them)."""
+    reach: dict[str, list[str]] = field(default_factory=dict)
+    """Per named path, what it reached through links out of itself (:func:`index_records`)."""
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         """The records (so ``index_records(load_files(paths), ...)`` keeps working)."""
@@ -83,9 +85,9 @@ def load_files(paths: Iterable[str]) -> Loaded:
     """
     paths = list(paths)
     max_file_bytes()  # a bad SPECRAG_MAX_FILE_MIB fails the run, not each file (no pruning)
-    files, skipped, folders = collect_files_report(paths)
+    files, skipped, folders, reach = collect_files_report(paths)
     named = {Path(p).expanduser().resolve() for p in paths if not Path(p).expanduser().is_dir()}
-    out = Loaded([], [], skipped, folders)
+    out = Loaded([], [], skipped, folders, reach)
     for f in files:
         try:
             records = [(source, text) for source, text in read_records(f) if text.strip()]
@@ -170,6 +172,16 @@ def _depth(source: str, prefixes: Iterable[str]) -> int:
     return best
 
 
+def _holds(entries: Iterable[str], source: str) -> bool:
+    """``source`` is one of ``entries``, under one that is a folder prefix, or a page of one."""
+    for entry in entries:
+        if source == entry or (entry.endswith(os.sep) and source.startswith(entry)):
+            return True
+        if source.startswith(entry + PAGE_MARK) and source[len(entry + PAGE_MARK) :].isdigit():
+            return True
+    return False
+
+
 def index_records(
     records: list[tuple[str, str]],
     directory: Path,
@@ -181,6 +193,7 @@ def index_records(
     keep: Iterable[str] = (),
     url: str = "",
     index: VectorIndex | None = None,
+    reach: Mapping[str, Sequence[str]] | None = None,
 ) -> IndexReport:
     """Index ``(source, text)`` records.
 
@@ -189,12 +202,23 @@ def index_records(
     (:func:`kept_paths`, sources: there, but not read this time), which stay as they were
     indexed - unless a named folder deeper than the kept one holds them (it was walked).
     ``index``: the index already opened with :func:`open_for_writing` (else opened here).
+
+    ``reach`` (:attr:`Loaded.reach`): what each named path reached through links out of
+    itself this time. What one reached last time (the index's record) and no longer does -
+    a link removed or pointed elsewhere - is dropped too, but for what a path of another run
+    holds or reaches (indexed in its own right). The record is updated once pruning is done,
+    so a run cut short leaves it for the next one.
     """
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
     roots = list(prune_roots)
     kept = set(keep)  # sources, as kept_paths names them
     kept_prefixes = [k + end for k in kept for end in (os.sep, PAGE_MARK)]
+    recorded = index.reach() if reach is not None else {}
+    now = {key: sorted(entries) for key, entries in (reach or {}).items()}
+    merged = {**recorded, **now}
+    unlinked = sorted({e for key in now for e in recorded.get(key, []) if e not in now[key]})
+    guarded = [*merged, *(e for entries in merged.values() for e in entries)]
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
         records,
@@ -205,16 +229,21 @@ def index_records(
     )
     removed: list[str] = []
     pruned = 0  # chunks of sources no longer there (a renamed file's old name)
-    if roots:
+    if roots or unlinked:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
             if source in present or source in kept:
                 continue
             # under a named (or walked) folder, and not under a deeper folder left unread
             root = _depth(source, roots)
-            if root and root > _depth(source, kept_prefixes):
+            deeper_kept = _depth(source, kept_prefixes)
+            if (root and root > deeper_kept) or (
+                not deeper_kept and _holds(unlinked, source) and not _holds(guarded, source)
+            ):
                 pruned += index.remove_source(source)
                 removed.append(source)
+    if reach is not None and merged != recorded:
+        index.save_reach(merged)
     report.sources_removed = removed
     report.chunks_removed += pruned
     index.refresh_lexical()  # BM25 in step with what was just indexed or pruned

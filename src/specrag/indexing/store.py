@@ -8,7 +8,9 @@ run killed half-way leaves chunks that a re-run keeps (same id) or completes.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -293,6 +295,48 @@ class VectorIndex:
         ids = sorted(self.ids_for_source(source))
         self._delete(ids)
         return len(ids)
+
+    # --- what named paths reached through links (pruned once no longer reached) ----------
+    def _reach_path(self) -> Path:
+        if not self.url:
+            return self.directory / f"reach-{self.collection_name}.json"
+        from specrag.paths import cache_dir
+
+        digest = hashlib.sha256(f"{self.url}|{self.collection_name}".encode()).hexdigest()[:16]
+        return cache_dir() / "reach" / f"{digest}.json"
+
+    def reach(self) -> dict[str, list[str]]:
+        """The record of what each indexed path reached through links out of itself.
+
+        Empty when there is none (an index made before the record, or on a server indexed
+        from another host) or it cannot be read: nothing is pruned for links then.
+        """
+        path = self._reach_path()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring the unreadable link record %s: %s", path, exc)
+            return {}
+        if not isinstance(data, dict) or not all(
+            isinstance(v, list) and all(isinstance(e, str) for e in v) for v in data.values()
+        ):
+            log.warning("ignoring the link record %s: not a map of paths to lists", path)
+            return {}
+        return {str(k): list(v) for k, v in data.items()}
+
+    def save_reach(self, reach: dict[str, list[str]]) -> None:
+        """Write the link record atomically (a read-only location: a warning, no record)."""
+        path = self._reach_path()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(reach, indent=1, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            log.warning("could not save the link record at %s: %s", path, exc)
 
     # --- lexical (BM25) and hybrid search --------------------------------------------------
     def _lexical_dir(self) -> Path:
