@@ -153,6 +153,20 @@ async def test_a_late_or_failing_later_batch_keeps_the_evidence_found_before():
         assert any(why in e and "from the 1 relevant chunk(s)" in e for e in result["errors"])
 
 
+@pytest.mark.parametrize("policy", ["wait", "incremental"])
+async def test_a_stores_own_timeout_in_a_later_batch_is_no_missed_budget(policy):
+    def busy(query, document, ctx):
+        yield Batch("dense", [chunk("Paris is the capital of France.", n=0)])
+        raise TimeoutError("the index is busy")
+
+    svc = dataclasses.replace(services(), batch_retriever=busy)
+    result, _ = await timed(svc, answer_policy=policy, incremental_grace_s=0.0, draft_policy="off")
+    assert result["answer"] == "Paris.", result["reason"]
+    assert any(
+        "later batches failed: TimeoutError: the index is busy" in e for e in result["errors"]
+    ), result["errors"]
+
+
 async def test_a_failing_search_without_evidence_still_ends_in_fallback():
     def failing(query, document, ctx):
         yield Batch("dense", [chunk("unrelated", score=0.01)])  # below relevance_threshold

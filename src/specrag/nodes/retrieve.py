@@ -244,8 +244,9 @@ def stream_rest(
 
     async def rest() -> None:
         emptied = False  # a re-ranking left no relevant chunk (said once)
+        budget = asyncio.timeout(max(0.0, deadline - now()))
         try:
-            async with asyncio.timeout(max(0.0, deadline - now())):
+            async with budget:
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
                     before = got.relevant(got.found)
                     if got.add(batch):
@@ -261,11 +262,12 @@ def stream_rest(
                                 f"{ctx.relevance_threshold}; answering from the {len(before)} "
                                 "relevant chunk(s) found before"
                             )
-        except TimeoutError:
-            stream.errors.append(
-                f"{LATER_BATCHES} missed the {ctx.retrieval_timeout_s}s retrieval budget"
-            )
         except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
+            if isinstance(exc, TimeoutError) and budget.expired():
+                why = f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
+            else:  # the store's own error, a TimeoutError ("the index is busy") too
+                why = f"failed: {short_error(exc)}"
+            stream.errors.append(f"{LATER_BATCHES} {why}")
             stream.errors.append(f"{LATER_BATCHES} failed: {short_error(exc)}")
         finally:
             stream.queue.put_nowait(None)
