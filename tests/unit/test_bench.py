@@ -706,3 +706,15 @@ def test_warm_up_tries_the_next_question_when_one_warms_no_model(monkeypatch):
         *[(q, "serial_plain") for q in ("q0", "q1", "q2")],  # q2 reached generation
         *[(q, "serial_lookup") for q in ("q0", "q1", "q2")],  # never: 3 tries, then on
     ]
+
+
+def test_a_record_after_a_line_cut_by_a_kill_starts_a_line_of_its_own(tmp_path):
+    """A kill mid-write leaves the log without its last newline: the next record was glued to
+    the cut line, so it was lost too and its group ran again at the next resume."""
+    from specrag.evaluation.store import RunLog
+
+    path = tmp_path / "runs.jsonl"
+    RunLog(path).add("q1|a", {"e2e_s": 1.0})
+    path.write_bytes(path.read_bytes() + b'{"key": "q2|a", "e2e')  # killed mid-record
+    RunLog(path).add("q2|a", {"e2e_s": 2.0})
+    assert set(RunLog(path).records) == {"q1|a", "q2|a"}

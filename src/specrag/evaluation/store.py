@@ -32,7 +32,11 @@ class RunLog:
         if path.exists():
             # bytes, decoded line by line: a line cut by a kill (mid-character, too) or
             # damaged otherwise is a unit to redo, never a run that cannot resume
-            for raw in path.read_bytes().splitlines():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):  # cut mid-line: the next record starts anew
+                with path.open("ab") as fh:
+                    fh.write(b"\n")
+            for raw in data.splitlines():
                 try:
                     rec = json.loads(raw.decode("utf-8"))
                 except (UnicodeDecodeError, json.JSONDecodeError):
