@@ -179,7 +179,9 @@ async def until_stopped(work: Coroutine[Any, Any, None], stopped: Callable[[], b
         task.result()  # its own error, if any
         return False
     finally:
-        task.cancel()  # a no-op once done
+        if not task.done():  # cancelled from outside (a budget): its end is not awaited, so
+            task.cancel()  # an error in the stream's clean-up is retrieved here, not logged
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def stream_model(
