@@ -619,3 +619,24 @@ def test_an_index_without_a_link_record_prunes_nothing_for_links(
     (d / "ext").unlink()
     assert str(shared.resolve() / "s.md") in indexed_sources(tmp_path, capsys, d)
     assert "ignoring the unreadable link record" in caplog.text
+    assert json.loads(record.read_text()) == {  # what was there before the record: kept
+        "": [str(d.resolve() / "keep.md"), str(shared.resolve() / "s.md")],
+        f"{d.resolve()}{os.sep}": [],
+    }
+
+
+def test_a_link_whose_target_is_away_keeps_what_it_reached(tmp_path, monkeypatch, capsys):
+    """A drive not mounted, a share down: the link is there, its target is not. What it
+    reached stays indexed (as a file that could not be read does) until the link goes."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, notes = tmp_path / "docs", tmp_path / "media" / "notes"
+    d.mkdir(), notes.mkdir(parents=True)
+    (d / "keep.md").write_text("Rollo kept his word.")
+    (notes / "n.md").write_text("Rollo signed the treaty.")
+    (d / "usb").symlink_to(notes)
+    n = str(notes.resolve() / "n.md")
+    assert n in indexed_sources(tmp_path, capsys, d)
+    notes.rename(tmp_path / "media" / "away")  # unplugged
+    assert n in indexed_sources(tmp_path, capsys, d)
+    (d / "usb").unlink()
+    assert n not in indexed_sources(tmp_path, capsys, d)

@@ -22,6 +22,7 @@ SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
 PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited as such
 UNREADABLE = "unreadable"  # the start of a skip reason for a file or folder that could not be read
 HIDDEN = "hidden (name starts with '.')"  # a folder's; a hidden file named itself is indexed
+BROKEN_LINK = "broken link"  # a link to nothing: reported; what it reached stays indexed
 MAX_FILE_MIB_ENV = "SPECRAG_MAX_FILE_MIB"  # overrides DEFAULT_MAX_FILE_MIB
 DEFAULT_MAX_FILE_MIB = 100.0  # a file is read whole into memory, then tokenized and embedded
 
@@ -298,7 +299,11 @@ def collect_files_report(
             folders += walked
             key = folder_prefix(path.resolve())
             out = [p for p in map(folder_prefix, walked) if not p.startswith(key)]
-            linked = (source_name(f.resolve()) for f in found)
+            linked = [source_name(f.resolve()) for f in found]
+            for s in left_out:  # a target away (a drive not mounted) is still linked to
+                if s.reason == BROKEN_LINK:
+                    target = os.path.realpath(s.path)
+                    linked += [folder_prefix(target), source_name(target)]
             out += [f for f in linked if not f.startswith((key, *out))]
             reach[key] = sorted({*reach.get(key, []), *out})
         else:
@@ -366,7 +371,7 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
                 skipped.append(Skipped(str(p.absolute()), f"{UNREADABLE} ({exc.strerror or exc})"))
                 continue
             if dangling:
-                skipped.append(Skipped(str(p.absolute()), "broken link"))
+                skipped.append(Skipped(str(p.absolute()), BROKEN_LINK))
             elif not regular:
                 continue
             elif p.suffix.lower() in SUPPORTED_SUFFIXES:

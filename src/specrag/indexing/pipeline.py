@@ -172,6 +172,9 @@ def _depth(source: str, prefixes: Iterable[str]) -> int:
     return best
 
 
+BEFORE_RECORD = ""  # the link record's key of the sources indexed before it began
+
+
 def _holds(entries: Iterable[str], source: str) -> bool:
     """``source`` is one of ``entries``, under one that is a folder prefix, or a page of one."""
     for entry in entries:
@@ -206,8 +209,9 @@ def index_records(
     ``reach`` (:attr:`Loaded.reach`): what each named path reached through links out of
     itself this time. What one reached last time (the index's record) and no longer does -
     a link removed or pointed elsewhere - is dropped too, but for what a path of another run
-    holds or reaches (indexed in its own right). The record is updated once pruning is done,
-    so a run cut short leaves it for the next one.
+    holds or reaches (indexed in its own right), and for what the index held before its
+    record began (who indexed it, and why, is not known). The record is updated once pruning
+    is done, so a run cut short leaves it for the next one.
     """
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
@@ -215,10 +219,13 @@ def index_records(
     kept = set(keep)  # sources, as kept_paths names them
     kept_prefixes = [k + end for k in kept for end in (os.sep, PAGE_MARK)]
     recorded = index.reach() if reach is not None else {}
+    if recorded is None:  # the first record: what is there already is never pruned for links
+        before = sorted(index.sources())
+        recorded = {BEFORE_RECORD: before} if before else {}
     now = {key: sorted(entries) for key, entries in (reach or {}).items()}
     merged = {**recorded, **now}
     unlinked = sorted({e for key in now for e in recorded.get(key, []) if e not in now[key]})
-    guarded = [*merged, *(e for entries in merged.values() for e in entries)]
+    guarded = [*(k for k in merged if k), *(e for entries in merged.values() for e in entries)]
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
         records,
@@ -242,8 +249,16 @@ def index_records(
             ):
                 pruned += index.remove_source(source)
                 removed.append(source)
-    if reach is not None and merged != recorded:
-        index.save_reach(merged)
+    if reach is not None:  # on top of what another run may have saved meanwhile
+        latest = index.reach()
+        final = {**(recorded if latest is None else latest), **now}
+        if BEFORE_RECORD in final:
+            gone = set(removed)
+            final[BEFORE_RECORD] = [s for s in final[BEFORE_RECORD] if s not in gone]
+            if not final[BEFORE_RECORD]:
+                del final[BEFORE_RECORD]
+        if final != latest:
+            index.save_reach(final)
     report.sources_removed = removed
     report.chunks_removed += pruned
     index.refresh_lexical()  # BM25 in step with what was just indexed or pruned

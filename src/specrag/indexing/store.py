@@ -305,25 +305,25 @@ class VectorIndex:
         digest = hashlib.sha256(f"{self.url}|{self.collection_name}".encode()).hexdigest()[:16]
         return cache_dir() / "reach" / f"{digest}.json"
 
-    def reach(self) -> dict[str, list[str]]:
+    def reach(self) -> dict[str, list[str]] | None:
         """The record of what each indexed path reached through links out of itself.
 
-        Empty when there is none (an index made before the record, or on a server indexed
-        from another host) or it cannot be read: nothing is pruned for links then.
+        None when there is none (an index made before the record, or on a server indexed
+        from another host) or it cannot be read (a warning).
         """
         path = self._reach_path()
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return {}
+            return None
         except (OSError, ValueError) as exc:
             log.warning("ignoring the unreadable link record %s: %s", path, exc)
-            return {}
+            return None
         if not isinstance(data, dict) or not all(
             isinstance(v, list) and all(isinstance(e, str) for e in v) for v in data.values()
         ):
             log.warning("ignoring the link record %s: not a map of paths to lists", path)
-            return {}
+            return None
         return {str(k): list(v) for k, v in data.items()}
 
     def save_reach(self, reach: dict[str, list[str]]) -> None:
