@@ -86,8 +86,8 @@ async def test_rapid_generate_route_through_the_graph():
 async def test_a_long_document_whose_search_failed_is_still_read_by_rapid():
     """A failed search routed a long document to fallback ("not ... in the indexed
     documents"), although RAPID's target reads the whole document; its drafter then picks
-    its own chunks. Should RAPID fail too, serial RAG has no evidence: fallback, which names
-    the document, not the index."""
+    its own chunks. Should RAPID fail too, serial RAG has no evidence: fallback, which says
+    the answer model failed on the document (it did not find "no evidence" in it)."""
     rapid = FakeLogprobChat(reply="Rollo.", calls=[])
     svc = services(answer=rapid, retrieve_error=OSError("embedding model missing"))
     document = "Rollo led the Norse. " * 400
@@ -98,6 +98,19 @@ async def test_a_long_document_whose_search_failed_is_still_read_by_rapid():
     svc = services(answer=broken, retrieve_error=OSError("embedding model missing"))
     result = await run(svc, "Who led the Norse?", inputs={"document": document}, draft_policy="off")
     assert result["route"] == "fallback" and "rapid_generate" in result["reason"]
+    # the model failed, not the document: no "could not find evidence in the given document"
+    assert result["answer"] == prompts.DOCUMENT_ANSWER_FAILED
+    result = await run(svc, "Who led the Norse?", inputs={"document": document})
+    assert result["route"] == "fallback"
+    assert result["answer"].startswith(prompts.DOCUMENT_UNCHECKED_PREFIX)
+
+
+async def test_a_short_document_whose_search_failed_says_so_naming_the_document():
+    svc = services(retrieve_error=OSError("embedding model missing"))
+    result = await run(
+        svc, "Who led the Norse?", inputs={"document": "Rollo led the Norse."}, draft_policy="off"
+    )
+    assert result["route"] == "fallback" and "retrieval failed" in result["reason"]
     assert result["answer"] == prompts.NO_EVIDENCE_IN_DOCUMENT
 
 

@@ -22,6 +22,10 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
     evidence_found = state.get("retrieval_status") == "ok"
     if evidence_found and state.get("answer_error"):  # no answer model could use the evidence
         answer = prompts.UNCHECKED_PREFIX + draft if usable else prompts.ANSWER_FAILED
+    elif state.get("run_document") and state.get("answer_error"):  # RAPID read it, and failed
+        answer = (
+            prompts.DOCUMENT_UNCHECKED_PREFIX + draft if usable else prompts.DOCUMENT_ANSWER_FAILED
+        )
     elif usable:
         answer = prompts.UNVERIFIED_PREFIX + draft
     elif state.get("run_document"):  # a run about a given document, not the index

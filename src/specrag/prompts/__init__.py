@@ -75,9 +75,16 @@ ANSWER_FAILED = (
     "Evidence was found, but the answer model did not produce an answer from it (the route's "
     "reason says why: a time budget such as answer_timeout_s, or an error)."
 )
+DOCUMENT_ANSWER_FAILED = (
+    "The answer model did not produce an answer from the given document (the route's reason "
+    "says why: a time budget such as answer_timeout_s, or an error)."
+)
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
 UNCHECKED_PREFIX = (
     "Unverified (evidence was found, but the answer model could not check this draft against it): "
+)
+DOCUMENT_UNCHECKED_PREFIX = (
+    "Unverified (the answer model could not check this draft against the given document): "
 )
 
 # a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2" is
