@@ -82,9 +82,14 @@ async def test_an_unfinished_document_run_says_it_needs_no_index(tmp_path, monke
     assert saved is not None and saved.has_document
 
 
-async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_path, monkeypatch):
+@pytest.mark.parametrize("new_process", [True, False])
+async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(
+    tmp_path, monkeypatch, new_process
+):
     """The marks merge: a resumed refine that failed left the dead process's origin under the
-    new clock id, and generate then counted total_s from another process's perf_counter."""
+    new clock id, and generate then counted total_s from another process's perf_counter.
+    Resumed in the same process (a server, Studio), the first invocation's marks were taken
+    as live: total_s counted the pause, and a spent answer budget would end the answer."""
     import specrag.nodes.answer
     import specrag.nodes.prepare
     import specrag.nodes.streaming
@@ -110,7 +115,8 @@ async def test_a_resumed_run_whose_refine_fails_times_from_the_resumed_node(tmp_
                 await build_graph(svc, checkpointer=saver).ainvoke(
                     {"question": "capital of France?"}, config=config, context=ctx()
                 )
-    monkeypatch.setattr(specrag.nodes.streaming, "CLOCK_ID", -1.0)  # a new process
+    if new_process:
+        monkeypatch.setattr(specrag.nodes.streaming, "CLOCK_ID", -1.0)
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
         result = await build_graph(svc, checkpointer=saver).ainvoke(
             None, config=config, context=ctx()

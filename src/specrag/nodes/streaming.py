@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import math
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,14 +36,41 @@ def now() -> float:
 CLOCK_ID = random.random()
 
 
+KEEP_INVOCATIONS = 1024  # invocations remembered (their run controls held, ids never reused)
+_INVOCATIONS: collections.OrderedDict[int, tuple[Any, str]] = collections.OrderedDict()
+_INVOCATIONS_LOCK = threading.Lock()
+
+
+def invocation() -> str:
+    """A name of the graph invocation (``ainvoke``/``astream`` call) this code runs in.
+
+    LangGraph gives each invocation a run control of its own, shared by all its nodes (and
+    the tasks and threads they start with their context); outside a graph run: "".
+    """
+    try:
+        from langgraph.runtime import get_runtime
+
+        control = get_runtime().control
+    except Exception:  # noqa: BLE001 - outside a graph run
+        return ""
+    if control is None:
+        return ""
+    with _INVOCATIONS_LOCK:
+        entry = _INVOCATIONS.get(id(control))
+        if entry is None or entry[0] is not control:  # an id of a control freed since
+            entry = _INVOCATIONS[id(control)] = (control, uuid.uuid4().hex[:12])
+            while len(_INVOCATIONS) > KEEP_INVOCATIONS:
+                _INVOCATIONS.popitem(last=False)
+        return entry[1]
+
+
 def clock() -> str:
     """Whose clock marks are live: this process's, in this invocation of the graph.
 
-    A replay or fork of a checkpoint (Studio's time travel; ``ainvoke(None, config)`` with a
-    ``checkpoint_id``) runs in the same process minutes later: the marks it finds are of the
-    run it replays, so its nodes time and budget from their own start. LangGraph names the
-    checkpoint a replay started from in every node's metadata; a run from its input, or a
-    resume of a thread's latest checkpoint, has none.
+    A run resumed in the process that ran it (a server, Studio), perhaps minutes later, finds
+    the marks of the invocation that stopped, and a replay or fork of a checkpoint (Studio's
+    time travel; ``ainvoke(None, config)`` with a ``checkpoint_id``) those of the run it
+    replays: neither are live, so its nodes time and budget from their own start.
     """
     try:
         from langgraph.config import get_config
@@ -49,7 +78,7 @@ def clock() -> str:
         replayed = (get_config().get("metadata") or {}).get("checkpoint_id") or ""
     except Exception:  # noqa: BLE001 - outside a graph run
         replayed = ""
-    return f"{CLOCK_ID}|{replayed}"
+    return f"{CLOCK_ID}|{replayed}|{invocation()}"
 
 
 def live_marks(state: dict[str, Any]) -> dict[str, Any]:
