@@ -152,21 +152,26 @@ async def test_each_prompt_of_an_incremental_answer_gets_its_own_answer_limit(
     assert got["answer_cap"] == 255 - n_later and got["new_tokens"] <= 255 - n_later
 
 
+def short_rapid(tmp_path, monkeypatch, max_new_tokens):
+    """RAPID on the 256-token model (:func:`short_model` saves it), eta 0, a prefix cache."""
+    from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.models.rapid_chat import ChatRapid
+
+    short_model(tmp_path, monkeypatch, max_new_tokens=8)
+    return ChatRapid(
+        target_model=str(tmp_path / "short"),
+        eta=0.0,
+        max_new_tokens=max_new_tokens,
+        prefix_cache=PrefixCache(),
+    )
+
+
 def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_path, monkeypatch):
     """The middle cut of a document longer than the context depended on the question's
     length, so each question about the longest documents had its own prefix and the prefix
     cache never served one: now the cut keeps room for a question of up to TAIL_RESERVE
     tokens, and a second question reuses the first one's document prefill."""
-    from specrag.decoding.prefix_cache import PrefixCache
-    from specrag.models.rapid_chat import ChatRapid
-
-    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
-    model = ChatRapid(
-        target_model=str(tmp_path / "short"),
-        eta=0.0,
-        max_new_tokens=8,
-        prefix_cache=PrefixCache(),
-    )
+    model = short_rapid(tmp_path, monkeypatch, max_new_tokens=8)
     document = "Rollo led the Norse settlers of Normandy in the year 911. " * 40
     seen = []
     for question in ("Who?", "Who led the Norse settlers of Normandy, and in which year?"):
@@ -181,16 +186,7 @@ def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_
 def test_a_rapid_answer_limit_past_the_context_caps_the_answer(tmp_path, monkeypatch, caplog):
     """max_new_tokens at or past the context made RAPID's prompt limit negative: "the
     question is too long" for a one-word question. The answer is capped, as ChatLocalLM's."""
-    from specrag.decoding.prefix_cache import PrefixCache
-    from specrag.models.rapid_chat import ChatRapid
-
-    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
-    model = ChatRapid(
-        target_model=str(tmp_path / "short"),
-        eta=0.0,
-        max_new_tokens=1000,
-        prefix_cache=PrefixCache(),
-    )
+    model = short_rapid(tmp_path, monkeypatch, max_new_tokens=1000)
     with caplog.at_level("WARNING"):
         out = model.invoke(
             [HumanMessage("Who?")], document="Rollo led them. " * 40, drafter_context="Rollo."
