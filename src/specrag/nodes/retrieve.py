@@ -268,7 +268,6 @@ def stream_rest(
             else:  # the store's own error, a TimeoutError ("the index is busy") too
                 why = f"failed: {short_error(exc)}"
             stream.errors.append(f"{LATER_BATCHES} {why}")
-            stream.errors.append(f"{LATER_BATCHES} failed: {short_error(exc)}")
         finally:
             stream.queue.put_nowait(None)
 
