@@ -192,6 +192,7 @@ def index_with_progress(
     prune_roots: list[str] | None = None,
     keep: list[str] | None = None,
     reach: dict[str, list[str]] | None = None,
+    reach_incomplete: list[str] | None = None,
 ) -> Any:
     """Index records into the context's index with a progress bar on stderr.
 
@@ -215,6 +216,7 @@ def index_with_progress(
             url=ctx.index_url,
             index=index,
             reach=reach,
+            reach_incomplete=reach_incomplete or (),
         )
 
 
@@ -235,6 +237,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         prune_prefixes(args.paths, loaded.folders),
         keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
         reach=loaded.reach,  # a link removed since: what it reached goes
+        reach_incomplete=loaded.reach_incomplete,
     )
     summary = {
         "index_dir": ctx.index_url or str(directory),

@@ -640,3 +640,58 @@ def test_a_link_whose_target_is_away_keeps_what_it_reached(tmp_path, monkeypatch
     assert n in indexed_sources(tmp_path, capsys, d)
     (d / "usb").unlink()
     assert n not in indexed_sources(tmp_path, capsys, d)
+
+
+def test_a_subfolder_left_unread_keeps_what_its_links_reached(tmp_path, monkeypatch, capsys):
+    """A review (2026-12-05): ``docs/private/link -> /ext``; a re-index that could not list
+    ``docs/private`` kept ``private``'s own files but pruned what its link had reached."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, ext = tmp_path / "docs", tmp_path / "ext"
+    (d / "private").mkdir(parents=True), ext.mkdir()
+    (d / "private" / "p.md").write_text("Rollo kept a secret.")
+    (d / "keep.md").write_text("Rollo kept his word.")
+    (ext / "e.md").write_text("Rollo signed the treaty.")
+    (d / "private" / "link").symlink_to(ext)
+    first = indexed_sources(tmp_path, capsys, d)
+    assert len(first) == 3
+    listing = os.scandir
+
+    def scandir(path="."):
+        if not isinstance(path, int) and os.fspath(path).endswith("private"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert indexed_sources(tmp_path, capsys, d) == first
+    monkeypatch.setattr(os, "scandir", listing)
+    (d / "private" / "link").unlink()  # readable again, the link gone: what it reached goes
+    assert indexed_sources(tmp_path, capsys, d) == sorted(
+        str(d.resolve() / p) for p in ("keep.md", "private/p.md")
+    )
+
+
+def test_a_folder_named_under_a_re_indexed_one_leaves_its_links_to_that_walk(
+    tmp_path, monkeypatch, capsys
+):
+    """``index docs/sub`` once, later ``index docs``: the old record of ``docs/sub`` kept
+    what its removed link had reached, as if indexed in its own right, for ever."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, ext = tmp_path / "docs", tmp_path / "ext"
+    (d / "sub").mkdir(parents=True), ext.mkdir()
+    (d / "sub" / "s.md").write_text("Rollo led the Norse.")
+    (ext / "e.md").write_text("Rollo signed the treaty.")
+    (d / "sub" / "link").symlink_to(ext)
+    indexed_sources(tmp_path, capsys, d / "sub")
+    assert str(ext.resolve() / "e.md") in indexed_sources(tmp_path, capsys, d)
+    (d / "sub" / "link").unlink()
+    assert indexed_sources(tmp_path, capsys, d) == [str(d.resolve() / "sub" / "s.md")]
+
+
+def test_what_a_link_record_holds():
+    from specrag.indexing.pipeline import _Held
+
+    held = _Held(["/a/b/", "/c/x.pdf", "/d/e.md"])
+    assert "/a/b/c/d.md" in held and "/c/x.pdf#page=3" in held and "/d/e.md" in held
+    for other in ("/a/bc.md", "/c/x.pdf#page=3.md", "/d/e.md.bak", "/a/b", "/d/"):
+        assert other not in held
+    assert not _Held([]) and "/a" not in _Held([])

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import NamedTuple
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
@@ -266,7 +267,7 @@ def require_supported(path: Path, given: str | Path) -> None:
 
 def collect_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand folders to their supported files; error on anything missing or unsupported."""
-    return collect_files_report(paths)[0]
+    return collect_files_report(paths).files
 
 
 def folder_prefix(path: str | Path) -> str:
@@ -274,20 +275,30 @@ def folder_prefix(path: str | Path) -> str:
     return source_name(path).rstrip(os.sep) + os.sep
 
 
-def collect_files_report(
-    paths: Iterable[str | Path],
-) -> tuple[list[Path], list[Skipped], list[str], dict[str, list[str]]]:
+class Collected(NamedTuple):
+    """What :func:`collect_files_report` found."""
+
+    files: list[Path]
+    skipped: list[Skipped]
+    folders: list[str]
+    """The real folders walked (a linked folder's target among them)."""
+    reach: dict[str, list[str]]
+    """Per named path (a folder's source prefix, a file's source), what it reached through
+    links out of itself: folder prefixes and file sources (none for a named file)."""
+    incomplete: list[str]
+    """The named folders (prefixes) whose walk met something it could not read."""
+
+
+def collect_files_report(paths: Iterable[str | Path]) -> Collected:
     """Folders expanded to their files; what was left out; the real folders walked; the reach.
 
-    The real folders include a linked folder's target. The reach: per named path (a folder's
-    source prefix, a file's source), what it reached through links out of itself - folder
-    prefixes and file sources (none for a named file). A file named explicitly must exist
-    and be supported (one-line ``InputError``).
+    A file named explicitly must exist and be supported (one-line ``InputError``).
     """
     files: list[Path] = []
     skipped: list[Skipped] = []
     folders: list[str] = []
     reach: dict[str, list[str]] = {}
+    incomplete: list[str] = []
     for item in paths:
         path = user_path(str(item), "cannot read")
         if not path.exists():
@@ -306,11 +317,13 @@ def collect_files_report(
                     linked += [folder_prefix(target), source_name(target)]
             out += [f for f in linked if not f.startswith((key, *out))]
             reach[key] = sorted({*reach.get(key, []), *out})
+            if any(s.reason.startswith(UNREADABLE) for s in left_out):
+                incomplete.append(key)
         else:
             require_supported(path, item)
             files.append(path)
             reach.setdefault(source_name(path.resolve()), [])
-    return _one_per_file(files), skipped, list(dict.fromkeys(folders)), reach
+    return Collected(_one_per_file(files), skipped, list(dict.fromkeys(folders)), reach, incomplete)
 
 
 def _one_per_file(files: Iterable[Path]) -> list[Path]:

@@ -68,6 +68,8 @@ class Loaded:
     """The real paths of the folders walked (a linked folder's target among them)."""
     reach: dict[str, list[str]] = field(default_factory=dict)
     """Per named path, what it reached through links out of itself (:func:`index_records`)."""
+    reach_incomplete: list[str] = field(default_factory=list)
+    """The named folders whose walk could not read all (they keep what they reached)."""
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         """The records (so ``index_records(load_files(paths), ...)`` keeps working)."""
@@ -85,9 +87,10 @@ def load_files(paths: Iterable[str]) -> Loaded:
     """
     paths = list(paths)
     max_file_bytes()  # a bad SPECRAG_MAX_FILE_MIB fails the run, not each file (no pruning)
-    files, skipped, folders, reach = collect_files_report(paths)
+    found = collect_files_report(paths)
     named = {Path(p).expanduser().resolve() for p in paths if not Path(p).expanduser().is_dir()}
-    out = Loaded([], [], skipped, folders, reach)
+    out = Loaded([], [], found.skipped, found.folders, found.reach, found.incomplete)
+    files = found.files
     for f in files:
         try:
             records = [(source, text) for source, text in read_records(f) if text.strip()]
@@ -175,14 +178,64 @@ def _depth(source: str, prefixes: Iterable[str]) -> int:
 BEFORE_RECORD = ""  # the link record's key of the sources indexed before it began
 
 
-def _holds(entries: Iterable[str], source: str) -> bool:
-    """``source`` is one of ``entries``, under one that is a folder prefix, or a page of one."""
-    for entry in entries:
-        if source == entry or (entry.endswith(os.sep) and source.startswith(entry)):
+class _Held:
+    """Sources held by record entries: a source, its PDF pages, all under a folder prefix."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self.exact: set[str] = set()
+        self.folders: set[str] = set()
+        for entry in entries:
+            (self.folders if entry.endswith(os.sep) else self.exact).add(entry)
+
+    def __bool__(self) -> bool:
+        return bool(self.exact or self.folders)
+
+    def __contains__(self, source: str) -> bool:
+        if source in self.exact:
             return True
-        if source.startswith(entry + PAGE_MARK) and source[len(entry + PAGE_MARK) :].isdigit():
+        base, mark, page = source.rpartition(PAGE_MARK)
+        if mark and page.isdigit() and base in self.exact:
             return True
-    return False
+        cut = source.find(os.sep)
+        while cut != -1 and self.folders:  # each folder the source lies in, shallowest first
+            if source[: cut + 1] in self.folders:
+                return True
+            cut = source.find(os.sep, cut + 1)
+        return False
+
+
+@dataclass
+class _LinkPlan:
+    """What a run's links no longer reach (``unlinked``), what stays held, the new record."""
+
+    unlinked: _Held
+    held: _Held
+    record: dict[str, list[str]]
+    now: dict[str, list[str]]  # this run's keys
+    dropped: set[str]  # keys of folders named under one this run walked: its walk covers them
+
+
+def _plan_links(
+    recorded: Mapping[str, Sequence[str]],
+    reach: Mapping[str, Sequence[str]],
+    incomplete: Iterable[str],
+) -> _LinkPlan:
+    """Compare this run's reach with the record (see :func:`index_records`)."""
+    now = {key: sorted(entries) for key, entries in reach.items()}
+    for key in incomplete:  # a walk that could not read all keeps what it reached before
+        now[key] = sorted({*now.get(key, []), *recorded.get(key, [])})
+    walked = [key for key in now if key.endswith(os.sep)]
+    dropped = {
+        key
+        for key in recorded
+        if key and key not in now and any(key.startswith(folder) for folder in walked)
+    }
+    record = {k: list(v) for k, v in {**recorded, **now}.items() if k not in dropped}
+    still = {e for entries in now.values() for e in entries}
+    before = [e for key in [*now, *dropped] for e in recorded.get(key, [])]
+    unlinked = _Held(e for e in before if e not in still)
+    held = _Held([*(k for k in record if k), *(e for v in record.values() for e in v)])
+    return _LinkPlan(unlinked, held, record, now, dropped)
 
 
 def index_records(
@@ -197,6 +250,7 @@ def index_records(
     url: str = "",
     index: VectorIndex | None = None,
     reach: Mapping[str, Sequence[str]] | None = None,
+    reach_incomplete: Iterable[str] = (),
 ) -> IndexReport:
     """Index ``(source, text)`` records.
 
@@ -207,25 +261,26 @@ def index_records(
     ``index``: the index already opened with :func:`open_for_writing` (else opened here).
 
     ``reach`` (:attr:`Loaded.reach`): what each named path reached through links out of
-    itself this time. What one reached last time (the index's record) and no longer does -
-    a link removed or pointed elsewhere - is dropped too, but for what a path of another run
-    holds or reaches (indexed in its own right), and for what the index held before its
-    record began (who indexed it, and why, is not known). The record is updated once pruning
-    is done, so a run cut short leaves it for the next one.
+    itself this time (``reach_incomplete``: named folders whose walk could not read all, which
+    keep what they reached before). What one reached last time (the index's record) and no
+    longer does - a link removed or pointed elsewhere - is dropped too, but for what a path of
+    another run holds or reaches (indexed in its own right), and for what the index held
+    before its record began (who indexed it, and why, is not known). The record is read just
+    before pruning and saved after it (merged with one another run saved meanwhile), so a run
+    cut short leaves it for the next one. A Chroma server's index keeps no record (it would be
+    one machine's): nothing is pruned for links there.
     """
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
+    if index.url:
+        reach = None
     roots = list(prune_roots)
     kept = set(keep)  # sources, as kept_paths names them
     kept_prefixes = [k + end for k in kept for end in (os.sep, PAGE_MARK)]
-    recorded = index.reach() if reach is not None else {}
-    if recorded is None:  # the first record: what is there already is never pruned for links
+    first: dict[str, list[str]] = {}
+    if reach is not None and index.reach() is None:  # the record begins: what is there stays
         before = sorted(index.sources())
-        recorded = {BEFORE_RECORD: before} if before else {}
-    now = {key: sorted(entries) for key, entries in (reach or {}).items()}
-    merged = {**recorded, **now}
-    unlinked = sorted({e for key in now for e in recorded.get(key, []) if e not in now[key]})
-    guarded = [*(k for k in merged if k), *(e for entries in merged.values() for e in entries)]
+        first = {BEFORE_RECORD: before} if before else {}
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
         records,
@@ -234,9 +289,13 @@ def index_records(
         overlap_tokens=OVERLAP_TOKENS,
         progress=progress,
     )
+    plan = None
+    if reach is not None:
+        recorded = index.reach()
+        plan = _plan_links(first if recorded is None else recorded, reach, reach_incomplete)
     removed: list[str] = []
     pruned = 0  # chunks of sources no longer there (a renamed file's old name)
-    if roots or unlinked:
+    if roots or (plan and plan.unlinked):
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
             if source in present or source in kept:
@@ -245,13 +304,14 @@ def index_records(
             root = _depth(source, roots)
             deeper_kept = _depth(source, kept_prefixes)
             if (root and root > deeper_kept) or (
-                not deeper_kept and _holds(unlinked, source) and not _holds(guarded, source)
+                plan and not deeper_kept and source in plan.unlinked and source not in plan.held
             ):
                 pruned += index.remove_source(source)
                 removed.append(source)
-    if reach is not None:  # on top of what another run may have saved meanwhile
+    if plan is not None:  # on top of what another run may have saved meanwhile
         latest = index.reach()
-        final = {**(recorded if latest is None else latest), **now}
+        base = plan.record if latest is None else {**latest, **plan.now}
+        final = {k: v for k, v in base.items() if k not in plan.dropped}
         if BEFORE_RECORD in final:
             gone = set(removed)
             final[BEFORE_RECORD] = [s for s in final[BEFORE_RECORD] if s not in gone]

@@ -297,19 +297,14 @@ class VectorIndex:
         return len(ids)
 
     # --- what named paths reached through links (pruned once no longer reached) ----------
-    def _reach_path(self) -> Path:
-        if not self.url:
-            return self.directory / f"reach-{self.collection_name}.json"
-        from specrag.paths import cache_dir
-
-        digest = hashlib.sha256(f"{self.url}|{self.collection_name}".encode()).hexdigest()[:16]
-        return cache_dir() / "reach" / f"{digest}.json"
+    def _reach_path(self) -> Path:  # a local index's (a server's index keeps none)
+        return self.directory / f"reach-{self.collection_name}.json"
 
     def reach(self) -> dict[str, list[str]] | None:
         """The record of what each indexed path reached through links out of itself.
 
-        None when there is none (an index made before the record, or on a server indexed
-        from another host) or it cannot be read (a warning).
+        None when there is none (an index made before the record) or it cannot be read (a
+        warning).
         """
         path = self._reach_path()
         try:

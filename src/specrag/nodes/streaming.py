@@ -61,6 +61,7 @@ def invocation() -> str:
             entry = _INVOCATIONS[id(control)] = (control, uuid.uuid4().hex[:12])
             while len(_INVOCATIONS) > KEEP_INVOCATIONS:
                 _INVOCATIONS.popitem(last=False)
+        _INVOCATIONS.move_to_end(id(control))  # a long run outlives the newer ones it sees
         return entry[1]
 
 
@@ -207,10 +208,13 @@ async def until_stopped(work: Coroutine[Any, Any, None], stopped: Callable[[], b
             await asyncio.wait({task}, timeout=STOP_POLL_S)
         task.result()  # its own error, if any
         return False
-    finally:
-        if not task.done():  # cancelled from outside (a budget): its end is not awaited, so
-            task.cancel()  # an error in the stream's clean-up is retrieved here, not logged
+    finally:  # cancelled from outside (a budget): the task's end is not awaited, so its
+        # error (in the stream's clean-up, or one it had just raised) is retrieved, not logged
+        if not task.done():
+            task.cancel()
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        elif not task.cancelled():
+            task.exception()
 
 
 async def stream_model(
