@@ -297,6 +297,22 @@ async def test_a_stores_own_timeout_error_is_reported_as_it_is():
     assert "retrieve: TimeoutError: the index is busy: another run opens one" in result["errors"]
 
 
+async def test_a_run_waiting_for_a_busy_index_is_told_so_before_its_budget_ends():
+    """The wait for the index lock lasted the whole retrieval budget, which therefore always
+    ended first: "the index is busy" never reached a run, only "no result within 1.0s"."""
+    from specrag.graph import services as services_module
+
+    def search(query, document, context):
+        services_module.open_index(context)  # another run is stuck opening the index
+        yield Batch("dense", [])
+
+    svc = dataclasses.replace(services(), batch_retriever=search)
+    with services_module._INDEX_LOCK:
+        result, _ = await timed(svc, retrieval_timeout_s=1.0, draft_policy="off")
+    assert result["route"] == "fallback" and result["reason"] == "retrieval failed"
+    assert any("TimeoutError: the index is busy" in e for e in result["errors"]), result["errors"]
+
+
 @pytest.mark.timeout(60)  # a regression hangs (forever before the fix)
 async def test_searches_that_never_return_do_not_starve_later_runs():
     """Each hung search kept one thread of the event loop's shared pool after its run ended

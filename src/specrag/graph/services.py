@@ -6,7 +6,9 @@ Defaults use the embedded local models; tests and applications pass their own
 
 from __future__ import annotations
 
+import contextvars
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,19 +59,29 @@ _INDEXES: dict[tuple[str, str, str], VectorIndex] = {}  # (url or directory, col
 _INDEX_LOCK = threading.Lock()
 
 
+SEARCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "specrag_search_deadline", default=None
+)
+"""When the running search's budget ends (``time.monotonic``; set by ``retrieve``)."""
+BUSY_MARGIN_S = 0.1  # a wait for the index lock gives up this long before the budget ends
+
+
 def open_index(ctx: SpecRagContext) -> VectorIndex:
     """The context's persistent index (one client per directory and collection).
 
-    Waits at most ``retrieval_timeout_s`` for another thread opening an index: a store that
-    hangs while it opens would otherwise gather one stuck thread per run behind it (a run's
-    budget ends its wait, not its thread) until a server's thread pool is full.
+    Waits at most ``retrieval_timeout_s`` for another thread opening an index, and within a
+    search gives up just before its budget ends, so the run is told the index was busy: a
+    store that hangs while it opens would otherwise gather one stuck thread per run behind it
+    (a run's budget ends its wait, not its thread) until a server's thread pool is full.
     """
     directory = str(Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir())
     key = (ctx.index_url or directory, ctx.collection, ctx.embedding_model)
-    if not _INDEX_LOCK.acquire(timeout=ctx.retrieval_timeout_s):
+    wait = ctx.retrieval_timeout_s
+    if (deadline := SEARCH_DEADLINE.get()) is not None:
+        wait = min(wait, max(0.0, deadline - time.monotonic() - BUSY_MARGIN_S))
+    if not _INDEX_LOCK.acquire(timeout=wait):
         raise TimeoutError(
-            f"the index is busy: another run has been opening one for over "
-            f"{ctx.retrieval_timeout_s}s"
+            f"the index is busy: another run was still opening one after {wait:.1f}s"
         )
     try:
         if key not in _INDEXES:

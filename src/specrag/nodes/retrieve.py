@@ -13,7 +13,7 @@ from langgraph.runtime import Runtime
 
 from specrag import prompts
 from specrag.graph.context import SpecRagContext
-from specrag.graph.services import Services
+from specrag.graph.services import SEARCH_DEADLINE, Services
 from specrag.graph.signals import EvidenceStream, open_evidence_stream, retrieval_signal
 from specrag.graph.state import State
 from specrag.indexing.documents import Chunk
@@ -165,6 +165,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                 update["query"] = query
                 if ctx.added_retrieval_latency_s > 0:  # injected (benchmarks only)
                     await asyncio.sleep(ctx.added_retrieval_latency_s)
+                SEARCH_DEADLINE.set(budget.when())  # the search's threads see it (loop clock)
                 batches = services.retrieve_batches(query, document, ctx)
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
                     if got.add(batch) and incremental:
