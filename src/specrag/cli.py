@@ -193,6 +193,8 @@ def index_with_progress(
     keep: list[str] | None = None,
     reach: dict[str, list[str]] | None = None,
     reach_incomplete: list[str] | None = None,
+    gone: list[str] | None = None,
+    index: Any = None,
 ) -> Any:
     """Index records into the context's index with a progress bar on stderr.
 
@@ -202,7 +204,8 @@ def index_with_progress(
     from specrag.progress import progress_bar
 
     directory = index_dir_of(ctx)
-    index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
+    if index is None:
+        index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
     with progress_bar(err) as bar:
         task = bar.add_task(label, total=len(records))
         return index_records(
@@ -217,27 +220,59 @@ def index_with_progress(
             index=index,
             reach=reach,
             reach_incomplete=reach_incomplete or (),
+            gone=gone or (),
         )
+
+
+def open_existing(ctx: Any, named: str) -> Any:
+    """The context's index, opened for writing; none there yet: "no such file or folder"."""
+    from specrag.errors import IndexError_
+    from specrag.indexing.pipeline import open_for_writing
+    from specrag.indexing.store import check_local
+
+    directory = index_dir_of(ctx)
+    try:
+        check_local(directory, ctx.collection, ctx.index_url)
+    except IndexError_ as exc:
+        if "no index at" in str(exc):
+            raise InputError(f"no such file or folder: {named}") from None
+        raise
+    return open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
 
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders."""
     from specrag.indexing.documents import describe_skipped
-    from specrag.indexing.pipeline import kept_paths, load_files, prune_prefixes
+    from specrag.indexing.pipeline import (
+        Loaded,
+        gone_entries,
+        kept_paths,
+        load_files,
+        missing_paths,
+        prune_prefixes,
+    )
     from specrag.indexing.store import check_local
 
     ctx = make_context(args, answers=False)
     directory = index_dir_of(ctx)
     check_local(directory, ctx.collection, ctx.index_url, create=True)  # before reading files
-    loaded = load_files(args.paths)  # validates every input before the index is opened
+    missing = missing_paths(args.paths)
+    there = [p for p in args.paths if p not in missing]
+    # every input validated before the index is changed: a path gone since it was indexed
+    # is removed from the index; one the index holds nothing of is an error (a typo)
+    loaded = load_files(there) if there else Loaded([], [])
+    index = open_existing(ctx, missing[0]) if missing else None
+    gone = gone_entries(missing, index.sources()) if index is not None else []
     report = index_with_progress(
         loaded.records,
         ctx,
         "indexing files",
-        prune_prefixes(args.paths, loaded.folders),
-        keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
-        reach=loaded.reach,  # a link removed since: what it reached goes
+        prune_prefixes(there, loaded.folders),
+        keep=kept_paths(loaded.skipped, there),  # unreadable now: what was indexed stays
+        reach={**loaded.reach, **{g: [] for g in gone if g.endswith(os.sep)}},
         reach_incomplete=loaded.reach_incomplete,
+        gone=gone,
+        index=index,
     )
     summary = {
         "index_dir": ctx.index_url or str(directory),
@@ -254,13 +289,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     else:
         line = (
             f"indexed {plural(len(loaded.files), 'file')} into {ctx.index_url or directory}: "
-            f"{report.chunks_total} chunks "
+            f"{plural(report.chunks_total, 'chunk')} "
             f"({report.chunks_added} new, {report.chunks_removed} removed)"
         )
-        if gone := len(report.sources_removed):
+        if n_gone := len(report.sources_removed):
             line += (
-                f"; {plural(gone, 'file')} (or PDF pages) no longer there "
-                f"{'was' if gone == 1 else 'were'} removed from the index"
+                f"; {plural(n_gone, 'file')} (or PDF pages) no longer there "
+                f"{'was' if n_gone == 1 else 'were'} removed from the index"
             )
         if loaded.skipped:
             line += f"; skipped {len(loaded.skipped)} ({describe_skipped(loaded.skipped, 5)})"

@@ -13,20 +13,29 @@ from pathlib import Path
 import platformdirs
 
 
+def _env_dir(name: str, default: str) -> Path:
+    """``$name`` (or ``default``) with ``~`` expanded, as a path on the command line is.
+
+    A quoted value, an env file, systemd or docker pass a ``~`` on literally (a ``~`` folder
+    in the working directory); ``~user`` of no such user is one line naming the variable.
+    """
+    from specrag.errors import InputError
+
+    value = os.environ.get(name) or default
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as exc:  # "Could not determine home directory."
+        raise InputError(f"{name}={value}: {str(exc).rstrip('.')}") from None
+
+
 def data_dir() -> Path:
     """Directory for persistent data (the default Chroma index lives here)."""
-    # "~" expanded here as in a path on the command line: a quoted value, an env file,
-    # systemd or docker pass it on literally (a "~" folder in the working directory)
-    return Path(
-        os.environ.get("SPECRAG_DATA_DIR") or platformdirs.user_data_dir("specrag")
-    ).expanduser()
+    return _env_dir("SPECRAG_DATA_DIR", platformdirs.user_data_dir("specrag"))
 
 
 def cache_dir() -> Path:
     """Directory for caches that can be rebuilt (converted models)."""
-    return Path(
-        os.environ.get("SPECRAG_CACHE_DIR") or platformdirs.user_cache_dir("specrag")
-    ).expanduser()
+    return _env_dir("SPECRAG_CACHE_DIR", platformdirs.user_cache_dir("specrag"))
 
 
 def default_index_dir() -> Path:

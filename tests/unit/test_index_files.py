@@ -695,3 +695,38 @@ def test_what_a_link_record_holds():
     for other in ("/a/bc.md", "/c/x.pdf#page=3.md", "/d/e.md.bak", "/a/b", "/d/"):
         assert other not in held
     assert not _Held([]) and "/a" not in _Held([])
+
+
+def test_a_path_gone_since_it_was_indexed_by_name_is_removed_when_named_again(
+    tmp_path, monkeypatch, capsys
+):
+    """A new user's report (2026-12-05): a file indexed by name and deleted stayed cited for
+    ever - naming it again was "no such file", and no folder walk would ever prune it."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    fact, keep, folder = tmp_path / "fact.txt", tmp_path / "keep.md", tmp_path / "old"
+    folder.mkdir()
+    fact.write_text("The Zlonk bird sings at dawn.")
+    keep.write_text("Rollo kept his word.")
+    (folder / "a.md").write_text("Rollo signed the treaty.")
+    write_pdf(tmp_path / "x.pdf", ["The treaty was signed in 911.", "Rollo was baptised."])
+    indexed_sources(tmp_path, capsys, fact, keep, folder, tmp_path / "x.pdf")
+    fact.unlink()
+    (tmp_path / "x.pdf").unlink()
+    (folder / "a.md").unlink()
+    folder.rmdir()
+    after = indexed_sources(tmp_path, capsys, fact, folder, tmp_path / "x.pdf")
+    assert after == [str(keep.resolve())]
+    # a name the index holds nothing of is still a typo: one line, nothing removed
+    assert main(["index", str(keep), str(tmp_path / "typo.md")]) == 2
+    assert (
+        capsys.readouterr().err.strip().endswith(f"no such file or folder: {tmp_path / 'typo.md'}")
+    )
+
+
+def test_an_empty_path_is_no_working_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.md").write_text("Rollo led the Norse.")
+    assert main(["index", ""]) == 2
+    assert "an empty path was given" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

@@ -300,6 +300,8 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
     reach: dict[str, list[str]] = {}
     incomplete: list[str] = []
     for item in paths:
+        if not str(item).strip():  # Path("") is "." - a stray "" indexed the working folder
+            raise InputError('an empty path was given (the current folder is ".")')
         path = user_path(str(item), "cannot read")
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")

@@ -23,6 +23,7 @@ from specrag.indexing.documents import (
 )
 from specrag.indexing.store import IndexReport, VectorIndex, check_local, index_documents
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
+from specrag.paths import user_path
 
 CHUNK_TOKENS = 200  # all-MiniLM-L6-v2 reads at most 256 word pieces
 OVERLAP_TOKENS = 30
@@ -159,6 +160,38 @@ def prune_prefixes(paths: Iterable[str], folders: Iterable[str] = ()) -> list[st
     return out
 
 
+def missing_paths(paths: Iterable[str]) -> list[str]:
+    """The named paths that are not there (not even as a broken link).
+
+    One the OS refuses (too long, under a folder that may not be entered, ``~user`` of no
+    such user) is one-line ``InputError`` (:func:`~specrag.paths.user_path`).
+    """
+    return [
+        p for p in paths if str(p).strip() and not os.path.lexists(user_path(str(p), "cannot read"))
+    ]
+
+
+def gone_entries(paths: Iterable[str], held: set[str]) -> list[str]:
+    """What the index (``held``: its sources) holds of named paths that are gone.
+
+    Per path, its source (a file indexed by name; its pages) or its prefix (a folder); a path
+    of which the index holds nothing is one-line ``InputError`` ("no such file or folder"),
+    before anything is removed: a typo never prunes.
+    """
+    out = []
+    for p in paths:
+        real = source_name(Path(p).expanduser().absolute().resolve())
+        found = [
+            entry
+            for entry in (real, real.rstrip(os.sep) + os.sep)  # a file (and pages), a folder
+            if any(source in _Held([entry]) for source in held)
+        ]
+        if not found:
+            raise InputError(f"no such file or folder: {p}")
+        out += found
+    return out
+
+
 def _depth(source: str, prefixes: Iterable[str]) -> int:
     """Length of the longest of ``prefixes`` that ``source`` lies under (0: none).
 
@@ -251,6 +284,7 @@ def index_records(
     index: VectorIndex | None = None,
     reach: Mapping[str, Sequence[str]] | None = None,
     reach_incomplete: Iterable[str] = (),
+    gone: Iterable[str] = (),
 ) -> IndexReport:
     """Index ``(source, text)`` records.
 
@@ -269,6 +303,9 @@ def index_records(
     before pruning and saved after it (merged with one another run saved meanwhile), so a run
     cut short leaves it for the next one. A Chroma server's index keeps no record (it would be
     one machine's): nothing is pruned for links there.
+
+    ``gone`` (:func:`gone_entries`): named paths that are no longer there - a file's source
+    (its pages too), a folder's prefix; what the index holds of them is dropped.
     """
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
@@ -295,7 +332,8 @@ def index_records(
         plan = _plan_links(first if recorded is None else recorded, reach, reach_incomplete)
     removed: list[str] = []
     pruned = 0  # chunks of sources no longer there (a renamed file's old name)
-    if roots or (plan and plan.unlinked):
+    forgotten = _Held(gone)
+    if roots or (plan and plan.unlinked) or forgotten:
         present = {source for source, _ in records}
         for source in sorted(index.sources()):
             if source in present or source in kept:
@@ -303,8 +341,12 @@ def index_records(
             # under a named (or walked) folder, and not under a deeper folder left unread
             root = _depth(source, roots)
             deeper_kept = _depth(source, kept_prefixes)
-            if (root and root > deeper_kept) or (
-                plan and not deeper_kept and source in plan.unlinked and source not in plan.held
+            if (
+                (root and root > deeper_kept)
+                or source in forgotten
+                or (
+                    plan and not deeper_kept and source in plan.unlinked and source not in plan.held
+                )
             ):
                 pruned += index.remove_source(source)
                 removed.append(source)
