@@ -35,6 +35,7 @@ from specrag.runner import (  # noqa: E402
     result_json,
     run_graph,
     save_thread_settings,
+    thread_document,
     thread_settings,
     unfinished_run,
 )
@@ -382,21 +383,28 @@ def cmd_ask(args: argparse.Namespace) -> int:
         open_index(ctx)
     preload(ctx, document, index=False)  # opened just above where the run needs it
     loading = time.perf_counter() - started  # the index's embedding model too
+    from specrag.indexing.documents import source_name
+
     if args.thread and not args.resume:  # the run starts now: kept for its --resume
-        save_thread_settings(args.thread, thread_overrides(args))
+        named = source_name(path.absolute()) if path is not None else ""
+        save_thread_settings(args.thread, thread_overrides(args), document=named)
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
     )
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
-    if path is not None:  # the graph knows the document's text, not its file: name the file
+    # the graph knows the document's text, not its file: name the file (a resumed run's, as
+    # its first process saved it; a name that is not UTF-8 shows as \xNN)
+    named = source_name(path) if path is not None else ""
+    if args.resume and args.thread:
+        named = thread_document(args.thread)
+    if named:
         from specrag.indexing.document_search import DOCUMENT_SOURCE
-        from specrag.indexing.documents import source_name
 
         for src in view["sources"]:
-            if src["source"] == DOCUMENT_SOURCE:  # a name that is not UTF-8 shows as \xNN
-                src["source"] = source_name(path)
+            if src["source"] == DOCUMENT_SOURCE:
+                src["source"] = named
     if args.json:
         print_json(view)
         return 0

@@ -135,15 +135,24 @@ def _threads() -> Any:
     return Records(data_dir() / THREADS, limit=4096)
 
 
-def save_thread_settings(thread: str, overrides: dict[str, Any]) -> None:
-    """Keep the settings a run of ``thread`` starts with, for ``specrag ask --resume``."""
-    _threads().put(thread, {"settings": overrides})
+def save_thread_settings(thread: str, overrides: dict[str, Any], document: str = "") -> None:
+    """Keep the settings a run of ``thread`` starts with, for ``specrag ask --resume``.
+
+    ``document``: the file its ``--document`` text came from, which the resumed run cites.
+    """
+    _threads().put(thread, {"settings": overrides, **({"document": document} if document else {})})
 
 
 def thread_settings(thread: str) -> dict[str, Any]:
     """The settings the latest run of ``thread`` started with ({} when none were kept)."""
     found = (_threads().get(thread) or {}).get("settings")
     return found if isinstance(found, dict) else {}
+
+
+def thread_document(thread: str) -> str:
+    """The file the latest run of ``thread`` read its document from ("" when none)."""
+    found = (_threads().get(thread) or {}).get("document")
+    return found if isinstance(found, str) else ""
 
 
 async def check_checkpoints() -> None:

@@ -339,6 +339,48 @@ def test_a_thread_keeps_its_settings_only_once_its_run_starts(capsys, monkeypatc
     assert seen == {"seed": "3"}  # saved before the run: this command's own settings
 
 
+def test_a_resumed_document_run_cites_the_file_its_first_process_read(
+    capsys, monkeypatch, tmp_path
+):
+    """A new user's report (2026-12-05): `ask --document contract.txt --thread t` cited
+    "contract.txt"; the same run after `--resume` cited "document" (the graph's name for a
+    given text), since --resume takes no --document."""
+    import json
+    import types
+
+    import specrag.cli
+    from specrag.runner import thread_document
+
+    doc = tmp_path / "contract.txt"
+    doc.write_text("Clause 15: the tenant keeps the garden.")
+    view = {
+        "answer": "The garden.",
+        "route": "generate",
+        "reason": "r",
+        "sources": [{"n": 1, "source": "document", "score": 0.5}],
+        "timings": {"load_s": 0.0},
+    }
+
+    async def run_graph(*a, **k):
+        if not a[0]:  # the resumed run (no question)
+            return {}
+        raise KeyboardInterrupt  # the first process stops mid-run
+
+    async def unfinished_run(thread):
+        return types.SimpleNamespace(needs_index=False)
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    monkeypatch.setattr(specrag.cli, "unfinished_run", unfinished_run)
+    monkeypatch.setattr(specrag.cli, "result_json", lambda result: json.loads(json.dumps(view)))
+    ask = ["ask", "Clause 15?", "--document", str(doc), "--thread", "t-doc", "--json"]
+    assert main(ask) == 130  # Ctrl-C
+    assert thread_document("t-doc") == str(doc)
+    capsys.readouterr()
+    assert main(["ask", "--thread", "t-doc", "--resume", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sources"][0]["source"] == str(doc)
+
+
 def test_an_index_given_with_resume_replaces_the_saved_one(tmp_path):
     import argparse
 
