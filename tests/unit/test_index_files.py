@@ -329,6 +329,33 @@ def test_an_index_refuses_another_embedding_model(tmp_path, monkeypatch, capsys)
     assert main(["index", str(f), *other, "--set", "collection=other-model", "--json"]) == 0
 
 
+def test_another_embedding_model_is_refused_before_it_loads(tmp_path, monkeypatch, capsys):
+    """A new user's report (2026-12-05): a hub id not cached here spent 75 s in download
+    retries (33 lines of them) before the index said it was built with another model."""
+    import importlib
+
+    import specrag.indexing.pipeline
+
+    services = importlib.import_module("specrag.graph.services")  # specrag.graph shadows it
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    f = tmp_path / "notes.md"
+    f.write_text("Rollo led the Norse settlers of Normandy.")
+    assert main(["index", str(f)]) == 0
+
+    def no_load(name):
+        raise AssertionError(f"loaded {name}")
+
+    for module in (services, specrag.indexing.pipeline):
+        monkeypatch.setattr(module, "load_embeddings", no_load)
+    services._INDEXES.clear()
+    hub = ["--set", "embedding_model=sentence-transformers/all-mpnet-base-v2"]
+    capsys.readouterr()
+    for argv in (["ask", "Who led?", *hub], ["index", str(f), *hub]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "was built with embedding model 'embedded'" in err and "\n" not in err, err
+
+
 def test_the_embedding_record_names_the_model_not_a_folder_that_happens_to_be_here(
     tmp_path, monkeypatch
 ):

@@ -20,7 +20,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from specrag.graph.context import SpecRagContext
 from specrag.indexing.document_search import index_document, search_document
 from specrag.indexing.documents import Chunk
-from specrag.indexing.store import Batch, VectorIndex, check_local
+from specrag.indexing.store import Batch, VectorIndex, check_local, check_recorded_model
 from specrag.models.chat import LocalChatBase
 from specrag.models.loading import load_embeddings, load_lm
 from specrag.models.registry import chat_model_from_spec, local_model_name
@@ -86,6 +86,7 @@ def open_index(ctx: SpecRagContext) -> VectorIndex:
     try:
         if key not in _INDEXES:
             check_local(Path(directory), ctx.collection, ctx.index_url)  # before the model loads
+            check_recorded_model(directory, ctx.collection, ctx.index_url, ctx.embedding_model)
             _INDEXES[key] = VectorIndex(
                 directory,
                 load_embeddings(ctx.embedding_model),

@@ -21,7 +21,13 @@ from specrag.indexing.documents import (
     read_records,
     source_name,
 )
-from specrag.indexing.store import IndexReport, VectorIndex, check_local, index_documents
+from specrag.indexing.store import (
+    IndexReport,
+    VectorIndex,
+    check_local,
+    check_recorded_model,
+    index_documents,
+)
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
 from specrag.paths import user_path
 
@@ -48,6 +54,7 @@ def open_for_writing(
 ) -> VectorIndex:
     """Open (creating if needed) an index for indexing (on the Chroma server at ``url``)."""
     check_local(directory, collection, url, create=True)  # a bad name: before the model loads
+    check_recorded_model(directory, collection, url, embedding_model)  # another model's index
     return VectorIndex(
         directory,
         load_embeddings(embedding_model),

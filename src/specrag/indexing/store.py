@@ -79,6 +79,30 @@ def check_embedding_stamp(built_with: str | None, using: str, collection: str, w
     )
 
 
+def check_recorded_model(
+    directory: str | Path, collection: str, url: str, embedding_model: str
+) -> None:
+    """:func:`check_embedding_stamp` before the embedding model loads (a one-line error).
+
+    A hub id that is not cached here took a minute of download retries before the index
+    said it was built with another model. Whatever this cannot read (no index yet, a server
+    down) is left to opening the index, which tells it.
+    """
+    where = url or str(Path(directory).expanduser())
+    if not url and not (Path(where) / "chroma.sqlite3").is_file():
+        return
+    try:
+        import chromadb
+
+        client = connect(url) if url else chromadb.PersistentClient(path=where)
+        recorded = (client.get_collection(collection, embedding_function=None).metadata or {}).get(
+            EMBEDDING_KEY
+        )
+    except Exception:  # noqa: BLE001 - opening the index reports it
+        return
+    check_embedding_stamp(recorded, embedding_stamp(embedding_model), collection, where)
+
+
 Progress = Callable[[int], None]
 
 
