@@ -383,7 +383,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         open_index(ctx)
     preload(ctx, document, index=False)  # opened just above where the run needs it
     loading = time.perf_counter() - started  # the index's embedding model too
-    from specrag.indexing.documents import source_name
+    from specrag.indexing.documents import one_line, source_name
 
     if args.thread and not args.resume:  # the run starts now: kept for its --resume
         named = source_name(path.absolute()) if path is not None else ""
@@ -414,7 +414,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         f"[dim]route:[/dim] {escape(view['route'])} - {escape(view['reason'])}", soft_wrap=True
     )
     for src in view["sources"]:
-        cited = escape(f"[{src['n']}] {src['source']}")
+        cited = escape(f"[{src['n']}] {one_line(src['source'])}")
         out.print(f"[dim]  {cited} (score {src['score']})[/dim]", soft_wrap=True)
     t = view["timings"]
     out.print(

@@ -757,3 +757,17 @@ def test_an_empty_path_is_no_working_folder(tmp_path, monkeypatch, capsys):
     assert main(["index", ""]) == 2
     assert "an empty path was given" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+def test_a_file_name_with_control_characters_stays_on_one_line(tmp_path):
+    r"""A new user's report (2026-12-05): ``bad\nname.png`` split the skipped list of the
+    one-line summary in two (and an escape code would have coloured the terminal)."""
+    from specrag.indexing.documents import describe_skipped, one_line
+
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "bad\nname\x1b[31m.png").write_bytes(b"x")
+    (d / "a.md").write_text("Rollo led the Norse.")
+    shown = describe_skipped(load_files([str(d)]).skipped, 5)
+    assert shown == r"bad\nname\x1b[31m.png: unsupported type .png"
+    assert one_line("café\ttab") == r"café\ttab"

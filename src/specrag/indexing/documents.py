@@ -104,9 +104,21 @@ class Skipped:
         return self.reason == HIDDEN or self.reason.startswith(UNREADABLE)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    r"""``text`` with its control characters escaped (``\n``, ``\x1b``).
+
+    A file name may hold them; a line that prints one must stay one line, with no terminal
+    codes.
+    """
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def describe_skipped(skipped: list[Skipped], shown: int) -> str:
     """``a.png: unsupported ...; b.txt: empty (no text); and 3 more``: the first ``shown``."""
-    text = "; ".join(f"{Path(s.path).name}: {s.reason}" for s in skipped[:shown])
+    text = "; ".join(one_line(f"{Path(s.path).name}: {s.reason}") for s in skipped[:shown])
     return text + (f"; and {len(skipped) - shown} more" if len(skipped) > shown else "")
 
 
