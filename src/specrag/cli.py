@@ -276,7 +276,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         index=index,
     )
     summary = {
-        "index_dir": ctx.index_url or str(directory),
+        "index_dir": ctx.index_url or str(Path(directory).absolute()),
         "files": len(loaded.files),
         "sources": report.files,  # a PDF counts one source per page with text
         "chunks": report.chunks_total,
@@ -381,7 +381,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
         # no index, no such collection, a bad URL or a server down: one line, before the run
         open_index(ctx)
-    preload(ctx, document, index=False)  # opened just above where the run needs it
+    preload(ctx, document, index=False, started=started)  # the index: opened just above
     loading = time.perf_counter() - started  # the index's embedding model too
     from specrag.indexing.documents import one_line, source_name
 

@@ -242,17 +242,20 @@ async def _run(
     return final
 
 
-def preload(ctx: Any, document: str | None = None, *, index: bool = True) -> float:
+def preload(
+    ctx: Any, document: str | None = None, *, index: bool = True, started: float | None = None
+) -> float:
     """Load models and open the index before a run starts; returns seconds.
 
     A run loads its models itself, before its origin (``load_s``, outside every budget), but
     opens the index inside its retrieval budget: on a busy machine a process's first question
     could time out into the fallback route. A document run opens no index, nor does
-    ``index=False`` (the caller opened it, or the run needs none). Prints a note on stderr.
+    ``index=False`` (the caller opened it, or the run needs none). Prints a note on stderr,
+    timed from ``started`` (``perf_counter``; the caller's loading began there) or its call.
     """
     from specrag.graph.services import Services, default_chat_model
 
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     services = Services()
     specs = [ctx.answer_spec] + ([ctx.draft_spec] if ctx.drafter_runs else [])
     for spec in dict.fromkeys(specs):

@@ -28,6 +28,18 @@ def test_an_unreadable_file_or_a_record_that_is_no_object_counts_as_missing(tmp_
     assert records.read() == {"b": {"z": 0}}
 
 
+def test_a_damaged_file_is_kept_aside_with_a_warning_not_written_over(tmp_path, caplog):
+    """A new user's report (2026-12-05): a damaged threads.json was silently overwritten by
+    the next --thread run, and every other thread's kept settings were gone."""
+    records = Records(tmp_path / "threads.json")
+    records.path.write_text('{"t1": {"settings": {"seed": "3"}}, "t2": ')  # cut by a crash
+    with caplog.at_level("WARNING"):
+        records.put("t3", {"settings": {}})
+    assert records.read() == {"t3": {"settings": {}}}
+    aside = tmp_path / "threads.json.damaged"
+    assert aside.read_text().startswith('{"t1"') and "kept as" in caplog.text
+
+
 def test_a_write_that_fails_loses_only_the_record_and_leaves_no_temporary(tmp_path, monkeypatch):
     records = Records(tmp_path / "r.json")
     records.put("a", {"x": 1})

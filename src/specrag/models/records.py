@@ -1,7 +1,8 @@
 """A JSON file of small records by key: read whole, written atomically (stdlib only).
 
 Used for what the cache dir remembers between processes (timed layout verdicts, GGUF
-digests). An unreadable file or a record that is not an object counts as missing; a write goes
+digests). An unreadable file or a record that is not an object counts as missing (the next
+write keeps such a file aside as ``<name>.damaged``, with a warning); a write goes
 to a temporary file first, then is renamed over the old one, so a reader never sees half a
 file. Two processes writing at once may drop one's record, which only costs that record's
 work again later (a timing, a hash; a converted copy unused for an hour may be pruned and
@@ -17,9 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class Records:
@@ -29,13 +33,19 @@ class Records:
         self.path = path
         self.limit = limit  # records kept: a write beyond it drops the least recently written
 
-    def read(self) -> dict[str, Any]:
-        """Every record ({} when the file is missing, unreadable or not a JSON object)."""
+    def _load(self) -> tuple[dict[str, Any], bool]:
+        """Every record, and whether a file is there that holds none readable (damaged)."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}, False
         except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
-            return {}
-        return data if isinstance(data, dict) else {}
+            return {}, self.path.is_file()
+        return (data, False) if isinstance(data, dict) else ({}, True)
+
+    def read(self) -> dict[str, Any]:
+        """Every record ({} when the file is missing, unreadable or not a JSON object)."""
+        return self._load()[0]
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The record of ``key`` if there is one and it is a JSON object."""
@@ -48,7 +58,12 @@ class Records:
         ``key`` becomes the most recently written record; beyond :attr:`limit` records the
         least recently written are dropped.
         """
-        data = self.read()
+        data, damaged = self._load()
+        if damaged:  # kept aside, not written over: its records may be worth recovering
+            aside = self.path.with_name(f"{self.path.name}.damaged")
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+                log.warning("%s could not be read: kept as %s, a new one started", self.path, aside)
         data.pop(key, None)  # a rewritten key moves to the end: the order is write order
         data[key] = record
         for old in list(data)[: max(0, len(data) - self.limit)]:
