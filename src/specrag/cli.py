@@ -195,7 +195,6 @@ def index_with_progress(
     reach: dict[str, list[str]] | None = None,
     reach_incomplete: list[str] | None = None,
     gone: list[str] | None = None,
-    index: Any = None,
 ) -> Any:
     """Index records into the context's index with a progress bar on stderr.
 
@@ -205,8 +204,7 @@ def index_with_progress(
     from specrag.progress import progress_bar
 
     directory = index_dir_of(ctx)
-    if index is None:
-        index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
+    index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
     with progress_bar(err) as bar:
         task = bar.add_task(label, total=len(records))
         return index_records(
@@ -225,55 +223,35 @@ def index_with_progress(
         )
 
 
-def open_existing(ctx: Any, named: str) -> Any:
-    """The context's index, opened for writing; none there yet: "no such file or folder"."""
-    from specrag.errors import IndexError_
-    from specrag.indexing.pipeline import open_for_writing
-    from specrag.indexing.store import check_local
-
-    directory = index_dir_of(ctx)
-    try:
-        check_local(directory, ctx.collection, ctx.index_url)
-    except IndexError_ as exc:
-        if "no index at" in str(exc):
-            raise InputError(f"no such file or folder: {named}") from None
-        raise
-    return open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
-
-
 def cmd_index(args: argparse.Namespace) -> int:
-    """Index files and folders."""
+    """Index files and folders (``--forget``: remove what the index holds of them)."""
     from specrag.indexing.documents import describe_skipped
     from specrag.indexing.pipeline import (
         Loaded,
-        gone_entries,
+        forget_entries,
         kept_paths,
         load_files,
-        missing_paths,
         prune_prefixes,
     )
-    from specrag.indexing.store import check_local
+    from specrag.indexing.store import check_local, stored_sources
 
     ctx = make_context(args, answers=False)
     directory = index_dir_of(ctx)
-    check_local(directory, ctx.collection, ctx.index_url, create=True)  # before reading files
-    missing = missing_paths(args.paths)
-    there = [p for p in args.paths if p not in missing]
-    # every input validated before the index is changed: a path gone since it was indexed
-    # is removed from the index; one the index holds nothing of is an error (a typo)
-    loaded = load_files(there) if there else Loaded([], [])
-    index = open_existing(ctx, missing[0]) if missing else None
-    gone = gone_entries(missing, index.sources()) if index is not None else []
+    check_local(directory, ctx.collection, ctx.index_url, create=not args.forget)
+    if args.forget:  # checked against the index before the embedding model loads: a typo
+        held = stored_sources(directory, ctx.collection, ctx.index_url)  # removes nothing
+        loaded, gone = Loaded([], []), forget_entries(args.paths, held)
+    else:
+        loaded, gone = load_files(args.paths), []  # validates every input first
     report = index_with_progress(
         loaded.records,
         ctx,
-        "indexing files",
-        prune_prefixes(there, loaded.folders),
-        keep=kept_paths(loaded.skipped, there),  # unreadable now: what was indexed stays
-        reach={**loaded.reach, **{g: [] for g in gone if g.endswith(os.sep)}},
+        "forgetting" if args.forget else "indexing files",
+        [] if args.forget else prune_prefixes(args.paths, loaded.folders),
+        keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
+        reach=loaded.reach,  # a link removed since: what it reached goes
         reach_incomplete=loaded.reach_incomplete,
         gone=gone,
-        index=index,
     )
     summary = {
         "index_dir": ctx.index_url or str(Path(directory).absolute()),
@@ -282,7 +260,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         "chunks": report.chunks_total,
         "added": report.chunks_added,
         "removed": report.chunks_removed,
-        "files_removed": len(report.sources_removed),  # files (or PDF pages) no longer there
+        "files_removed": len(report.sources_removed),  # no longer there, or forgotten
         "skipped": [s.as_dict() for s in loaded.skipped],
     }
     if args.json:
@@ -293,7 +271,14 @@ def cmd_index(args: argparse.Namespace) -> int:
             f"{plural(report.chunks_total, 'chunk')} "
             f"({report.chunks_added} new, {report.chunks_removed} removed)"
         )
-        if n_gone := len(report.sources_removed):
+        n_gone = len(report.sources_removed)
+        if args.forget:
+            line = (
+                f"forgot {plural(n_gone, 'file')} (or PDF pages) in "
+                f"{ctx.index_url or directory}: {report.chunks_removed} removed, "
+                f"{plural(report.chunks_total, 'chunk')} left"
+            )
+        elif n_gone:
             line += (
                 f"; {plural(n_gone, 'file')} (or PDF pages) no longer there "
                 f"{'was' if n_gone == 1 else 'were'} removed from the index"
@@ -680,6 +665,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="index .txt/.md/.html/.pdf files and folders")
     p.add_argument(
         "paths", nargs="+", help="files and folders (a folder: every supported file under it)"
+    )
+    p.add_argument(
+        "--forget",
+        action="store_true",
+        help="remove what the index holds of these files and folders (gone or not) instead "
+        "of indexing them",
     )
     common(p)
     p.set_defaults(func=cmd_index)

@@ -724,30 +724,42 @@ def test_what_a_link_record_holds():
     assert not _Held([]) and "/a" not in _Held([])
 
 
-def test_a_path_gone_since_it_was_indexed_by_name_is_removed_when_named_again(
-    tmp_path, monkeypatch, capsys
-):
+def test_forget_removes_what_the_index_holds_of_a_path_gone_or_not(tmp_path, monkeypatch, capsys):
     """A new user's report (2026-12-05): a file indexed by name and deleted stayed cited for
-    ever - naming it again was "no such file", and no folder walk would ever prune it."""
+    ever - naming it again was "no such file", and no folder walk would ever prune it. Naming
+    a missing path stays an error (a drive not mounted must not empty the index):
+    ``--forget`` removes, and a path the index holds nothing of removes nothing."""
+    import importlib
+
+    import specrag.indexing.pipeline
+
+    services = importlib.import_module("specrag.graph.services")
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
-    fact, keep, folder = tmp_path / "fact.txt", tmp_path / "keep.md", tmp_path / "old"
-    folder.mkdir()
+    fact, keep, folder, ext = (tmp_path / n for n in ("fact.txt", "keep.md", "old", "ext"))
+    folder.mkdir(), ext.mkdir()
     fact.write_text("The Zlonk bird sings at dawn.")
     keep.write_text("Rollo kept his word.")
     (folder / "a.md").write_text("Rollo signed the treaty.")
+    (ext / "e.md").write_text("Rollo was baptised.")
+    (folder / "link").symlink_to(ext)  # what the forgotten folder reached goes with it
     write_pdf(tmp_path / "x.pdf", ["The treaty was signed in 911.", "Rollo was baptised."])
     indexed_sources(tmp_path, capsys, fact, keep, folder, tmp_path / "x.pdf")
     fact.unlink()
     (tmp_path / "x.pdf").unlink()
-    (folder / "a.md").unlink()
-    folder.rmdir()
-    after = indexed_sources(tmp_path, capsys, fact, folder, tmp_path / "x.pdf")
-    assert after == [str(keep.resolve())]
-    # a name the index holds nothing of is still a typo: one line, nothing removed
-    assert main(["index", str(keep), str(tmp_path / "typo.md")]) == 2
-    assert (
-        capsys.readouterr().err.strip().endswith(f"no such file or folder: {tmp_path / 'typo.md'}")
-    )
+    assert main(["index", str(fact)]) == 2  # gone: an error, as ever, nothing removed
+    assert "no such file or folder" in capsys.readouterr().err
+
+    def no_load(name):
+        raise AssertionError(f"loaded {name}")
+
+    with monkeypatch.context() as m:  # a typo is told before the embedding model loads
+        for module in (services, specrag.indexing.pipeline):
+            m.setattr(module, "load_embeddings", no_load)
+        services._INDEXES.clear()
+        assert main(["index", "--forget", str(fact), str(tmp_path / "typo.md")]) == 2
+        assert "the index holds nothing of" in capsys.readouterr().err
+    after = indexed_sources(tmp_path, capsys, "--forget", fact, folder, tmp_path / "x.pdf")
+    assert after == [str(keep.resolve())]  # the folder is still there: forgotten all the same
 
 
 def test_an_empty_path_is_no_working_folder(tmp_path, monkeypatch, capsys):

@@ -36,7 +36,7 @@ def test_a_damaged_file_is_kept_aside_with_a_warning_not_written_over(tmp_path, 
     with caplog.at_level("WARNING"):
         records.put("t3", {"settings": {}})
     assert records.read() == {"t3": {"settings": {}}}
-    aside = tmp_path / "threads.json.damaged"
+    (aside,) = tmp_path.glob("threads.json.damaged-*")
     assert aside.read_text().startswith('{"t1"') and "kept as" in caplog.text
 
 
@@ -65,3 +65,25 @@ def test_a_file_keeps_the_most_recently_written_records_up_to_its_limit(tmp_path
     records.put("e", {"k": "e"})
     assert list(records.read()) == ["d", "b", "e"]  # "c" was the least recently written
     assert records.get("b") == {"k": "b2"}
+
+
+def test_a_file_that_cannot_be_read_now_is_not_written_over(tmp_path, monkeypatch, caplog):
+    """No file handle left, a disk error: the file is not known to be damaged, and writing
+    over it would lose every other record (every thread's --resume settings)."""
+    from pathlib import Path
+
+    records = Records(tmp_path / "threads.json")
+    records.put("t1", {"settings": {"seed": "3"}})
+    real = Path.read_text
+
+    def busy(self, *a, **k):
+        if self == records.path:
+            raise OSError(24, "Too many open files")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", busy)
+    with caplog.at_level("WARNING"):
+        records.put("t2", {"settings": {}})
+    monkeypatch.setattr(Path, "read_text", real)
+    assert records.read() == {"t1": {"settings": {"seed": "3"}}}
+    assert "could not be read now" in caplog.text and not list(tmp_path.glob("*.damaged*"))

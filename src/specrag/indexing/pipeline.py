@@ -167,34 +167,25 @@ def prune_prefixes(paths: Iterable[str], folders: Iterable[str] = ()) -> list[st
     return out
 
 
-def missing_paths(paths: Iterable[str]) -> list[str]:
-    """The named paths that are not there (not even as a broken link).
+def forget_entries(paths: Iterable[str], held: set[str]) -> list[str]:
+    """What the index (``held``: its sources) holds of ``paths``, gone from disk or not.
 
-    One the OS refuses (too long, under a folder that may not be entered, ``~user`` of no
-    such user) is one-line ``InputError`` (:func:`~specrag.paths.user_path`).
-    """
-    return [
-        p for p in paths if str(p).strip() and not os.path.lexists(user_path(str(p), "cannot read"))
-    ]
-
-
-def gone_entries(paths: Iterable[str], held: set[str]) -> list[str]:
-    """What the index (``held``: its sources) holds of named paths that are gone.
-
-    Per path, its source (a file indexed by name; its pages) or its prefix (a folder); a path
-    of which the index holds nothing is one-line ``InputError`` ("no such file or folder"),
-    before anything is removed: a typo never prunes.
+    Per path (``~`` expanded, links followed as far as they lead), its source as a file (and
+    its PDF pages) and its prefix as a folder. A path of which the index holds nothing is a
+    one-line ``InputError``, before anything is removed: a typo never removes.
     """
     out = []
     for p in paths:
-        real = source_name(Path(p).expanduser().absolute().resolve())
+        if not str(p).strip():
+            raise InputError('an empty path was given (the current folder is ".")')
+        real = source_name(os.path.realpath(user_path(str(p), "cannot read")))
         found = [
             entry
             for entry in (real, real.rstrip(os.sep) + os.sep)  # a file (and pages), a folder
             if any(source in _Held([entry]) for source in held)
         ]
         if not found:
-            raise InputError(f"no such file or folder: {p}")
+            raise InputError(f"the index holds nothing of {p} (indexed as {real})")
         out += found
     return out
 
@@ -259,16 +250,20 @@ def _plan_links(
     recorded: Mapping[str, Sequence[str]],
     reach: Mapping[str, Sequence[str]],
     incomplete: Iterable[str],
+    forgotten: Iterable[str] = (),
 ) -> _LinkPlan:
     """Compare this run's reach with the record (see :func:`index_records`)."""
     now = {key: sorted(entries) for key, entries in reach.items()}
     for key in incomplete:  # a walk that could not read all keeps what it reached before
         now[key] = sorted({*now.get(key, []), *recorded.get(key, [])})
     walked = [key for key in now if key.endswith(os.sep)]
+    gone = _Held(forgotten)
     dropped = {
         key
         for key in recorded
-        if key and key not in now and any(key.startswith(folder) for folder in walked)
+        if key
+        and key not in now
+        and (any(key.startswith(folder) for folder in walked) or key in gone)
     }
     record = {k: list(v) for k, v in {**recorded, **now}.items() if k not in dropped}
     still = {e for entries in now.values() for e in entries}
@@ -311,8 +306,9 @@ def index_records(
     cut short leaves it for the next one. A Chroma server's index keeps no record (it would be
     one machine's): nothing is pruned for links there.
 
-    ``gone`` (:func:`gone_entries`): named paths that are no longer there - a file's source
-    (its pages too), a folder's prefix; what the index holds of them is dropped.
+    ``gone`` (:func:`forget_entries`): sources (their PDF pages too) and folder prefixes to
+    forget (``specrag index --forget``): what the index holds of them is dropped, and so is
+    what they reached through links (unless held otherwise).
     """
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
@@ -336,7 +332,7 @@ def index_records(
     plan = None
     if reach is not None:
         recorded = index.reach()
-        plan = _plan_links(first if recorded is None else recorded, reach, reach_incomplete)
+        plan = _plan_links(first if recorded is None else recorded, reach, reach_incomplete, gone)
     removed: list[str] = []
     pruned = 0  # chunks of sources no longer there (a renamed file's old name)
     forgotten = _Held(gone)

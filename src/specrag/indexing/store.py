@@ -79,6 +79,23 @@ def check_embedding_stamp(built_with: str | None, using: str, collection: str, w
     )
 
 
+def stored_sources(directory: str | Path, collection: str, url: str) -> set[str]:
+    """The sources an index holds, read without its embedding model (``--forget``'s check).
+
+    No such collection: one-line ``IndexError_``.
+    """
+    import chromadb
+
+    where = url or str(Path(directory).expanduser())
+    client = connect(url) if url else chromadb.PersistentClient(path=where)
+    try:
+        found = client.get_collection(collection, embedding_function=None)
+    except Exception as exc:  # noqa: BLE001 - chromadb raises NotFoundError or ValueError
+        raise IndexError_(f"no collection {collection!r} at {where}: {_short(exc)}") from exc
+    got = found.get(include=["metadatas"])
+    return {str(m.get("source")) for m in got["metadatas"] or [] if m}
+
+
 def check_recorded_model(
     directory: str | Path, collection: str, url: str, embedding_model: str
 ) -> None:
@@ -91,10 +108,11 @@ def check_recorded_model(
     where = url or str(Path(directory).expanduser())
     if not url and not (Path(where) / "chroma.sqlite3").is_file():
         return
-    try:
-        import chromadb
+    import chromadb
 
-        client = connect(url) if url else chromadb.PersistentClient(path=where)
+    client = connect(url) if url else None  # a server that does not answer: one line, once
+    try:
+        client = client or chromadb.PersistentClient(path=where)
         recorded = (client.get_collection(collection, embedding_function=None).metadata or {}).get(
             EMBEDDING_KEY
         )

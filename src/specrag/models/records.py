@@ -2,7 +2,8 @@
 
 Used for what the cache dir remembers between processes (timed layout verdicts, GGUF
 digests). An unreadable file or a record that is not an object counts as missing (the next
-write keeps such a file aside as ``<name>.damaged``, with a warning); a write goes
+write keeps such a file aside as ``<name>.damaged-<time>``, with a warning; one that cannot be
+read now is left as it is); a write goes
 to a temporary file first, then is renamed over the old one, so a reader never sees half a
 file. Two processes writing at once may drop one's record, which only costs that record's
 work again later (a timing, a hash; a converted copy unused for an hour may be pruned and
@@ -20,6 +21,8 @@ import contextlib
 import json
 import logging
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +36,27 @@ class Records:
         self.path = path
         self.limit = limit  # records kept: a write beyond it drops the least recently written
 
-    def _load(self) -> tuple[dict[str, Any], bool]:
-        """Every record, and whether a file is there that holds none readable (damaged)."""
+    def _load(self) -> tuple[dict[str, Any] | None, bool]:
+        """Every record (None: the file could not be read now), and whether it is damaged.
+
+        Damaged: read, but not a JSON object. A file that could not be read (no file handle
+        left, a disk error, no permission) is not known to be damaged: nothing is written.
+        """
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {}, False
-        except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
-            return {}, self.path.is_file()
+        except (OSError, ValueError):  # ValueError: not UTF-8
+            return None, isinstance(sys.exc_info()[1], ValueError)
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
+            return {}, True
         return (data, False) if isinstance(data, dict) else ({}, True)
 
     def read(self) -> dict[str, Any]:
         """Every record ({} when the file is missing, unreadable or not a JSON object)."""
-        return self._load()[0]
+        return self._load()[0] or {}
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The record of ``key`` if there is one and it is a JSON object."""
@@ -58,12 +69,26 @@ class Records:
         ``key`` becomes the most recently written record; beyond :attr:`limit` records the
         least recently written are dropped.
         """
-        data, damaged = self._load()
+        loaded, damaged = self._load()
+        if loaded is None and not damaged:  # unreadable now: its records are not written over
+            log.warning("%s could not be read now: %r not recorded", self.path, key)
+            return
+        data = loaded or {}
         if damaged:  # kept aside, not written over: its records may be worth recovering
-            aside = self.path.with_name(f"{self.path.name}.damaged")
-            with contextlib.suppress(OSError):
+            aside = self.path.with_name(
+                f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+            )
+            try:
                 os.replace(self.path, aside)
-                log.warning("%s could not be read: kept as %s, a new one started", self.path, aside)
+            except OSError as exc:
+                log.warning(
+                    "%s is damaged and could not be kept aside (%s): %r not recorded",
+                    self.path,
+                    exc,
+                    key,
+                )
+                return
+            log.warning("%s could not be read: kept as %s, a new one started", self.path, aside)
         data.pop(key, None)  # a rewritten key moves to the end: the order is write order
         data[key] = record
         for old in list(data)[: max(0, len(data) - self.limit)]:

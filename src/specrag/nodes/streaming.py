@@ -36,7 +36,7 @@ def now() -> float:
 CLOCK_ID = random.random()
 
 
-KEEP_INVOCATIONS = 1024  # invocations remembered (their run controls held, ids never reused)
+KEEP_INVOCATIONS = 16384  # invocations remembered (their run controls held, ids never reused)
 _INVOCATIONS: collections.OrderedDict[int, tuple[Any, str]] = collections.OrderedDict()
 _INVOCATIONS_LOCK = threading.Lock()
 
