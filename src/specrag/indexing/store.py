@@ -105,6 +105,9 @@ def check_recorded_model(
     said it was built with another model. Whatever this cannot read (no index yet, a server
     down) is left to opening the index, which tells it.
     """
+    from specrag.models.loading import check_embedding_path
+
+    check_embedding_path(embedding_model)  # a path that is not there: said as such
     where = url or str(Path(directory).expanduser())
     if not url and not (Path(where) / "chroma.sqlite3").is_file():
         return

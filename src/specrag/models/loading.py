@@ -762,6 +762,18 @@ _EMB_CACHE: dict[str, Any] = {}
 _EMB_LOCK = threading.Lock()
 
 
+def check_embedding_path(name: str) -> None:
+    """A name that is a path (``./m``, ``/m``, ``~/m``, or one that exists) must be a folder.
+
+    One-line :class:`ModelLoadError` otherwise; a hub id passes (it is told when it loads).
+    """
+    if name == EMBEDDED_LM:
+        return
+    p = Path(name).expanduser()
+    if (name.startswith((".", "/", "~")) or p.exists()) and not p.is_dir():
+        raise ModelLoadError(f"embedding model path not found: {name}")
+
+
 def load_embeddings(name: str = EMBEDDED_LM) -> Any:
     """Load (once per process) a LangChain embeddings object; normalised vectors."""
     with _EMB_LOCK:
@@ -769,12 +781,11 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
             return _EMB_CACHE[name]
         from langchain_huggingface import HuggingFaceEmbeddings
 
+        check_embedding_path(name)
         if name == EMBEDDED_LM:
             path = str(embedded_embeddings_path())
         else:
             p = Path(name).expanduser()
-            if (name.startswith((".", "/", "~")) or p.exists()) and not p.is_dir():
-                raise ModelLoadError(f"embedding model path not found: {name}")
             path = str(p) if p.exists() else name
         try:
             # Built here (reading weights needs no parallel compute), so a first load never
