@@ -229,10 +229,21 @@ def test_a_file_name_that_is_not_utf8_is_indexed_and_its_json_is_valid(
     assert summary["files"] == 2 and summary["sources"] == 2
 
 
+def unlistable(monkeypatch, name):
+    """Folders named ``name`` cannot be listed (tests run as root: chmod would not stop it)."""
+    listing = os.scandir
+
+    def scandir(path="."):
+        if not isinstance(path, int) and os.fspath(path).endswith(name):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
 def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch, capsys):
     """Re-indexing a folder pruned the chunks of a file it could not read now (a PDF broken
     mid-copy, a permission error) or of a subfolder it could not list, as if they were gone."""
-    import os
 
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
     d = tmp_path / "docs"
@@ -248,14 +259,7 @@ def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch
     (d / "b.pdf").write_bytes(b"%PDF-1.4 truncated")  # unreadable now
     (d / "gone.md").unlink()  # really gone
     (d / "bin.md").write_bytes(bytes(range(256)) * 4)  # no longer text: its text is gone
-    listing = os.scandir
-
-    def scandir(path="."):
-        if not isinstance(path, int) and os.fspath(path).endswith("sub"):
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return listing(path)
-
-    monkeypatch.setattr(os, "scandir", scandir)
+    unlistable(monkeypatch, "sub")
     assert main(["index", str(d), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["files_removed"] == 2  # gone.md and bin.md
@@ -682,13 +686,7 @@ def test_a_subfolder_left_unread_keeps_what_its_links_reached(tmp_path, monkeypa
     first = indexed_sources(tmp_path, capsys, d)
     assert len(first) == 3
     listing = os.scandir
-
-    def scandir(path="."):
-        if not isinstance(path, int) and os.fspath(path).endswith("private"):
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return listing(path)
-
-    monkeypatch.setattr(os, "scandir", scandir)
+    unlistable(monkeypatch, "private")
     assert indexed_sources(tmp_path, capsys, d) == first
     monkeypatch.setattr(os, "scandir", listing)
     (d / "private" / "link").unlink()  # readable again, the link gone: what it reached goes
