@@ -250,6 +250,10 @@ async def stream_model(
         if options.stop:
             kwargs["stop"] = list(options.stop)
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
+    event = None if local else stop_event  # a local decode polls the event itself
+
+    def stopping() -> bool:
+        return event is not None and event.is_set() and out.tokens >= min_tokens
 
     async def consume() -> None:
         async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
@@ -273,27 +277,16 @@ async def stream_model(
                     out.metadata[key] = value
             if chunk.usage_metadata:
                 out.metadata["usage"] = dict(chunk.usage_metadata)
-            if (
-                stop_event is not None
-                and not local
-                and stop_event.is_set()
-                and out.tokens >= min_tokens
-            ):
+            if stopping():  # at once after the chunk that came (no wait for the next poll)
                 out.stopped = True
                 break
 
     try:
         async with asyncio.timeout(budget_s + GRACE_S):
-            if stop_event is None or local:  # a local decode polls the event itself
+            if event is None:
                 await consume()
             else:  # a remote stream may send nothing for a while: stop it between chunks
-                event = stop_event
-                out.stopped = (
-                    await until_stopped(
-                        consume(), lambda: event.is_set() and out.tokens >= min_tokens
-                    )
-                    or out.stopped
-                )
+                out.stopped = await until_stopped(consume(), stopping) or out.stopped
     except TimeoutError:
         out.timed_out = True
     retracted = int((out.metadata.get("decoding") or {}).get("retracted_tokens") or 0)
