@@ -56,6 +56,7 @@ from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
     StopCheck,
+    answer_fit,
     chat_head,
     encode_chat,
     make_generator,
@@ -288,12 +289,9 @@ class ChatLocalLM(LocalChatBase):
         def encode(msgs: list[BaseMessage]) -> list[int]:
             nonlocal max_new
             ids = encode_chat(loaded, msgs, tools, forced)
-            # An answer limit past the context caps the answer, not the prompt: it takes what
-            # the prompt leaves, and the prompt keeps at least half the context (a prompt
-            # cut to 16 tokens for max_new_tokens near the context answered nothing asked).
             # Each prompt of an incremental answer is fitted on its own, as serial RAG would
             # fit it (a longer later prompt lowers the limit instead of losing its middle).
-            fit = max(min(asked, limit - len(ids)), min(asked, limit // 2))
+            fit = answer_fit(asked, len(ids), limit)
             if fit < asked:
                 if not stats.answer_cap:  # warned once per answer
                     log.warning(

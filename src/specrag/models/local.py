@@ -154,6 +154,16 @@ def decode_text(tokenizer: Any, ids: list[int]) -> str:
     return str(text)
 
 
+def answer_fit(asked: int, prompt_tokens: int, limit: int) -> int:
+    """The answer limit a prompt of ``prompt_tokens`` leaves within ``limit`` tokens.
+
+    An answer limit past the context caps the answer, not the prompt: it takes what the
+    prompt leaves, and the prompt keeps at least half the context (a prompt cut to 16 tokens
+    for max_new_tokens near the context answered nothing asked). ``asked`` where it fits.
+    """
+    return max(min(asked, limit - prompt_tokens), min(asked, limit // 2))
+
+
 StopCheck = Callable[[int], "str | None"]
 
 

@@ -45,6 +45,7 @@ from specrag.models.local import (
     DecodeJob,
     LocalChatBase,
     StopCheck,
+    answer_fit,
     make_generator,
     special_tokens,
 )
@@ -261,11 +262,10 @@ class ChatRapid(LocalChatBase):
             )
         timings["retrieve_s"] = round(time.perf_counter() - t0, 4)
         head, doc_ids, tail = layout(target, instructions, document, question, history)
-        # an answer limit past the context caps the answer, as ChatLocalLM does: it takes what
-        # the prompt leaves, the prompt keeping at least half the context
+        # an answer limit past the context caps the answer, as ChatLocalLM does
         limit = min(target.max_context, drafter.max_context) - 1
         prompt_len = len(head) + len(doc_ids) + len(tail)
-        capped = max(min(max_new, limit - prompt_len), min(max_new, limit // 2))
+        capped = answer_fit(max_new, prompt_len, limit)
         if capped < max_new:
             log.warning(
                 "the answer is capped at %d tokens (max_new_tokens %d): the models read %d "
