@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import sqlite3
 import threading
@@ -79,21 +78,36 @@ def check_embedding_stamp(built_with: str | None, using: str, collection: str, w
     )
 
 
+def _plain_collection(where: str, collection: str, url: str) -> Any:
+    """The Chroma collection, opened without an embedding model (nothing loads, none made).
+
+    A server that does not answer is one-line ``IndexError_`` (:func:`connect`); whatever
+    else fails is raised as Chroma raises it.
+    """
+    import chromadb
+
+    client = connect(url) if url else chromadb.PersistentClient(path=where)
+    return client.get_collection(collection, embedding_function=None)
+
+
+def _sources_in(got: Any) -> set[str]:
+    """The sources named in a Chroma ``get(include=["metadatas"])`` result."""
+    return {str(m.get("source")) for m in got["metadatas"] or [] if m}
+
+
 def stored_sources(directory: str | Path, collection: str, url: str) -> set[str]:
     """The sources an index holds, read without its embedding model (``--forget``'s check).
 
     No such collection: one-line ``IndexError_``.
     """
-    import chromadb
-
     where = url or str(Path(directory).expanduser())
-    client = connect(url) if url else chromadb.PersistentClient(path=where)
     try:
-        found = client.get_collection(collection, embedding_function=None)
+        found = _plain_collection(where, collection, url)
+    except IndexError_:
+        raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises NotFoundError or ValueError
         raise IndexError_(f"no collection {collection!r} at {where}: {_short(exc)}") from exc
-    got = found.get(include=["metadatas"])
-    return {str(m.get("source")) for m in got["metadatas"] or [] if m}
+    return _sources_in(found.get(include=["metadatas"]))
 
 
 def check_recorded_model(
@@ -111,14 +125,10 @@ def check_recorded_model(
     where = url or str(Path(directory).expanduser())
     if not url and not (Path(where) / "chroma.sqlite3").is_file():
         return
-    import chromadb
-
-    client = connect(url) if url else None  # a server that does not answer: one line, once
     try:
-        client = client or chromadb.PersistentClient(path=where)
-        recorded = (client.get_collection(collection, embedding_function=None).metadata or {}).get(
-            EMBEDDING_KEY
-        )
+        recorded = (_plain_collection(where, collection, url).metadata or {}).get(EMBEDDING_KEY)
+    except IndexError_:  # a server that does not answer: one line, once
+        raise
     except Exception:  # noqa: BLE001 - opening the index reports it
         return
     check_embedding_stamp(recorded, embedding_stamp(embedding_model), collection, where)
@@ -293,8 +303,7 @@ class VectorIndex:
 
     def sources(self) -> set[str]:
         """All sources present in the index."""
-        got = self._collection.get(include=["metadatas"])
-        return {str(m.get("source")) for m in got["metadatas"] or [] if m}
+        return _sources_in(self._collection.get(include=["metadatas"]))
 
     def upsert_source(self, source: str, chunks: Sequence[Chunk]) -> tuple[int, int]:
         """Make the stored chunks of ``source`` exactly ``chunks``. Returns (added, removed).
@@ -368,14 +377,12 @@ class VectorIndex:
 
     def save_reach(self, reach: dict[str, list[str]]) -> None:
         """Write the link record atomically (a read-only location: a warning, no record)."""
+        from specrag.models.records import write_json
+
         path = self._reach_path()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(reach, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, path)
+            write_json(path, reach, sort_keys=True)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             log.warning("could not save the link record at %s: %s", path, exc)
 
     # --- lexical (BM25) and hybrid search --------------------------------------------------

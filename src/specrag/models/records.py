@@ -29,6 +29,24 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def write_json(path: Path, data: Any, **dumps: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically: a reader never sees half a file.
+
+    A temporary file beside it, then renamed over it; an ``OSError`` (a folder that cannot
+    be made, a full disk) is raised once the temporary is gone. ``dumps``: for ``json.dumps``
+    (``indent`` 1 unless given).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, **{"indent": 1, **dumps}), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
 class Records:
     """Records by key in the JSON file at ``path`` (created on the first :meth:`put`)."""
 
@@ -93,11 +111,5 @@ class Records:
         data[key] = record
         for old in list(data)[: max(0, len(data) - self.limit)]:
             del data[old]
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):  # e.g. the folder could not be made
-                tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # best effort: only the record is lost
+            write_json(self.path, data)
