@@ -282,6 +282,17 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
     return collect_files_report(paths).files
 
 
+def named_path(item: str | Path) -> Path:
+    """A path named on the command line (``~`` expanded; what the OS refuses: one line).
+
+    An empty one is an error: ``Path("")`` is ``.``, and a stray ``""`` indexed the working
+    folder.
+    """
+    if not str(item).strip():
+        raise InputError('an empty path was given (the current folder is ".")')
+    return user_path(str(item), "cannot read")
+
+
 def folder_prefix(path: str | Path) -> str:
     """The source prefix of a real folder's files (``/docs/``)."""
     return source_name(path).rstrip(os.sep) + os.sep
@@ -312,9 +323,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
     reach: dict[str, list[str]] = {}
     incomplete: list[str] = []
     for item in paths:
-        if not str(item).strip():  # Path("") is "." - a stray "" indexed the working folder
-            raise InputError('an empty path was given (the current folder is ".")')
-        path = user_path(str(item), "cannot read")
+        path = named_path(item)
         if not path.exists():
             raise InputError(f"no such file or folder: {item}")
         if path.is_dir():

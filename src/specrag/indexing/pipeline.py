@@ -17,7 +17,9 @@ from specrag.indexing.documents import (
     Unreadable,
     collect_files_report,
     describe_skipped,
+    folder_prefix,
     max_file_bytes,
+    named_path,
     read_records,
     source_name,
 )
@@ -29,7 +31,6 @@ from specrag.indexing.store import (
     index_documents,
 )
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
-from specrag.paths import user_path
 
 CHUNK_TOKENS = 200  # all-MiniLM-L6-v2 reads at most 256 word pieces
 OVERLAP_TOKENS = 30
@@ -157,11 +158,11 @@ def prune_prefixes(paths: Iterable[str], folders: Iterable[str] = ()) -> list[st
     for p in paths:
         path = Path(p).expanduser()
         if path.is_dir():
-            out.append(source_name(path.resolve()).rstrip(os.sep) + os.sep)
+            out.append(folder_prefix(path.resolve()))
         elif path.suffix.lower() == ".pdf":
             out.append(f"{source_name(path.resolve())}{PAGE_MARK}")
     for real in folders:
-        prefix = source_name(real).rstrip(os.sep) + os.sep
+        prefix = folder_prefix(real)
         if not prefix.startswith(tuple(out)):
             out.append(prefix)
     return out
@@ -176,16 +177,14 @@ def forget_entries(paths: Iterable[str], held: set[str]) -> list[str]:
     """
     out = []
     for p in paths:
-        if not str(p).strip():
-            raise InputError('an empty path was given (the current folder is ".")')
-        real = source_name(os.path.realpath(user_path(str(p), "cannot read")))
-        found = [
-            entry
-            for entry in (real, real.rstrip(os.sep) + os.sep)  # a file (and pages), a folder
-            if any(source in _Held([entry]) for source in held)
-        ]
+        real = os.path.realpath(named_path(p))
+        found = []
+        for entry in (source_name(real), folder_prefix(real)):  # a file (and pages), a folder
+            holds = _Held([entry])
+            if any(source in holds for source in held):
+                found.append(entry)
         if not found:
-            raise InputError(f"the index holds nothing of {p} (indexed as {real})")
+            raise InputError(f"the index holds nothing of {p} (indexed as {source_name(real)})")
         out += found
     return out
 
@@ -358,8 +357,8 @@ def index_records(
         base = plan.record if latest is None else {**latest, **plan.now}
         final = {k: v for k, v in base.items() if k not in plan.dropped}
         if BEFORE_RECORD in final:
-            gone = set(removed)
-            final[BEFORE_RECORD] = [s for s in final[BEFORE_RECORD] if s not in gone]
+            dropped_now = set(removed)
+            final[BEFORE_RECORD] = [s for s in final[BEFORE_RECORD] if s not in dropped_now]
             if not final[BEFORE_RECORD]:
                 del final[BEFORE_RECORD]
         if final != latest:
