@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -61,15 +60,13 @@ class Records:
         left, a disk error, no permission) is not known to be damaged: nothing is written.
         """
         try:
-            text = self.path.read_text(encoding="utf-8")
+            data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}, False
-        except (OSError, ValueError):  # ValueError: not UTF-8
-            return None, isinstance(sys.exc_info()[1], ValueError)
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep
             return {}, True
+        except OSError:
+            return None, False
         return (data, False) if isinstance(data, dict) else ({}, True)
 
     def read(self) -> dict[str, Any]:
