@@ -88,6 +88,11 @@ async def in_own_thread(fn: Callable[[], T]) -> T:
     return await done
 
 
+def ended_by(budget: asyncio.Timeout, exc: BaseException) -> bool:
+    """``exc`` is ``budget``'s end, not a TimeoutError of the store's own ("the index is busy")."""
+    return isinstance(exc, TimeoutError) and budget.expired()
+
+
 async def next_batch(batches: Iterator[Batch], n: int, ctx: SpecRagContext) -> Batch | None:
     """The next batch of a search (``n`` delivered so far), after its injected delay."""
     batch = await in_own_thread(lambda: next(batches, None))
@@ -184,8 +189,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                     f"{ctx.relevance_threshold}"
                 ]
         except Exception as exc:  # noqa: BLE001 - the fallback route, or ...
-            # the budget's end, not a TimeoutError of the store's own ("the index is busy")
-            timed_out = isinstance(exc, TimeoutError) and budget.expired()
+            timed_out = ended_by(budget, exc)
             relevant = got.relevant(got.found)
             if relevant:  # ... the evidence earlier batches found, which stays good evidence
                 later = (
@@ -264,9 +268,9 @@ def stream_rest(
                                 "relevant chunk(s) found before"
                             )
         except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
-            if isinstance(exc, TimeoutError) and budget.expired():
+            if ended_by(budget, exc):
                 why = f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
-            else:  # the store's own error, a TimeoutError ("the index is busy") too
+            else:  # the store's own error
                 why = f"failed: {short_error(exc)}"
             stream.errors.append(f"{LATER_BATCHES} {why}")
         finally:
