@@ -55,6 +55,14 @@ def package_dir(name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def looks_like_path(name: str) -> bool:
+    """A model name written as a path (``./m``, ``/m``, ``~/m``), not a hub id (``org/m``).
+
+    (A name that exists here is local too: callers check that themselves.)
+    """
+    return name.startswith((".", "/", "~"))
+
+
 def user_path(text: str, what: str) -> Path:
     """``text``, a path the user gave (``~`` expanded), checked once for what the OS refuses.
 

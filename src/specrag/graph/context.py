@@ -367,13 +367,13 @@ class SpecRagContext:
                 "invalid configuration: embedding_model='' names no model "
                 "(use 'embedded' or a sentence-transformers path or hub id)"
             )
-        from specrag.paths import user_path
+        from specrag.paths import looks_like_path, user_path
 
         # a path the OS refuses (too long, ~user of no such user, a folder it may not enter):
         # told here, not as an unexpected error where the index or the model first opens
         if self.index_dir:
             user_path(self.index_dir, "invalid configuration: index_dir")
-        if self.embedding_model.startswith((".", "/", "~")):
+        if looks_like_path(self.embedding_model):
             user_path(self.embedding_model, "invalid configuration: embedding_model")
 
     @classmethod

@@ -41,7 +41,7 @@ from specrag.models.gguf import convert_gguf, converted_dir, is_converted
 from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.models.records import Records
-from specrag.paths import cache_dir, package_dir, user_path
+from specrag.paths import cache_dir, looks_like_path, package_dir, user_path
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -204,7 +204,7 @@ def check_local_model(name: str) -> Path | None:
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {name}")
         return None
-    looks_local = name.startswith((".", "/", "~")) or path.exists()
+    looks_local = looks_like_path(name) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         raise ModelLoadError(f"model path not found or not a model folder: {name}")
     return path if looks_local else None
@@ -770,7 +770,7 @@ def check_embedding_path(name: str) -> None:
     if name == EMBEDDED_LM:
         return
     p = Path(name).expanduser()
-    if (name.startswith((".", "/", "~")) or p.exists()) and not p.is_dir():
+    if (looks_like_path(name) or p.exists()) and not p.is_dir():
         raise ModelLoadError(f"embedding model path not found: {name}")
 
 
