@@ -704,7 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
-        "config", help="list every setting (--set KEY=VALUE) with its value after --set/--models"
+        "config",
+        help="list every setting (--set KEY=VALUE) with its value after --set, --models and "
+        "the index flags",
     )
     common(p)
     p.set_defaults(func=cmd_config)

@@ -147,7 +147,8 @@ class SpecRagContext:
     draft_policy: Literal["until_retrieval", "complete", "off"] = _f(
         "until_retrieval",
         "until_retrieval: draft while retrieval runs and stop within one token (or 20 ms) of it "
-        "finishing; complete: draft to the end or the budget; off: no draft.",
+        "delivering evidence (a failed or empty retrieval lets the draft run on: it may be the "
+        "answer); complete: draft to the end or the budget; off: no draft.",
     )
     draft_timeout_s: float = _f(
         2.0, "Draft budget (the decode loop itself stops at it).", gt=0, le=DAY_S
