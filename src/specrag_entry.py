@@ -3,16 +3,32 @@
 Importing :mod:`specrag.cli` imports the package (torch, LangChain, LangGraph: seconds). A
 Ctrl-C in those seconds is "interrupted" as one later is - one line on stderr, exit 130, and
 under ``--json`` one JSON document on stdout - not a traceback.
+
+The CLI's environment defaults (offline hub, no telemetry) are set here, before that import:
+``huggingface_hub`` reads ``HF_HUB_OFFLINE`` once, when the package first imports it, so a
+default set later (in :mod:`specrag.cli`) left an uncached hub id retrying the network for a
+minute.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+# what the CLI assumes unless the environment says otherwise (README: "runs offline")
+ENV_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "ANONYMIZED_TELEMETRY": "False",
+}
 
 
 def main() -> int:
     """Run the ``specrag`` command line (:func:`specrag.cli.main`)."""
+    for name, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     try:
         from specrag.cli import main as run
     except KeyboardInterrupt:

@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+from specrag_entry import ENV_DEFAULTS
+
+# set by specrag_entry before the package loaded; here for a caller of main() in process
+# (huggingface_hub read HF_HUB_OFFLINE when it was first imported: too late for it there)
+for _name, _value in ENV_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
 
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402

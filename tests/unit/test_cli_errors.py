@@ -503,6 +503,33 @@ def test_a_hub_id_not_in_the_cache_says_the_cli_runs_offline(capsys, monkeypatch
     assert "HF_HUB_OFFLINE=0 downloads" in line
 
 
+def test_the_console_command_is_offline_before_the_package_loads(tmp_path):
+    """`specrag` set HF_HUB_OFFLINE=1 only after the package had imported huggingface_hub,
+    which reads it once: an uncached hub id retried the network for a minute, line by line,
+    then blamed offline mode."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+    env["HF_HOME"] = str(tmp_path / "hf")  # an empty Hugging Face cache
+    doc = tmp_path / "d.txt"
+    doc.write_text("Rollo led the Norse.")
+    argv = ["ask", "Who?", "--document", str(doc)]
+    argv += ["--set", "answer_model=hf:no-such-org/x", "--set", "draft_model=hf:no-such-org/x"]
+    done = subprocess.run(
+        [sys.executable, "-c", "import specrag_entry, sys; sys.exit(specrag_entry.main())"] + argv,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1, done.stderr[-2000:]
+    assert "could not load model 'no-such-org/x'" in lines[0]
+    assert "HF_HUB_OFFLINE=0 downloads" in lines[0]
+
+
 def test_a_failed_json_run_still_prints_one_json_document(capsys):
     """`--json` promises one JSON document on stdout: a run that fails prints its error there
     too (beside the one line on stderr), so a script reading stdout gets JSON either way."""

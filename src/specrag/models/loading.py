@@ -188,6 +188,17 @@ def gpu_native_bf16(device: torch.device) -> bool:
         return True
 
 
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is offline for this process.
+
+    ``huggingface_hub`` reads ``HF_HUB_OFFLINE`` once, at its import: what the environment
+    says later does not change it, so a message about it asks the library.
+    """
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def check_local_model(name: str) -> Path | None:
     """The folder of a local model name (None for a hub id); raises for a bad local path.
 
@@ -337,7 +348,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         offline = ""
-        if isinstance(source, str) and os.environ.get("HF_HUB_OFFLINE") == "1":  # a hub id
+        if isinstance(source, str) and hub_offline():  # a hub id
             offline = (
                 " (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models "
                 "already in the Hugging Face cache; HF_HUB_OFFLINE=0 downloads)"
