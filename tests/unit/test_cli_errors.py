@@ -446,6 +446,21 @@ def test_bad_placement_settings_fail_when_the_settings_are_built(capsys, setting
     assert expected in one_line_error(capsys, main(["config", "--set", setting]))
 
 
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("top_k=2147483648", "top_k=2147483648 (allowed: >= 1 and <= 10000)"),
+        ("answer_max_tokens=99999999999999999999", "(allowed: >= 1 and <= 16777216)"),
+        ("prefix_cache_mib=9223372036854775807", "(allowed: >= 0 and <= 16777216)"),
+    ],
+)
+def test_a_count_past_what_any_library_takes_is_refused(capsys, setting, expected):
+    """`--set top_k=2147483648` passed the check, and every search then failed inside
+    retrieval ("OverflowError"): the run fell back to an unverified draft."""
+    line = one_line_error(capsys, main(["config", "--set", setting]))
+    assert line.startswith("specrag: error: invalid configuration: ") and expected in line
+
+
 def test_a_collection_that_is_not_there_is_named_not_created(capsys, tmp_path):
     """`--set collection=typo` opened the local index and created an empty collection of that
     name, then answered from nothing (found by a new-user review, 2026-12-03)."""

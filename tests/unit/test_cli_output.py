@@ -35,13 +35,15 @@ def test_config_lists_what_each_setting_accepts(capsys):
 
     assert main(["config", "--json", "--set", "top_k=5"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
-    assert rows["top_k"]["value"] == 5 and rows["top_k"]["allowed"] == ">= 1"
+    assert rows["top_k"]["value"] == 5 and rows["top_k"]["allowed"] == ">= 1 and <= 10000"
     assert rows["retrieval"]["allowed"] == "dense, bm25, hybrid"
     assert main(["config"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "top_k = 3" in lines
     described = lines[lines.index("top_k = 3") + 1 :]
-    assert described[0].startswith("    Chunks retrieved per question. (allowed: >= 1)")
+    assert described[0].startswith(
+        "    Chunks retrieved per question. (allowed: >= 1 and <= 10000)"
+    )
 
 
 def test_version(capsys):

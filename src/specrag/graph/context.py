@@ -16,6 +16,7 @@ from specrag import prompts
 from specrag.errors import InputError
 from specrag.models.options import check_placement
 
+COUNT_MAX = 2**24  # the most any count setting may be (tokens, chunks, MiB, characters)
 DAY_S = 86400.0  # the most any duration may be: longer waits overflow the OS's timers
 
 
@@ -27,7 +28,14 @@ def _f(
     gt: float | None = None,
     le: float | None = None,
 ) -> Any:
-    """A field with its description (Studio's form) and its allowed numeric range."""
+    """A field with its description (Studio's form) and its allowed numeric range.
+
+    A whole-number setting with no upper bound of its own gets :data:`COUNT_MAX`: a count
+    past what any store or tensor library takes (2**31 failed every search as an
+    "OverflowError" inside retrieval) is refused with the other bad values.
+    """
+    if le is None and isinstance(default, int) and not isinstance(default, bool):
+        le = COUNT_MAX
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
     return field(default=default, metadata={"description": description, **bounds})
 
@@ -96,7 +104,7 @@ class SpecRagContext:
     )
     collection: str = _f("specrag", "Chroma collection name.")
     # --- retrieval ------------------------------------------------------------------------
-    top_k: int = _f(3, "Chunks retrieved per question.", ge=1)
+    top_k: int = _f(3, "Chunks retrieved per question.", ge=1, le=10_000)
     retrieval: Literal["dense", "bm25", "hybrid"] = _f(
         "hybrid",
         "dense: MiniLM embeddings; bm25: lexical (bm25s, kept in step with the index); hybrid: "

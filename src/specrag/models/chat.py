@@ -295,7 +295,7 @@ class ChatLocalLM(LocalChatBase):
             if fit < asked:
                 if not stats.answer_cap:  # warned once per answer
                     log.warning(
-                        "the answer is capped at %d tokens (max_new_tokens %d): %s reads %d "
+                        "the reply is capped at %d tokens (max_new_tokens %d): %s reads %d "
                         "tokens at most, and the prompt has %d",
                         fit,
                         asked,
