@@ -227,12 +227,14 @@ def index_with_progress(
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders (``--forget``: remove what the index holds of them)."""
+    from specrag.errors import IndexError_
     from specrag.indexing.documents import describe_skipped
     from specrag.indexing.pipeline import (
         Loaded,
         forget_entries,
         kept_paths,
         load_files,
+        no_text,
         prune_prefixes,
     )
     from specrag.indexing.store import check_local, stored_sources
@@ -244,12 +246,20 @@ def cmd_index(args: argparse.Namespace) -> int:
         held = stored_sources(directory, ctx.collection, ctx.index_url)  # removes nothing
         loaded, gone = Loaded([], []), forget_entries(args.paths, held)
     else:
-        loaded, gone = load_files(args.paths), []  # validates every input first
+        loaded, gone = load_files(args.paths, empty_ok=True), []  # validates every input first
+    prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
+    if not args.forget and not loaded.records:  # a folder left with no text is pruned all
+        try:  # the same for what it held (checked before the embedding model loads)
+            held = stored_sources(directory, ctx.collection, ctx.index_url)
+        except IndexError_:  # no index yet
+            held = set()
+        if not any(source.startswith(tuple(prune)) for source in held):
+            raise no_text(loaded.skipped)
     report = index_with_progress(
         loaded.records,
         ctx,
         "forgetting" if args.forget else "indexing files",
-        [] if args.forget else prune_prefixes(args.paths, loaded.folders),
+        prune,
         keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
         reach=loaded.reach,  # a link removed since: what it reached goes
         reach_incomplete=loaded.reach_incomplete,
@@ -259,7 +269,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         "index_dir": ctx.index_url or str(Path(directory).absolute()),
         "files": len(loaded.files),
         "sources": report.files,  # a PDF counts one source per page with text
-        "chunks": report.chunks_total,
+        "chunks": report.chunks_total,  # of the files named (none for --forget)
+        "index_chunks": report.index_chunks,  # the whole index's, after the run
         "added": report.chunks_added,
         "removed": report.chunks_removed,
         "files_removed": len(report.sources_removed),  # no longer there, or forgotten
@@ -271,18 +282,19 @@ def cmd_index(args: argparse.Namespace) -> int:
         line = (
             f"indexed {plural(len(loaded.files), 'file')} into {ctx.index_url or directory}: "
             f"{plural(report.chunks_total, 'chunk')} "
-            f"({report.chunks_added} new, {report.chunks_removed} removed)"
+            f"({report.chunks_added} new, {report.chunks_removed} removed; "
+            f"{report.index_chunks} in the index)"
         )
         n_gone = len(report.sources_removed)
         if args.forget:
             line = (
                 f"forgot {plural(n_gone, 'file')} (or PDF pages) in "
-                f"{ctx.index_url or directory}: {report.chunks_removed} removed, "
-                f"{plural(report.chunks_total, 'chunk')} left"
+                f"{ctx.index_url or directory}: {plural(report.chunks_removed, 'chunk')} "
+                f"removed, {report.index_chunks} left in the index"
             )
         elif n_gone:
             line += (
-                f"; {plural(n_gone, 'file')} (or PDF pages) no longer there "
+                f"; {plural(n_gone, 'file')} (or PDF pages) gone or no longer text "
                 f"{'was' if n_gone == 1 else 'were'} removed from the index"
             )
         if loaded.skipped:

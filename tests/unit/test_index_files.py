@@ -781,3 +781,46 @@ def test_a_file_name_with_control_characters_stays_on_one_line(tmp_path):
     shown = describe_skipped(load_files([str(d)]).skipped, 5)
     assert shown == r"bad\nname\x1b[31m.png: unsupported type .png"
     assert one_line("café\ttab") == r"café\ttab"
+
+
+def test_the_index_summary_counts_what_the_whole_index_holds(tmp_path, monkeypatch, capsys):
+    """`index --forget a.md` on an index of three files said "0 chunks left": it counted the
+    chunks of the paths named, not what the index still held."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    a, b, c = (tmp_path / n for n in ("a.md", "b.md", "c.md"))
+    for path, text in ((a, "Rollo led them."), (b, "The treaty was signed."), (c, "Kiwis.")):
+        path.write_text(text)
+    assert main(["index", str(a), str(b), str(c)]) == 0
+    assert "3 chunks (3 new, 0 removed; 3 in the index)" in capsys.readouterr().err
+    assert main(["index", str(a)]) == 0  # the files named: 1 chunk; the index: 3
+    assert "1 chunk (0 new, 0 removed; 3 in the index)" in capsys.readouterr().err
+    assert main(["index", "--forget", str(a)]) == 0
+    assert "1 chunk removed, 2 left in the index" in capsys.readouterr().err
+    assert main(["index", "--forget", str(b), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["removed"], summary["index_chunks"]) == (1, 1)
+
+
+def test_a_folder_left_with_no_text_is_pruned_of_what_it_held(tmp_path, monkeypatch, capsys):
+    """Deleting a folder's files (or turning them into binary files) and indexing it again was
+    "no text found": an error that pruned nothing, so the deleted files were cited for ever."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, keep = tmp_path / "d", tmp_path / "keep.md"
+    d.mkdir()
+    (d / "a.txt").write_text("The quokka lives in Australia.")
+    (d / "b.txt").write_text("The kiwi lives in New Zealand.")
+    keep.write_text("Rollo kept his word.")
+    assert len(indexed_sources(tmp_path, capsys, d, keep)) == 3
+    (d / "a.txt").write_bytes(bytes(range(256)) * 12)  # no longer text
+    (d / "b.txt").unlink()
+    assert main(["index", str(d), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["files"], summary["files_removed"], summary["index_chunks"]) == (0, 2, 1)
+    assert [s["reason"].split(":")[0] for s in summary["skipped"]] == [
+        "not a text file (binary content)"
+    ]
+    assert indexed_sources(tmp_path, capsys, keep) == [str(keep.resolve())]
+    # a folder the index holds nothing of is still told there is no text in it
+    (tmp_path / "empty").mkdir()
+    assert main(["index", str(tmp_path / "empty")]) == 2
+    assert "no .txt/.md/.markdown/.html/.htm/.pdf text found" in capsys.readouterr().err

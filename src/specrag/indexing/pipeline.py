@@ -12,6 +12,7 @@ from specrag.errors import InputError
 from specrag.indexing.documents import (
     HIDDEN,
     PAGE_MARK,
+    SUPPORTED_SUFFIXES,
     UNREADABLE,
     Skipped,
     Unreadable,
@@ -88,11 +89,13 @@ class Loaded:
         return len(self.records)
 
 
-def load_files(paths: Iterable[str]) -> Loaded:
+def load_files(paths: Iterable[str], empty_ok: bool = False) -> Loaded:
     """Read every file first, so a bad input fails before the index is touched.
 
     A file named explicitly must be readable (one-line ``InputError``); a file found in a
     folder that is unreadable, empty or of another type is skipped and reported instead.
+    No text at all is :func:`no_text` unless ``empty_ok`` (a re-index of folders whose files
+    were all deleted or replaced must still prune them).
     """
     paths = list(paths)
     max_file_bytes()  # a bad SPECRAG_MAX_FILE_MIB fails the run, not each file (no pruning)
@@ -116,11 +119,17 @@ def load_files(paths: Iterable[str]) -> Loaded:
             continue
         out.records.extend(records)
         out.files.append(str(f))
-    if not out.records:
-        shown = describe_skipped(out.skipped, 3)
-        why = f" (skipped {len(out.skipped)}: {shown})" if out.skipped else ""
-        raise InputError(f"no .txt/.md/.html/.pdf text found in the given paths{why}")
+    if not out.records and not empty_ok:
+        raise no_text(out.skipped)
     return out
+
+
+def no_text(skipped: list[Skipped]) -> InputError:
+    """The error of an ``index`` run that found no text to index (and nothing to prune)."""
+    shown = describe_skipped(skipped, 3)
+    why = f" (skipped {len(skipped)}: {shown})" if skipped else ""
+    kinds = "/".join(SUPPORTED_SUFFIXES)
+    return InputError(f"no {kinds} text found in the given paths{why}")
 
 
 def kept_paths(skipped: Iterable[Skipped], paths: Iterable[str] = ()) -> list[str]:
@@ -365,5 +374,6 @@ def index_records(
             index.save_reach(final)
     report.sources_removed = removed
     report.chunks_removed += pruned
+    report.index_chunks = index.count()
     index.refresh_lexical()  # BM25 in step with what was just indexed or pruned
     return report

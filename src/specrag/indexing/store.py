@@ -148,10 +148,11 @@ class IndexReport:
     """What one indexing run changed."""
 
     files: int = 0
-    chunks_total: int = 0
+    chunks_total: int = 0  # the chunks of this run's files
     chunks_added: int = 0
     chunks_removed: int = 0
     sources_removed: list[str] = field(default_factory=list)
+    index_chunks: int | None = None  # the whole index's chunks after the run (None: unknown)
 
 
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")  # Chroma's rule
