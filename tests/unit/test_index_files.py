@@ -416,7 +416,10 @@ def test_a_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path, monke
     assert main(["ask", "Who led them?", "--document", str(d / "big.txt")]) != 0
     err = capsys.readouterr().err.strip()
     assert err.startswith("specrag: error: ") and "\n" not in err
-    assert "big.txt is too large: 0.0 MiB" in err and "SPECRAG_MAX_FILE_MIB" in err
+    assert (
+        "big.txt is too large: 0.00286 MiB, past the 0.00191 MiB limit" in err
+        and "SPECRAG_MAX_FILE_MIB" in err
+    )
     assert main(["index", str(d / "big.txt")]) != 0
     assert "too large" in capsys.readouterr().err
 

@@ -81,7 +81,7 @@ def open_index(ctx: SpecRagContext) -> VectorIndex:
         wait = min(wait, max(0.0, deadline - time.monotonic() - BUSY_MARGIN_S))
     if not _INDEX_LOCK.acquire(timeout=wait):
         raise TimeoutError(
-            f"the index is busy: another run was still opening one after {wait:.1f}s"
+            f"the index is busy: another run was still opening one after {wait:.3g}s"
         )
     try:
         if key not in _INDEXES:

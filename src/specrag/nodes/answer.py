@@ -270,7 +270,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 options=call.options,
             )
             if not result.text:
-                why = f"no answer within {budget:.1f}s" if result.timed_out else "empty answer"
+                why = f"no answer within {budget:.3g}s" if result.timed_out else "empty answer"
                 raise RuntimeError(why)
         except Exception as exc:  # noqa: BLE001 - becomes the error route
             message = f"{node}: {short_error(exc)}"
