@@ -777,3 +777,17 @@ def test_ctrl_c_while_the_package_imports_is_interrupted_not_a_traceback(capsys,
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"error": "interrupted", "exit_code": 130}
     assert captured.err.strip() == "specrag: interrupted"
+
+
+@pytest.mark.parametrize("command", ["index", "ask"])
+def test_an_index_folder_that_is_a_file_is_said_so(capsys, monkeypatch, tmp_path, command):
+    """`--index-dir afile` said "[Errno 17] File exists", a SPECRAG_DATA_DIR that is a file
+    "no index at afile/index" (or "Not a directory")."""
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "d.md").write_text("Rollo led them.")
+    argv = [command, str(tmp_path / "d.md") if command == "index" else "Who?"]
+    line = one_line_error(capsys, main([*argv, "--index-dir", str(tmp_path / "afile")]))
+    assert f"{tmp_path / 'afile'} is not a folder" in line
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "afile"))
+    line = one_line_error(capsys, main(argv))
+    assert f"afile/index as the index folder: {tmp_path / 'afile'} is not a folder" in line

@@ -222,6 +222,13 @@ def check_local(directory: Path, collection: str, url: str | None, create: bool 
     if url:
         parse_url(url)  # its form; whether a server answers is told when it is opened
     where = Path(directory).expanduser()
+    if not url:  # the nearest part of the path that exists must be a folder
+        there = next((p for p in (where, *where.parents) if p.exists()), None)
+        if there is not None and not there.is_dir():
+            raise IndexError_(
+                f"cannot use {where} as the index folder: {there} is not a folder "
+                "(--index-dir, or SPECRAG_DATA_DIR)"
+            )
     if not url and not create and not (where / "chroma.sqlite3").is_file():
         raise IndexError_(f"no index at {where}: run `specrag index PATH` or `specrag demo` first")
 
