@@ -339,3 +339,12 @@ async def test_searches_that_never_return_do_not_starve_later_runs():
         assert result["route"] == "refine" and result["answer"] == "Paris."
     finally:
         hang.set()
+
+
+async def test_an_answer_that_failed_still_says_what_it_took():
+    """An answer model that returned nothing had run for seconds, but the result's
+    `timings.answer_s` was null: the time the failed attempt took was nowhere."""
+    empty = FakeLogprobChat(reply="", delay_s=0.2, calls=[])
+    result, _ = await timed(services(answer=empty))
+    assert result["route"] == "fallback" and "empty answer" in result["reason"]
+    assert result["timings"]["answer_s"] >= 0.2

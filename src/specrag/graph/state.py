@@ -69,7 +69,8 @@ class OutputState(TypedDict, total=False):
     stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``."""
     timings: Annotated[dict[str, float], merge_dicts]
     """Seconds: load_s (model loading, before the run's origin), document_index_s, retrieve_s
-    and answer_s (the search's and the answering node's own time, each from its node's start),
+    and answer_s (the search's and the answering node's own time, each from its node's start;
+    a failed answer's too),
     and from the origin: draft_s, draft_ttft_s, ttft_s, total_s."""
     seed: int
     """Sampling seed of this run (the ``seed`` setting reproduces a sampled answer given the same

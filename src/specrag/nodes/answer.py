@@ -276,7 +276,12 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             message = f"{node}: {short_error(exc)}"
             earlier = state.get("answer_error")  # refine/rapid_generate failed first
             chain = f"{earlier} -> {node}; {message}" if earlier else message
-            failed = {"answer_error": chain, "errors": [message], "marks": marks}
+            failed = {
+                "answer_error": chain,
+                "errors": [message],
+                "marks": marks,
+                "timings": {"answer_s": round(now() - started, 4)},  # what the attempt took
+            }
             if stream is not None:  # the next answer node gets all the evidence
                 if weaving is not None:  # ended before this weave reads the stream
                     weaving.cancel()
