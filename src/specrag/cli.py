@@ -102,12 +102,16 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--{flag.replace('_', '-')} is empty: give {what}")
     if getattr(args, "index_dir", None) and getattr(args, "index_url", None):
         raise InputError("--index-dir and --index-url name two indexes: give one")
-    if getattr(args, "index_dir", None):
-        overrides["index_dir"] = str(args.index_dir)
-    if getattr(args, "index_url", None):
-        overrides["index_url"] = str(args.index_url)
-    if getattr(args, "models", None):
-        overrides["models"] = args.models
+    for key in ("index_dir", "index_url", "models"):  # a flag and --set of one setting
+        if value := getattr(args, key, None):
+            if key in overrides and str(overrides[key]) != str(value):
+                flag = f"--{key.replace('_', '-')}"
+                raise InputError(
+                    f"{flag} {value} and --set {key}={overrides[key]} disagree: give one"
+                )
+            overrides[key] = str(value)
+    if overrides.get("index_dir") and overrides.get("index_url"):
+        raise InputError("index_dir and index_url name two indexes: give one")
     return overrides
 
 

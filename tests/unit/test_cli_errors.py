@@ -791,3 +791,18 @@ def test_an_index_folder_that_is_a_file_is_said_so(capsys, monkeypatch, tmp_path
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "afile"))
     line = one_line_error(capsys, main(argv))
     assert f"afile/index as the index folder: {tmp_path / 'afile'} is not a folder" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--models", "pair", "--set", "models=embedded"], "--models pair and --set models="),
+        (["--index-dir", "a", "--set", "index_dir=b"], "--index-dir a and --set index_dir=b"),
+        (["--set", "index_dir=a", "--index-url", "http://h:1"], "name two indexes"),
+        (["--set", "index_url=http://h:1", "--index-dir", "a"], "name two indexes"),
+    ],
+)
+def test_a_flag_and_a_set_that_disagree_are_refused(capsys, argv, expected):
+    """`--models pair --set models=embedded` quietly ran the flag's, and `--set index_dir=a
+    --index-url URL` quietly used one of the two indexes."""
+    assert expected in one_line_error(capsys, main(["config", *argv]))
