@@ -612,9 +612,25 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.argv: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Keep what is parsed: :meth:`error` names an unknown flag that argparse did not."""
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""
+        if message.startswith("the following arguments are required"):
+            # `specrag --vers`: the missing command was told, not the flag nobody knows
+            known = set(self._option_string_actions)
+            for action in self._actions:  # a command's flag given before it (--json) is known
+                subs = action.choices if isinstance(action.choices, dict) else {}
+                for sub in subs.values():
+                    known |= set(getattr(sub, "_option_string_actions", ()))
+            unknown = [a for a in self.argv if a.startswith("-") and a.split("=")[0] not in known]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         line = f"{message} (see `{self.prog} --help`)"
         print_error(line)
         raise UsageError(line)

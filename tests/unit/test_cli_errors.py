@@ -806,3 +806,10 @@ def test_a_flag_and_a_set_that_disagree_are_refused(capsys, argv, expected):
     """`--models pair --set models=embedded` quietly ran the flag's, and `--set index_dir=a
     --index-url URL` quietly used one of the two indexes."""
     assert expected in one_line_error(capsys, main(["config", *argv]))
+
+
+def test_an_unknown_flag_before_the_command_is_named(capsys):
+    """`specrag --vers` said "the following arguments are required: command"."""
+    assert "unrecognized arguments: --vers" in one_line_error(capsys, main(["--vers"]))
+    # a command's own flag given before it is not unknown: the command is what is missing
+    assert "required: command" in one_line_error(capsys, main(["--json"]))
