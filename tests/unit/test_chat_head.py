@@ -82,6 +82,11 @@ def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch)
     assert head > 8 and got["prompt_cut"] == len(full) - keep
     fed = seen[0]  # the prefill: the whole head, then the prompt's end
     assert fed[:head] == full[:head] and fed[head:] == full[-(keep - head) :]
+    # what an answer node asks first, to leave out evidence rather than cut it
+    assert not model.prompt_fits(messages, 8)
+    short = rag("Who led them?")
+    n = len(encode_chat(loaded, short))
+    assert model.prompt_fits(short, 255 - n) and not model.prompt_fits(short, 256 - n)
 
 
 def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_path, monkeypatch):

@@ -348,3 +348,23 @@ async def test_an_answer_that_failed_still_says_what_it_took():
     result, _ = await timed(services(answer=empty))
     assert result["route"] == "fallback" and "empty answer" in result["reason"]
     assert result["timings"]["answer_s"] >= 0.2
+
+
+async def test_evidence_past_the_answer_models_context_is_left_out_lowest_ranked_first():
+    """With a large top_k the prompt was cut in the middle to fit the answer model, and the
+    answer cited every chunk, the ones it never read too: the lowest-ranked are left out."""
+
+    class Small(FakeLogprobChat):  # a context that holds a prompt of two long chunks
+        def prompt_fits(self, messages, max_new_tokens):
+            return sum(len(str(m.content)) for m in messages) < 2600
+
+    found = [chunk("Paris. " + "x" * 1000, score=0.9 - n / 10, n=n) for n in range(5)]
+    answer = Small(reply="Paris.", calls=[])
+    result, _ = await timed(services(answer=answer, chunks=found), top_k=5)
+    assert result["answer"] == "Paris."
+    assert [c["n"] for c in result["citations"]] == [1, 2]
+    (prompt,) = answer.calls
+    assert prompt[-1].content.count("x" * 1000) == 2
+    # a model that fits them all reads them all
+    result, _ = await timed(services(chunks=found), top_k=5)
+    assert [c["n"] for c in result["citations"]] == [1, 2, 3, 4, 5]

@@ -142,6 +142,15 @@ class ChatLocalLM(LocalChatBase):
             self._verify_plan(loaded, self.speculation)
         return loaded
 
+    def prompt_fits(self, messages: list[BaseMessage], max_new_tokens: int) -> bool:
+        """Whether ``messages`` and an answer of ``max_new_tokens`` fit the model's context.
+
+        A prompt that does not is cut in the middle when decoded; an answer node first leaves
+        out its lowest-ranked evidence instead (:func:`specrag.nodes.answer.fit_evidence`).
+        """
+        loaded = self.load()
+        return len(encode_chat(loaded, messages)) + max_new_tokens <= loaded.max_context - 1
+
     def bind_tools(
         self,
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],

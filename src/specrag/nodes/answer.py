@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from specrag.graph.state import State
 from specrag.indexing.documents import PAGE_MARK
 from specrag.models.options import DecodeOptions
 from specrag.nodes.streaming import clock, emit, live_marks, now, stream_model, trace
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -205,6 +208,40 @@ def evidence(
     }
 
 
+def fit_evidence(
+    call: AnswerCall,
+    build: AnswerBuilder,
+    state: State,
+    ctx: SpecRagContext,
+    chunks: list[dict[str, Any]],
+) -> tuple[AnswerCall, list[dict[str, Any]]]:
+    """``call`` with the top-ranked evidence whose prompt fits a local model's context.
+
+    A prompt past the context (a large ``top_k``) was cut in the middle, so the answer cited
+    chunks it never read: the lowest-ranked chunks are left out instead (at least one stays;
+    a prompt still too long is cut as before). A remote model's prompt is sent as it is.
+    """
+    fits = getattr(call.model, "prompt_fits", None)
+    room = ctx.answer_max_tokens
+    if fits is None or len(chunks) <= 1 or fits(call.messages, room):
+        return call, chunks
+    lo, hi = 1, len(chunks) - 1  # the most chunks that fit: lo fits or is the floor
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(build({**state, "chunks": chunks[:mid]}, ctx).messages, room):
+            lo = mid
+        else:
+            hi = mid - 1
+    log.warning(
+        "%d of %d evidence chunks left out: with them the prompt and a %d-token answer do not "
+        "fit the answer model's context",
+        len(chunks) - lo,
+        len(chunks),
+        room,
+    )
+    return build({**state, "chunks": chunks[:lo]}, ctx), chunks[:lo]
+
+
 def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # noqa: ANN201
     """An answer node: stream ``build(state, ctx)`` under the shared answer budget.
 
@@ -238,12 +275,23 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
             call = build(state, ctx)
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
+            if stream is None:  # (its time, tokenising the prompt, is the budget's too)
+                fitting = now()
+                call, chunks = await asyncio.to_thread(
+                    fit_evidence, call, build, state, ctx, chunks
+                )
+                budget -= now() - fitting
             if stream is not None and is_local(call.model):  # incremental: answer now
                 before, waited = list(chunks), now()  # the first batch
                 ended = await catch_up(stream, chunks, min(ctx.incremental_grace_s, budget))
                 budget -= now() - waited  # the grace is part of the answer budget
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
+                if ended:  # the whole evidence, in one prompt
+                    call, kept = await asyncio.to_thread(
+                        fit_evidence, call, build, {**state, "chunks": list(chunks)}, ctx, chunks
+                    )
+                    chunks[:] = kept
                 if not ended:
                     feed = PromptFeed()
                     offered.append(list(chunks))  # the first prompt's (taken at the start)
