@@ -104,7 +104,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError("--index-dir and --index-url name two indexes: give one")
     for key in ("index_dir", "index_url", "models"):  # a flag and --set of one setting
         if value := getattr(args, key, None):
-            if key in overrides and str(overrides[key]) != str(value):
+            if key in overrides and not same_setting(key, str(overrides[key]), str(value)):
                 flag = f"--{key.replace('_', '-')}"
                 raise InputError(
                     f"{flag} {value} and --set {key}={overrides[key]} disagree: give one"
@@ -113,6 +113,13 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if overrides.get("index_dir") and overrides.get("index_url"):
         raise InputError("index_dir and index_url name two indexes: give one")
     return overrides
+
+
+def same_setting(key: str, a: str, b: str) -> bool:
+    """Two values of one setting say the same (``./idx`` and ``idx`` are one folder)."""
+    if key == "index_dir":
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return a == b
 
 
 INDEX_KEYS = ("index_dir", "index_url")  # one index: given either now, neither saved one holds
@@ -189,6 +196,14 @@ def index_dir_of(ctx: Any) -> Path:
     return Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir()
 
 
+def folder_empty(path: str) -> bool:
+    """``path`` is a folder with nothing in it (one that cannot be listed is not)."""
+    try:
+        return not any(Path(path).expanduser().iterdir())
+    except OSError:
+        return False
+
+
 # --- commands -------------------------------------------------------------------------------
 
 
@@ -232,7 +247,7 @@ def index_with_progress(
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders (``--forget``: remove what the index holds of them)."""
     from specrag.errors import IndexError_
-    from specrag.indexing.documents import describe_skipped
+    from specrag.indexing.documents import describe_skipped, one_line
     from specrag.indexing.pipeline import (
         Loaded,
         forget_entries,
@@ -253,12 +268,18 @@ def cmd_index(args: argparse.Namespace) -> int:
         loaded, gone = load_files(args.paths, empty_ok=True), []  # validates every input first
     prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
     if not args.forget and not loaded.records:  # a folder left with no text is pruned all
-        try:  # the same for what it held (checked before the embedding model loads)
-            held = stored_sources(directory, ctx.collection, ctx.index_url)
-        except IndexError_:  # no index yet
-            held = set()
-        if not any(source.startswith(tuple(prune)) for source in held):
+        indexed: set[str] = set()  # what the index holds (read before the model loads)
+        if ctx.index_url or (directory / "chroma.sqlite3").is_file():  # (never creates one)
+            with contextlib.suppress(IndexError_):  # no such collection yet
+                indexed = stored_sources(directory, ctx.collection, ctx.index_url)
+        empty = [p for p in args.paths if folder_empty(p)]
+        if not any(source.startswith(tuple(prune)) for source in indexed):
             raise no_text(loaded.skipped)
+        if empty:  # a drive not mounted leaves its mount point empty: that prunes nothing
+            raise InputError(
+                f"{one_line(empty[0])} is empty, and the index holds files from it: if they "
+                f"were deleted, `specrag index --forget {one_line(empty[0])}` removes them"
+            )
     report = index_with_progress(
         loaded.records,
         ctx,

@@ -19,3 +19,11 @@ class InputError(SpecRagError):
 
 class DataDirError(SpecRagError):
     """The data dir, or a file specrag keeps there (thread checkpoints), cannot be used."""
+
+
+def short_number(value: float) -> str:
+    """``value`` as a message shows it: one decimal at most, 3 digits below 0.1.
+
+    "0.001s", not "0.0s"; "3600s", not "3.6e+03s".
+    """
+    return f"{value:.1f}".removesuffix(".0") if abs(value) >= 0.1 else f"{value:.3g}"

@@ -82,11 +82,14 @@ def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch)
     assert head > 8 and got["prompt_cut"] == len(full) - keep
     fed = seen[0]  # the prefill: the whole head, then the prompt's end
     assert fed[:head] == full[:head] and fed[head:] == full[-(keep - head) :]
-    # what an answer node asks first, to leave out evidence rather than cut it
-    assert not model.prompt_fits(messages, 8)
-    short = rag("Who led them?")
-    n = len(encode_chat(loaded, short))
-    assert model.prompt_fits(short, 255 - n) and not model.prompt_fits(short, 256 - n)
+    # what an answer node asks first, to leave out evidence rather than cut it: the
+    # decoder's own rule (an answer limit past the context caps the answer, not the prompt)
+    for reps in (1, 10, 14, 18, 60):
+        text = "who led them? " + "Rollo led the Norse settlers of Normandy. " * reps
+        for max_new in (8, 100, 1000):
+            decoded = model.model_copy(update={"max_new_tokens": max_new}).invoke(rag(text))
+            cut = "prompt_cut" in decoded.response_metadata["decoding"]
+            assert model.prompt_fits(rag(text), max_new) is not cut, (reps, max_new)
 
 
 def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_path, monkeypatch):

@@ -808,6 +808,15 @@ def test_a_flag_and_a_set_that_disagree_are_refused(capsys, argv, expected):
     assert expected in one_line_error(capsys, main(["config", *argv]))
 
 
+def test_a_flag_and_a_set_that_agree_are_one_setting(capsys, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "--index-dir", "./idx", "--set", "index_dir=idx", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["index_dir"]["value"] == "./idx"
+
+
 def test_an_unknown_flag_before_the_command_is_named(capsys):
     """`specrag --vers` said "the following arguments are required: command"."""
     assert "unrecognized arguments: --vers" in one_line_error(capsys, main(["--vers"]))

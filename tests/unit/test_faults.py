@@ -368,3 +368,35 @@ async def test_evidence_past_the_answer_models_context_is_left_out_lowest_ranked
     # a model that fits them all reads them all
     result, _ = await timed(services(chunks=found), top_k=5)
     assert [c["n"] for c in result["citations"]] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_streamed_evidence_is_fitted_too_and_a_failure_passes_all_of_it_on(fail):
+    """Incremental evidence whose batches all came before the answer began is fitted to the
+    local model as one prompt; the next node after a failure still gets all of it."""
+    from tests.unit.test_budgets import SlowLocal
+
+    class OneBlock(SlowLocal):  # a context that holds one evidence block
+        def prompt_fits(self, messages, max_new_tokens):
+            return str(messages[-1].content).count("<evidence") <= 1
+
+        def _job(self, messages, options):
+            if fail:
+                raise RuntimeError("model exploded")
+            return super()._job(messages, options)
+
+    svc = dataclasses.replace(
+        services(answer=OneBlock(steps=3, step_s=0.0)),
+        batch_retriever=two_batches(lambda: time.sleep(0.05)),
+    )
+    async with asyncio.timeout(20):
+        result, _ = await timed(
+            svc, answer_policy="incremental", incremental_grace_s=5.0, draft_policy="off"
+        )
+    if fail:  # the fallback has all the evidence
+        assert result["route"] == "fallback" and "model exploded" in result["reason"]
+        assert [c["id"] for c in result["chunks"]] == ["id1", "id0"]
+    else:  # the answer read and cites the top-ranked block only
+        assert result["route"] == "generate" and result["answer"].startswith("t0 t1")
+        assert [c["id"] for c in result["chunks"]] == ["id1"]
+        assert [c["n"] for c in result["citations"]] == [1]

@@ -827,3 +827,22 @@ def test_a_folder_left_with_no_text_is_pruned_of_what_it_held(tmp_path, monkeypa
     (tmp_path / "empty").mkdir()
     assert main(["index", str(tmp_path / "empty")]) == 2
     assert "no .txt/.md/.markdown/.html/.htm/.pdf text found" in capsys.readouterr().err
+    # a folder left with nothing at all may be a drive not mounted: nothing is pruned
+    (e := tmp_path / "e").mkdir()
+    (e / "c.txt").write_text("The emu lives in Australia.")
+    assert len(indexed_sources(tmp_path, capsys, e)) == 2
+    (e / "c.txt").unlink()
+    assert main(["index", str(e)]) == 2
+    assert f"`specrag index --forget {e}` removes them" in capsys.readouterr().err
+    assert len(indexed_sources(tmp_path, capsys, keep)) == 2
+
+
+def test_a_folder_with_no_text_creates_no_index(tmp_path, monkeypatch, capsys):
+    """The check of what the index held of a folder with no text opened (so created) an
+    empty index: the next `ask` said "no collection" instead of "run specrag index"."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "empty").mkdir()
+    assert main(["index", str(tmp_path / "empty")]) == 2
+    assert "text found" in capsys.readouterr().err
+    assert main(["ask", "Who?"]) == 2
+    assert "run `specrag index PATH`" in capsys.readouterr().err

@@ -35,7 +35,7 @@ def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
     detail = {
         "timeout": f"retrieval timed out after {ctx.retrieval_timeout_s}s",
         "failed": "retrieval failed",
-        "empty": "retrieval found nothing (the index holds no chunks?)",
+        "empty": "retrieval found nothing",
         "irrelevant": f"no chunk scored {ctx.relevance_threshold} or more",
     }.get(retrieval, f"retrieval status {retrieval}")
     doc_tokens = int(state.get("document_tokens") or 0)

@@ -17,6 +17,7 @@ from typing import Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
 
+from specrag.errors import short_number
 from specrag.graph.context import SpecRagContext
 from specrag.indexing.document_search import index_document, search_document
 from specrag.indexing.documents import Chunk
@@ -81,7 +82,7 @@ def open_index(ctx: SpecRagContext) -> VectorIndex:
         wait = min(wait, max(0.0, deadline - time.monotonic() - BUSY_MARGIN_S))
     if not _INDEX_LOCK.acquire(timeout=wait):
         raise TimeoutError(
-            f"the index is busy: another run was still opening one after {wait:.3g}s"
+            f"the index is busy: another run was still opening one after {short_number(wait)}s"
         )
     try:
         if key not in _INDEXES:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from specrag.errors import InputError
+from specrag.errors import InputError, short_number
 from specrag.paths import user_path
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
@@ -59,12 +59,6 @@ def _os_error(path: Path, exc: OSError) -> InputError:
     return Unreadable(f"cannot read {path}: {exc.strerror or exc}")
 
 
-def _mib(size: float) -> str:
-    """``size`` bytes in MiB as a message shows it: one decimal at most, 3 digits below 0.1."""
-    mib = size / 2**20
-    return f"{mib:.1f}".removesuffix(".0") if mib >= 0.1 else f"{mib:.3g}"
-
-
 def check_size(path: Path) -> None:
     """One-line ``Unreadable`` for a file past :func:`max_file_bytes` (before it is read).
 
@@ -78,7 +72,8 @@ def check_size(path: Path) -> None:
     limit = max_file_bytes()
     if size > limit:
         raise Unreadable(
-            f"{path} is too large: {_mib(size)} MiB, past the {_mib(limit)} MiB "
+            f"{path} is too large: {short_number(size / 2**20)} MiB, past the "
+            f"{short_number(limit / 2**20)} MiB "
             f"limit (split it, or raise {MAX_FILE_MIB_ENV})"
         )
 

@@ -143,13 +143,16 @@ class ChatLocalLM(LocalChatBase):
         return loaded
 
     def prompt_fits(self, messages: list[BaseMessage], max_new_tokens: int) -> bool:
-        """Whether ``messages`` and an answer of ``max_new_tokens`` fit the model's context.
+        """Whether decoding ``messages`` reads the whole prompt (no cut in its middle).
 
-        A prompt that does not is cut in the middle when decoded; an answer node first leaves
-        out its lowest-ranked evidence instead (:func:`specrag.nodes.answer.fit_evidence`).
+        The decoder's own rule: an answer limit past the context is capped to what the prompt
+        leaves, the prompt keeping at least half the context (:func:`answer_fit`); past that
+        the prompt is cut in the middle. An answer node first leaves out its last evidence
+        instead (:func:`specrag.nodes.answer.fit_evidence`).
         """
         loaded = self.load()
-        return len(encode_chat(loaded, messages)) + max_new_tokens <= loaded.max_context - 1
+        n, limit = len(encode_chat(loaded, messages)), loaded.max_context - 1
+        return n + answer_fit(max_new_tokens, n, limit) <= limit
 
     def bind_tools(
         self,

@@ -21,6 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.runtime import Runtime
 
 from specrag.decoding.incremental import PromptFeed
+from specrag.errors import short_number
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services, is_local
 from specrag.graph.signals import EvidenceStream, evidence_stream
@@ -215,11 +216,12 @@ def fit_evidence(
     ctx: SpecRagContext,
     chunks: list[dict[str, Any]],
 ) -> tuple[AnswerCall, list[dict[str, Any]]]:
-    """``call`` with the top-ranked evidence whose prompt fits a local model's context.
+    """``call`` with the first chunks of its evidence whose prompt a local model reads whole.
 
     A prompt past the context (a large ``top_k``) was cut in the middle, so the answer cited
-    chunks it never read: the lowest-ranked chunks are left out instead (at least one stays;
-    a prompt still too long is cut as before). A remote model's prompt is sent as it is.
+    chunks it never read: the last chunks - the lowest-ranked of a search; a short
+    ``--document``'s end - are left out instead (at least one stays; a prompt still too long
+    is cut as before). A remote model's prompt is sent as it is.
     """
     fits = getattr(call.model, "prompt_fits", None)
     room = ctx.answer_max_tokens
@@ -233,8 +235,8 @@ def fit_evidence(
         else:
             hi = mid - 1
     log.warning(
-        "%d of %d evidence chunks left out: with them the prompt and a %d-token answer do not "
-        "fit the answer model's context",
+        "%d of %d evidence chunks left out: with them the answer model (answer limit %d "
+        "tokens) would read only part of its prompt",
         len(chunks) - lo,
         len(chunks),
         room,
@@ -269,6 +271,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         weaving: asyncio.Task[None] | None = None
         feed: PromptFeed[list[BaseMessage]] | None = None
         offered: list[list[dict[str, Any]]] = []  # the evidence of each prompt put in the feed
+        read: list[dict[str, Any]] | None = None  # the evidence of a prompt fitted to the model
         try:
             budget = answer_budget(state, ctx, started)
             if budget <= 0:
@@ -277,9 +280,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
             if stream is None:  # (its time, tokenising the prompt, is the budget's too)
                 fitting = now()
-                call, chunks = await asyncio.to_thread(
-                    fit_evidence, call, build, state, ctx, chunks
-                )
+                call, read = await asyncio.to_thread(fit_evidence, call, build, state, ctx, chunks)
                 budget -= now() - fitting
             if stream is not None and is_local(call.model):  # incremental: answer now
                 before, waited = list(chunks), now()  # the first batch
@@ -287,11 +288,12 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 budget -= now() - waited  # the grace is part of the answer budget
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
-                if ended:  # the whole evidence, in one prompt
-                    call, kept = await asyncio.to_thread(
-                        fit_evidence, call, build, {**state, "chunks": list(chunks)}, ctx, chunks
+                if ended:  # the whole evidence in one prompt (a failure passes on all of it)
+                    fitting = now()
+                    call, read = await asyncio.to_thread(
+                        fit_evidence, call, build, state, ctx, list(chunks)
                     )
-                    chunks[:] = kept
+                    budget -= now() - fitting
                 if not ended:
                     feed = PromptFeed()
                     offered.append(list(chunks))  # the first prompt's (taken at the start)
@@ -318,7 +320,11 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 options=call.options,
             )
             if not result.text:
-                why = f"no answer within {budget:.3g}s" if result.timed_out else "empty answer"
+                why = (
+                    f"no answer within {short_number(budget)}s"
+                    if result.timed_out
+                    else "empty answer"
+                )
                 raise RuntimeError(why)
         except Exception as exc:  # noqa: BLE001 - becomes the error route
             message = f"{node}: {short_error(exc)}"
@@ -342,6 +348,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             if weaving is not None and not weaving.done():  # the decode ended by its budget
                 weaving.cancel()
         unread = False
+        if read is not None:  # the evidence that fitted the answer model's context
+            chunks = read
         if feed is not None:  # cite what the answer read, not a batch that came after it
             chunks = offered[feed.read_puts]
             unread = feed.puts > feed.read_puts
