@@ -247,14 +247,19 @@ def preload(
 ) -> float:
     """Load models and open the index before a run starts; returns seconds.
 
+    ``ctx``: a :class:`SpecRagContext`, or a dict of its settings (as a graph run takes).
+
     A run loads its models itself, before its origin (``load_s``, outside every budget), but
     opens the index inside its retrieval budget: on a busy machine a process's first question
     could time out into the fallback route. A document run opens no index, nor does
     ``index=False`` (the caller opened it, or the run needs none). Prints a note on stderr,
     timed from ``started`` (``perf_counter``; the caller's loading began there) or its call.
     """
+    from specrag.graph.context import SpecRagContext
     from specrag.graph.services import Services, default_chat_model
 
+    if isinstance(ctx, dict):  # as graph.ainvoke(..., context={...}) takes it
+        ctx = SpecRagContext(**ctx)
     started = time.perf_counter() if started is None else started
     services = Services()
     specs = [ctx.answer_spec] + ([ctx.draft_spec] if ctx.drafter_runs else [])

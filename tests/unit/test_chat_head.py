@@ -230,3 +230,18 @@ def test_a_follow_up_about_a_long_document_reads_the_earlier_turns_after_it():
     assert tail != first[2]
     alone = split_messages([HumanMessage("Who led the Norse?")], document)
     assert alone[3] == () and layout(loaded, RAPID_INSTRUCTIONS, doc, alone[2]) == first
+
+
+def test_a_drafter_that_cannot_load_is_left_out(tmp_path, monkeypatch, caplog):
+    """A draft model that could not be loaded failed the answer model too (it loads its
+    drafter first): every answer fell back, even with the draft off."""
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=4)
+    missing = str(tmp_path / "no-such-model")
+    with_drafter = model.model_copy(update={"drafter_model": missing, "speculation": "prompt"})
+    with caplog.at_level("WARNING"):
+        out = with_drafter.invoke(rag("Who led them?"))
+        again = with_drafter.invoke(rag("Who led them?"))
+    for reply in (out, again):
+        proposer = reply.response_metadata["decoding"]["proposer"]
+        assert proposer["drafter_used"] is False and "could not be loaded" in proposer["why"]
+    assert caplog.text.count("is left out") == 1  # tried once per process

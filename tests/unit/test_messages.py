@@ -214,3 +214,15 @@ def test_a_draft_model_that_rewrites_follow_ups_loads_before_the_run(monkeypatch
     monkeypatch.setattr(module.Services, "warm_retriever", lambda self, c, d: None)
     preload(settings, None, index=False)
     assert loaded == ["fake:answer", "fake:draft"]
+    loaded.clear()  # a dict of settings, as a graph run takes them (was an AttributeError)
+    preload(dataclasses.asdict(settings), None, index=False)
+    assert loaded == ["fake:answer", "fake:draft"]
+
+
+@pytest.mark.parametrize(("question", "said"), [(None, "the question is empty"), (42, "not int")])
+def test_a_question_that_is_not_text_is_a_one_line_error(question, said):
+    """`{"question": 42}` (a JSON client, Studio) raised a bare TypeError from the check."""
+    from specrag.errors import InputError
+
+    with pytest.raises(InputError, match=said):
+        asyncio.run(build_graph(services()).ainvoke({"question": question}, context=ctx()))

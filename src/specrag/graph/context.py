@@ -479,7 +479,9 @@ def validate_question(question: str, max_chars: int) -> str:
     Raised when it is empty or longer than ``max_chars`` (the CLI, the graph's ``prepare``
     and the tool check it alike).
     """
-    cleaned = "".join(ch for ch in question if ch.isprintable() or ch in "\n\t").strip()
+    if question is not None and not isinstance(question, str):  # a graph input of JSON
+        raise InputError(f"the question must be text, not {type(question).__name__}")
+    cleaned = "".join(ch for ch in question or "" if ch.isprintable() or ch in "\n\t").strip()
     if not cleaned:
         raise InputError("the question is empty")
     if len(cleaned) > max_chars:

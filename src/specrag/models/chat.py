@@ -67,6 +67,9 @@ from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
 
+# drafters that could not be loaded, by (name, device, dtype): tried once per process
+_DRAFTER_FAILED: dict[tuple[str, str, str], str] = {}
+
 __all__ = ["ChatLocalLM", "LocalChatBase", "encode_chat", "make_generator"]
 
 
@@ -134,8 +137,7 @@ class ChatLocalLM(LocalChatBase):
         which the decode reads (:meth:`_verify_plan`, :meth:`_drafter_plan`), so the first
         answer does not pay for measuring them.
         """
-        if self.drafter_model:
-            load_lm(self.drafter_model, self.device, self._drafter_dtype())
+        self._drafter()  # a drafter that cannot load is left out (the answer still runs)
         loaded = load_lm(self.model_name, self.device, self.dtype)
         if self.speculation != "none" and loaded.dtype != torch.qint8:  # int8: plain decoding
             self._drafter_plan(loaded, self.speculation)
@@ -189,6 +191,24 @@ class ChatLocalLM(LocalChatBase):
             min_confidence=self.drafter_confidence,
         )
 
+    def _drafter(self) -> tuple[LoadedLM | None, str]:
+        """The drafter, loaded once per process; or None and why it could not be loaded.
+
+        The drafter only proposes tokens: one that cannot load (a wrong path, a broken file)
+        is left out with one warning, and the answer model decodes alone.
+        """
+        if not self.drafter_model:
+            return None, "no drafter configured"
+        key = (self.drafter_model, self.device, self._drafter_dtype())
+        if key in _DRAFTER_FAILED:
+            return None, _DRAFTER_FAILED[key]
+        try:
+            return load_lm(*key), ""
+        except Exception as exc:  # noqa: BLE001 - any load failure leaves the drafter out
+            why = _DRAFTER_FAILED[key] = f"{type(exc).__name__}: {exc}"
+            log.warning("the drafter %s is left out: %s", self.drafter_model, why)
+            return None, why
+
     def _drafter_plan(
         self, loaded: LoadedLM, speculation: str
     ) -> tuple[LoadedLM | None, dict[str, Any]]:
@@ -201,7 +221,13 @@ class ChatLocalLM(LocalChatBase):
                 "drafter_used": False,
                 "why": "speculation=none (plain decoding)",
             }
-        drafter = load_lm(self.drafter_model, self.device, self._drafter_dtype())
+        drafter, failed = self._drafter()
+        if drafter is None:
+            return None, {
+                "drafter": self.drafter_model,
+                "drafter_used": False,
+                "why": f"the drafter could not be loaded: {failed}",
+            }
         info: dict[str, Any] = {"drafter": drafter.name}
         if drafter.key == loaded.key:
             return None, {**info, "drafter_used": False, "why": "drafter is the answer model"}
