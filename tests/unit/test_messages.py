@@ -226,3 +226,19 @@ def test_a_question_that_is_not_text_is_a_one_line_error(question, said):
 
     with pytest.raises(InputError, match=said):
         asyncio.run(build_graph(services()).ainvoke({"question": question}, context=ctx()))
+
+
+@pytest.mark.parametrize(
+    ("document", "said"), [("   \n  ", "the document is empty"), (b"Rollo", "not bytes")]
+)
+def test_a_document_that_is_blank_or_not_text_is_a_one_line_error(document, said):
+    """A blank document replaced the index with nothing ("retrieval found nothing"); bytes
+    gave two raw errors from the document's tokenizer and embedder."""
+    from specrag.errors import InputError
+
+    with pytest.raises(InputError, match=said):
+        asyncio.run(
+            build_graph(services()).ainvoke(
+                {"question": "Who?", "document": document}, context=ctx()
+            )
+        )

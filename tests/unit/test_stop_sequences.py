@@ -141,6 +141,24 @@ def test_unknown_constructor_arguments_are_errors_and_langchain_names_are_aliase
     assert DecodeOptions.from_call({"max_tokens": 12}).max_new_tokens == 12  # per call too
 
 
+def test_both_local_chat_models_check_their_arguments_when_built():
+    """`ChatLocalLM(temperature=-1)` was accepted, `max_tokens=-1` failed only at invoke,
+    `ChatRapid(max_tokens=10)` was refused, and ChatRapid.bind_tools raised a bare error."""
+    import pytest
+    from pydantic import ValidationError
+
+    from specrag.models.chat import ChatLocalLM
+    from specrag.models.rapid_chat import ChatRapid
+
+    for cls in (ChatLocalLM, ChatRapid):
+        assert cls(max_tokens=10).max_new_tokens == 10
+        for bad in ({"temperature": -1.0}, {"max_tokens": -1}, {"max_new_tokens": -1}):
+            with pytest.raises(ValidationError):
+                cls(**bad)
+    with pytest.raises(NotImplementedError, match="use ChatLocalLM to bind tools"):
+        ChatRapid().bind_tools([])
+
+
 class Revising(Words):
     """An incremental answer as the model thread sends it: tokens that write a stop sequence,
     then (new evidence) a Revise keeping ``keep`` of them, then ``after`` more tokens."""

@@ -89,10 +89,10 @@ class ChatLocalLM(LocalChatBase):
     )
     device: str = "auto"
     dtype: str = "auto"
-    temperature: float = 0.0
+    temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(
-        default=256, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
+        default=256, ge=0, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
     )
     speculation: Speculation = "prompt"
     max_candidates: int = 8

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE, PrefixCache, prefix_key
 from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_decode
@@ -161,9 +161,11 @@ class ChatRapid(LocalChatBase):
     device: str = "auto"
     dtype: str = "auto"
     drafter_dtype: str = "auto"  # see specrag.models.loading.drafter_dtype
-    temperature: float = 0.0
+    temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # sampling: the target's top-p nucleus
-    max_new_tokens: int = 128
+    max_new_tokens: int = Field(
+        default=128, ge=0, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
+    )
     gamma: int = 10
     transfer: Transfer = "shift"
     eta: float = 5.0
@@ -238,6 +240,12 @@ class ChatRapid(LocalChatBase):
             adaptive_gamma=self.adaptive_gamma,
             min_draft_confidence=self.min_draft_confidence,
             drafter_vocab=self.drafter_vocab,
+        )
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        """Not supported: RAPID answers from a document (``ChatLocalLM`` calls tools)."""
+        raise NotImplementedError(
+            "ChatRapid answers from a document and calls no tools: use ChatLocalLM to bind tools"
         )
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:

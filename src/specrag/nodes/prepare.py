@@ -26,6 +26,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import Overwrite
 
+from specrag.errors import InputError
 from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import Services
 from specrag.graph.state import State
@@ -110,6 +111,10 @@ def make_prepare(services: Services):  # noqa: ANN201
         # before any model loads (the graph raises it; the tool returns it to its agent)
         question = validate_question(asked(state), ctx.max_question_chars)
         document = state.get("document") or ""
+        if not isinstance(document, str):  # a JSON client's bytes or number
+            raise InputError(f"the document must be text, not {type(document).__name__}")
+        if document and not document.strip():  # it would replace the index with nothing
+            raise InputError("the document is empty (only white space)")
         t0 = now()
         # A part that cannot load (bad model path, missing index) is not an error HERE: the
         # node that needs it meets the same failure and takes its documented route.
