@@ -242,3 +242,12 @@ def test_a_document_that_is_blank_or_not_text_is_a_one_line_error(document, said
                 {"question": "Who?", "document": document}, context=ctx()
             )
         )
+
+
+def test_stats_map_each_node_to_a_dict():
+    """`stats` held {"refine": {...}, "refine_mode": "verify"}: a plain string beside the
+    nodes' dicts broke code that reads it as node -> statistics."""
+    out = asyncio.run(build_graph(services()).ainvoke({"question": "Who?"}, context=ctx()))
+    assert out["route"] == "refine", out["reason"]
+    assert all(isinstance(v, dict) for v in out["stats"].values()), out["stats"]
+    assert out["stats"]["refine"]["refine_mode"] == "verify"

@@ -53,7 +53,12 @@ def make_refine(services: Services):  # noqa: ANN201
         update = await node(state, runtime)
         if "answer" in update:
             ctx = runtime.context or SpecRagContext()
-            update["stats"] = {**update["stats"], "refine_mode": ctx.refine_mode}
+            # under the node's own stats: `stats` maps each node to a dict
+            stats = update.get("stats") or {}
+            update["stats"] = {
+                **stats,
+                "refine": {**stats.get("refine", {}), "refine_mode": ctx.refine_mode},
+            }
         return update
 
     return refine
