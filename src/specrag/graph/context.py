@@ -261,7 +261,8 @@ class SpecRagContext:
         "concat",
         "Follow-up questions with history: 'concat' searches with the previous question "
         "prepended, 'model' asks the draft model for a self-contained query, 'off' searches "
-        "the question as asked. Default chosen from the multi-turn check in the README.",
+        "the question as asked. It reads the history history_tokens keeps (0: none, so no "
+        "rewrite). Default chosen from the multi-turn check in the README.",
     )
     max_question_chars: int = _f(2000, "Longer questions are rejected.", ge=1)
     # --- long documents (RAPID) -------------------------------------------------------------
