@@ -133,9 +133,10 @@ LATER_BATCHES = "retrieve: later batches"
 
 
 def short_error(exc: BaseException) -> str:
-    """``Type: first line`` of an exception."""
+    """``Type: first line`` of an exception (``IndexError_`` shown as ``IndexError``)."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    name = type(exc).__name__.rstrip("_")
+    return f"{name}: {lines[0]}" if lines else name
 
 
 def answer_budget(state: State, ctx: SpecRagContext, started: float) -> float:
