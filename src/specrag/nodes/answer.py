@@ -279,22 +279,12 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
             call = build(state, ctx)
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
-            if stream is None:  # (its time, tokenising the prompt, is the budget's too)
-                fitting = now()
-                call, read = await asyncio.to_thread(fit_evidence, call, build, state, ctx, chunks)
-                budget -= now() - fitting
             if stream is not None and is_local(call.model):  # incremental: answer now
                 before, waited = list(chunks), now()  # the first batch
                 ended = await catch_up(stream, chunks, min(ctx.incremental_grace_s, budget))
                 budget -= now() - waited  # the grace is part of the answer budget
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
-                if ended:  # the whole evidence in one prompt (a failure passes on all of it)
-                    fitting = now()
-                    call, read = await asyncio.to_thread(
-                        fit_evidence, call, build, state, ctx, list(chunks)
-                    )
-                    budget -= now() - fitting
                 if not ended:
                     feed = PromptFeed()
                     offered.append(list(chunks))  # the first prompt's (taken at the start)
@@ -313,6 +303,13 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                         "the rest of the evidence"
                     )
                 call = build({**state, "chunks": chunks}, ctx)
+            if feed is None:  # the whole evidence in one prompt: fitted to a local model (a
+                # failure passes all of it on; tokenising the prompt is the budget's time too)
+                fitting = now()
+                call, read = await asyncio.to_thread(
+                    fit_evidence, call, build, state, ctx, list(chunks)
+                )
+                budget -= now() - fitting
             result = await stream_model(
                 call.model,
                 call.messages,
