@@ -256,7 +256,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         no_text,
         prune_prefixes,
     )
-    from specrag.indexing.store import check_local, stored_sources
+    from specrag.indexing.store import check_local, local_index_at, stored_sources
 
     ctx = make_context(args, answers=False)
     directory = index_dir_of(ctx)
@@ -269,7 +269,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
     if not args.forget and not loaded.records:  # a folder left with no text is pruned all
         indexed: set[str] = set()  # what the index holds (read before the model loads)
-        if ctx.index_url or (directory / "chroma.sqlite3").is_file():  # (never creates one)
+        if ctx.index_url or local_index_at(directory):  # (stored_sources would create one)
             with contextlib.suppress(IndexError_):  # no such collection yet
                 indexed = stored_sources(directory, ctx.collection, ctx.index_url)
         empty = [p for p in args.paths if folder_empty(p)]

@@ -110,6 +110,11 @@ def stored_sources(directory: str | Path, collection: str, url: str) -> set[str]
     return _sources_in(found.get(include=["metadatas"]))
 
 
+def local_index_at(directory: str | Path) -> bool:
+    """A local (embedded Chroma) index is in ``directory``; looking never creates one."""
+    return (Path(directory).expanduser() / "chroma.sqlite3").is_file()
+
+
 def check_recorded_model(
     directory: str | Path, collection: str, url: str, embedding_model: str
 ) -> None:
@@ -123,7 +128,7 @@ def check_recorded_model(
 
     check_embedding_path(embedding_model)  # a path that is not there: said as such
     where = url or str(Path(directory).expanduser())
-    if not url and not (Path(where) / "chroma.sqlite3").is_file():
+    if not url and not local_index_at(where):
         return
     try:
         recorded = (_plain_collection(where, collection, url).metadata or {}).get(EMBEDDING_KEY)
@@ -229,7 +234,7 @@ def check_local(directory: Path, collection: str, url: str | None, create: bool 
                 f"cannot use {where} as the index folder: {there} is not a folder "
                 "(--index-dir, or SPECRAG_DATA_DIR)"
             )
-    if not url and not create and not (where / "chroma.sqlite3").is_file():
+    if not url and not create and not local_index_at(where):
         raise IndexError_(f"no index at {where}: run `specrag index PATH` or `specrag demo` first")
 
 
