@@ -152,7 +152,7 @@ class ChatLocalLM(LocalChatBase):
         the prompt is cut in the middle. An answer node first leaves out its last evidence
         instead (:func:`specrag.nodes.answer.fit_evidence`).
         """
-        loaded = self.load()
+        loaded = load_lm(self.model_name, self.device, self.dtype)  # its tokenizer only
         n, limit = len(encode_chat(loaded, messages)), loaded.max_context - 1
         return n + answer_fit(max_new_tokens, n, limit) <= limit
 
