@@ -28,7 +28,7 @@ for _name, _value in ENV_DEFAULTS.items():
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
-from specrag.errors import InputError, ModelLoadError, SpecRagError  # noqa: E402
+from specrag.errors import InputError, ModelLoadError, SpecRagError, short_error  # noqa: E402
 from specrag.graph.context import validate_question  # noqa: E402
 from specrag.paths import user_path  # noqa: E402
 from specrag.runner import (  # noqa: E402
@@ -849,8 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - never a traceback for a CLI user
         if debug_mode():
             raise
-        first = (str(exc).strip().splitlines() or [""])[0]
-        line = f"{type(exc).__name__}: {first}"
+        line = short_error(exc)
         print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
         return _json_error(args, line, 1)
 

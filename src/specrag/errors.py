@@ -27,3 +27,20 @@ def short_number(value: float) -> str:
     "0.001s", not "0.0s"; "3600s", not "3.6e+03s".
     """
     return f"{value:.1f}".removesuffix(".0") if abs(value) >= 0.1 else f"{value:.3g}"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else short_type(exc)
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: first line`` of an exception (``IndexError_`` shown as ``IndexError``)."""
+    lines = str(exc).strip().splitlines()
+    return f"{short_type(exc)}: {lines[0]}" if lines else short_type(exc)
+
+
+def short_type(exc: BaseException) -> str:
+    """An exception's type name as a user reads it (``IndexError_`` is ``IndexError``)."""
+    return type(exc).__name__.rstrip("_")

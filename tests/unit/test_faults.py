@@ -405,7 +405,6 @@ async def test_streamed_evidence_is_fitted_too_and_a_failure_passes_all_of_it_on
 def test_an_error_is_named_without_the_internal_underscore():
     """Reasons read "retrieve: IndexError_: no index at ...": the class's name, which only
     avoids shadowing Python's IndexError, was shown as it is spelt."""
-    from specrag.errors import IndexError_
-    from specrag.nodes.answer import short_error
+    from specrag.errors import IndexError_, short_error
 
     assert short_error(IndexError_("no index at x\nmore")) == "IndexError: no index at x"

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from specrag.errors import InputError, short_number
+from specrag.errors import InputError, first_line, short_number
 from specrag.paths import user_path
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
@@ -200,8 +200,7 @@ def read_pdf_pages(path: Path) -> list[str]:
     except FileNotFoundError as exc:
         raise InputError(f"file not found: {path}") from exc
     except Exception as exc:  # noqa: BLE001 - pypdf raises many kinds; one line for the user
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise Unreadable(f"cannot read PDF {path}: {first}") from exc
+        raise Unreadable(f"cannot read PDF {path}: {first_line(exc)}") from exc
 
 
 def source_name(path: str | Path) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specrag.errors import IndexError_
+from specrag.errors import IndexError_, first_line
 from specrag.indexing.documents import Chunk, make_splitter, split_document
 from specrag.indexing.lexical import LexicalIndex, fingerprint, rrf
 
@@ -106,7 +106,7 @@ def stored_sources(directory: str | Path, collection: str, url: str) -> set[str]
     except IndexError_:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises NotFoundError or ValueError
-        raise IndexError_(f"no collection {collection!r} at {where}: {_short(exc)}") from exc
+        raise IndexError_(f"no collection {collection!r} at {where}: {first_line(exc)}") from exc
     return _sources_in(found.get(include=["metadatas"]))
 
 
@@ -173,11 +173,6 @@ def _require_collection(client: Any, collection: str, where: str, option: str) -
         )
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def parse_url(url: str) -> tuple[str, int, bool]:
     """``(host, port, ssl)`` of a Chroma server's ``http(s)://HOST:PORT``.
 
@@ -208,7 +203,7 @@ def connect(url: str) -> Any:
         client = chromadb.HttpClient(host=host, port=port, ssl=ssl)
         client.heartbeat()
     except Exception as exc:  # noqa: BLE001 - connection errors come in many types
-        raise IndexError_(f"cannot reach the Chroma server at {url}: {_short(exc)}") from exc
+        raise IndexError_(f"cannot reach the Chroma server at {url}: {first_line(exc)}") from exc
     return client
 
 
@@ -274,7 +269,9 @@ class VectorIndex:
             except IndexError_:
                 raise
             except Exception as exc:  # noqa: BLE001 - a server that fails after its heartbeat
-                raise IndexError_(f"cannot list the collections at {url}: {_short(exc)}") from exc
+                raise IndexError_(
+                    f"cannot list the collections at {url}: {first_line(exc)}"
+                ) from exc
         from langchain_chroma import Chroma
 
         where = url or str(self.directory)
@@ -301,7 +298,7 @@ class VectorIndex:
         except IndexError_:
             raise
         except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
-            raise IndexError_(f"cannot open index at {where}: {_short(exc)}") from exc
+            raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
         if stamp:
             check_embedding_stamp(built_with, stamp[EMBEDDING_KEY], collection, where)
 

@@ -39,6 +39,7 @@ from specrag.decoding.incremental import decode_incremental
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import DecodeStats, Step, decode
 from specrag.decoding.state import VERIFIER_MARKS, LMState
+from specrag.errors import short_error
 from specrag.models.loading import (
     EMBEDDED_LM,
     LoadedLM,
@@ -205,7 +206,7 @@ class ChatLocalLM(LocalChatBase):
         try:
             return load_lm(*key), ""
         except Exception as exc:  # noqa: BLE001 - any load failure leaves the drafter out
-            why = _DRAFTER_FAILED[key] = f"{type(exc).__name__}: {exc}"
+            why = _DRAFTER_FAILED[key] = short_error(exc)
             log.warning("the drafter %s is left out: %s", self.drafter_model, why)
             return None, why
 

@@ -34,7 +34,7 @@ from langchain_core.embeddings import Embeddings
 
 from specrag.decoding.drafter import PaidPrefills, PairCosts
 from specrag.decoding.state import sync
-from specrag.errors import InputError, ModelLoadError
+from specrag.errors import InputError, ModelLoadError, first_line
 from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
 from specrag.models.gguf import convert_gguf, converted_dir, is_converted
@@ -346,7 +346,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         tokenizer = AutoTokenizer.from_pretrained(str(source))
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
     except Exception as exc:  # noqa: BLE001
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         offline = ""
         if isinstance(source, str) and hub_offline():  # a hub id
             offline = (
@@ -809,7 +809,7 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
                 )
             )
         except Exception as exc:  # noqa: BLE001
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise ModelLoadError(f"could not load embedding model {name!r}: {first}") from exc
         _EMB_CACHE[name] = emb
         return emb

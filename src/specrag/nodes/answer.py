@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.runtime import Runtime
 
 from specrag.decoding.incremental import PromptFeed
-from specrag.errors import short_number
+from specrag.errors import short_error, short_number
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services, is_local
 from specrag.graph.signals import EvidenceStream, evidence_stream
@@ -130,13 +130,6 @@ def answer_message(state: State, update: dict[str, Any]) -> dict[str, Any]:
 # how an error about the search's batches after the first starts (retrieve's and the
 # answer node's): the answer node reads it to tell whether the run already says why
 LATER_BATCHES = "retrieve: later batches"
-
-
-def short_error(exc: BaseException) -> str:
-    """``Type: first line`` of an exception (``IndexError_`` shown as ``IndexError``)."""
-    lines = str(exc).strip().splitlines()
-    name = type(exc).__name__.rstrip("_")
-    return f"{name}: {lines[0]}" if lines else name
 
 
 def answer_budget(state: State, ctx: SpecRagContext, started: float) -> float:

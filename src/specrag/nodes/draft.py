@@ -13,12 +13,12 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from specrag import prompts
+from specrag.errors import short_error
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
 from specrag.graph.signals import retrieval_signal
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
-from specrag.nodes.answer import short_error
 from specrag.nodes.streaming import emit, live_marks, now, resumed_origin, stream_model
 
 

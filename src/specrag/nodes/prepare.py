@@ -26,11 +26,10 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import Overwrite
 
-from specrag.errors import InputError
+from specrag.errors import InputError, short_error
 from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import Services
 from specrag.graph.state import State
-from specrag.nodes.answer import short_error
 from specrag.nodes.streaming import clock, emit, now
 
 log = logging.getLogger(__name__)

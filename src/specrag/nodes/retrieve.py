@@ -12,6 +12,7 @@ from langgraph.constants import TAG_NOSTREAM
 from langgraph.runtime import Runtime
 
 from specrag import prompts
+from specrag.errors import short_error
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import SEARCH_DEADLINE, Services
 from specrag.graph.signals import EvidenceStream, open_evidence_stream, retrieval_signal
@@ -19,7 +20,7 @@ from specrag.graph.state import State
 from specrag.indexing.documents import Chunk
 from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
-from specrag.nodes.answer import LATER_BATCHES, short_error
+from specrag.nodes.answer import LATER_BATCHES
 from specrag.nodes.prepare import quietly
 from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 

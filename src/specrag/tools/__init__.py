@@ -100,7 +100,7 @@ def make_specrag_tool(
         except InputError as exc:  # an empty or over-long question: the agent reads why
             return f"specrag: error: {exc}"
         except Exception as exc:  # noqa: BLE001 - an agent's ToolNode re-raises: its run would end
-            from specrag.nodes.answer import short_error
+            from specrag.errors import short_error
 
             log.warning("the specrag tool failed", exc_info=True)
             return f"specrag: error: {short_error(exc)}"
