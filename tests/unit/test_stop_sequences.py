@@ -253,3 +253,40 @@ def test_a_stream_goes_on_when_the_decoder_rewrites_text_it_showed():
 
     stream = TextStream(Honest(), ())
     assert "".join(stream.push([i]) for i in (1, 2, 3, 4, 5)) == "Hello , world!"
+
+
+def test_an_answer_cut_inside_a_multibyte_character_keeps_the_text_before_it():
+    """A step whose last token was the first byte of "é" held back the step's whole text, and
+    the last chunk never sent it: an answer cut there by its token limit lost the accepted
+    block (" answer is caf") while output_tokens still counted it."""
+    import types
+
+    from specrag.models.local import DecodeJob, TextStream, _result, _Run
+    from specrag.models.options import DecodeOptions
+
+    pieces = {0: "The", 1: " answer", 2: " is caf", 3: "\xc3", 4: "\xa9", 5: "."}
+
+    class Bytes:  # byte-level: an incomplete UTF-8 sequence decodes to U+FFFD
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=True):
+            raw = "".join(pieces[i] for i in ids).encode("latin-1")
+            return raw.decode("utf-8", errors="replace")
+
+    stream = TextStream(Bytes(), ())
+    assert stream.push([0]) == "The"
+    assert stream.push([1, 2, 3]) == " answer is caf"  # the broken character waits
+    assert stream.push([4, 5]) == "é."
+
+    job = DecodeJob(
+        produce=None,
+        tokenizer=Bytes(),
+        eos_ids=(),
+        input_tokens=3,
+        metadata=lambda: {},
+        finish_reason=lambda: "length",
+    )
+    run = _Run(types.SimpleNamespace(max_time=None), job, DecodeOptions(), time.monotonic())
+    block = [Token(1, -0.1, "draft"), Token(2, -0.1, "draft"), Token(3, -0.1, "model")]
+    chunks = [run.chunk([Token(0, -0.1, "model")]), run.chunk(block), run.final_chunk()]
+    message = _result(chunks).generations[0].message
+    assert message.content == "The answer is caf"
+    assert message.usage_metadata["output_tokens"] == 4

@@ -132,9 +132,9 @@ class TextStream:
     def push(self, ids: list[int]) -> str:
         """Add tokens; return the new text that is now stable."""
         self.ids.extend(i for i in ids if i not in self.skip)
-        text = decode_text(self.tokenizer, self.ids)
-        if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next token
-            return ""
+        # an incomplete UTF-8 sequence at the end waits for the next token; the text before
+        # it is shown now (an answer that ends there keeps all but the broken character)
+        text = decode_text(self.tokenizer, self.ids).rstrip("\ufffd")
         # A decoder that rewrites earlier text (a normaliser) cannot take back what was
         # shown: the stream goes on past the length shown (it stopped for good before)
         delta = text[len(self.emitted) :]
