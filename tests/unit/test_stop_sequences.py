@@ -290,3 +290,39 @@ def test_an_answer_cut_inside_a_multibyte_character_keeps_the_text_before_it():
     message = _result(chunks).generations[0].message
     assert message.content == "The answer is caf"
     assert message.usage_metadata["output_tokens"] == 4
+
+
+def test_a_step_ending_with_the_stop_and_the_end_token_keeps_the_stop_tokens_log_prob():
+    """One accepted block [" world.\\nUser:", end]: the end token (never in the log-probs)
+    was taken for a token past the cut, so the log-prob of the token that holds the answer's
+    last text was dropped while output_tokens still counted it."""
+    import types
+
+    from specrag.models.local import DecodeJob, _Run
+    from specrag.models.options import DecodeOptions
+
+    pieces = {0: "Hello", 1: " world.\nUser:", 2: ""}  # 2: the end token
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True, **_):
+            return "".join(pieces[i] for i in ids if not (skip_special_tokens and i == 2))
+
+    job = DecodeJob(
+        produce=None,
+        tokenizer=Tok(),
+        eos_ids=(2,),
+        input_tokens=3,
+        metadata=lambda: {},
+        finish_reason=lambda: "stop",
+    )
+    opts = DecodeOptions(stop=("\nUser:",))
+    run = _Run(types.SimpleNamespace(max_time=None), job, opts, time.monotonic())
+    block = [Token(1, -0.2, "draft"), Token(2, -0.3, "model")]
+    chunks = [run.chunk([Token(0, -0.1, "model")]), run.chunk(block)]
+    final = run.final_chunk()
+    assert "".join(c.text for c in chunks) + final.text == "Hello world."
+    logprobs = [
+        lp["logprob"] for c in chunks for lp in c.message.response_metadata["logprobs"]["content"]
+    ]
+    assert logprobs == [-0.1, -0.2]
+    assert final.message.usage_metadata["output_tokens"] == 2

@@ -516,7 +516,10 @@ class _Run:
             cut = shown_before + len(delta)
             after = sum(1 for start in self.starts if start >= cut)
             in_step = min(after, len(step))
-            logprobs = logprobs[: max(0, len(logprobs) - in_step)]
+            # the log-probs leave the end token out: drop those of the step's other tokens
+            # past the cut (an accepted block can end "... text with the stop", end token)
+            past = [t for t in step[len(step) - in_step :] if t.id not in self.job.eos_ids]
+            logprobs = logprobs[: max(0, len(logprobs) - len(past))]
             self.retracted = after - in_step  # counted in earlier chunks
             self.n_tokens -= after
         return ChatGenerationChunk(
