@@ -60,6 +60,26 @@ def test_disk_entries_are_lru_bounded_by_bytes(tmp_path):
     assert fresh.get(keys[0], model) is None and fresh.get(keys[3], model) is not None
 
 
+def test_a_hit_in_memory_keeps_its_file_the_most_recently_used_on_disk(tmp_path):
+    """Hits served from memory left the file's time as it was written: the entry used most
+    looked the oldest on disk, and the next write (this process or another) pruned it."""
+    model = tiny_llama()
+    one = prefilled(model, [t % 60 + 1 for t in range(99)])
+    size = sum(k.numel() * k.element_size() * 2 for k, _ in one.kv_tensors())
+    cache = PrefixCache(disk_dir=tmp_path, disk_max_bytes=int(size * 2.5))
+    keys = [prefix_key("m", [i + 1] + [t % 60 + 1 for t in range(98)]) for i in range(3)]
+    for i, key in enumerate(keys[:2]):
+        cache.put(key, prefilled(model, [i + 1] + [t % 60 + 1 for t in range(98)]))
+        cache.flush()
+    old = os.path.getmtime(cache._path(keys[1])) - 10
+    for key in keys[:2]:  # both files as if written 10 s ago, the first before the second
+        os.utime(cache._path(key), (old - (key == keys[0]), old - (key == keys[0])))
+    assert cache.get(keys[0], model) is not None and cache.hits == 1  # from memory
+    cache.put(keys[2], prefilled(model, [3] + [t % 60 + 1 for t in range(98)]))
+    cache.flush()
+    assert cache._path(keys[0]).exists() and not cache._path(keys[1]).exists()
+
+
 def saved(directory, model, tokens):
     """A cache on ``directory`` holding the prefix ``tokens`` on disk: (cache, key, file)."""
     key = prefix_key("m", tokens)
@@ -74,6 +94,26 @@ def test_a_corrupt_file_is_a_miss_and_removed(tmp_path):
     model = tiny_llama()
     _, key, path = saved(tmp_path, model, list(range(5, 40)))
     path.write_bytes(b"not a tensor file")
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    assert not path.exists()
+
+
+def test_a_file_whose_tensors_were_damaged_is_a_miss_and_removed(tmp_path):
+    """PyTorch's zip reader checks no CRC: flipped bits in the saved keys loaded as a hit
+    and changed the greedy answer. A file of an older version (no checksum) goes too."""
+    model = tiny_llama()
+    tokens = list(range(5, 40))
+    _, key, path = saved(tmp_path, model, tokens)
+    data = torch.load(path, weights_only=True)
+    data["kv"][0] = (data["kv"][0][0] * 4, data["kv"][0][1])  # the checksum left as it was
+    torch.save(data, path)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    assert not path.exists()
+
+    _, key, path = saved(tmp_path, model, tokens)
+    del data["crc"]
+    data["kv"][0] = (data["kv"][0][0] / 4, data["kv"][0][1])  # sound tensors, no checksum
+    torch.save(data, path)
     assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
     assert not path.exists()
 
