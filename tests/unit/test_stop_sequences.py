@@ -152,11 +152,34 @@ def test_both_local_chat_models_check_their_arguments_when_built():
 
     for cls in (ChatLocalLM, ChatRapid):
         assert cls(max_tokens=10).max_new_tokens == 10
-        for bad in ({"temperature": -1.0}, {"max_tokens": -1}, {"max_new_tokens": -1}):
+        for bad in ({"temperature": -1.0}, {"temperature": float("inf")}, {"max_tokens": -1}):
             with pytest.raises(ValidationError):
                 cls(**bad)
     with pytest.raises(NotImplementedError, match="use ChatLocalLM to bind tools"):
         ChatRapid().bind_tools([])
+
+
+def test_a_calls_own_temperature_or_limit_is_checked_too():
+    """Per call, a NaN temperature failed deep in sampling, inf sampled uniformly and a
+    negative one quietly meant greedy: each is one line now. A spent time budget stops at once."""
+    import pytest
+
+    from specrag.errors import InputError
+    from specrag.models.options import DecodeOptions
+
+    model = Words(steps=len(TEXT), step_s=0.0, words=TEXT)
+    for bad in (
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"temperature": -0.5},
+        {"max_tokens": -1},
+        {"temperature": "hot"},
+        {"max_time": float("nan")},
+    ):
+        with pytest.raises(InputError, match=next(iter(bad)).replace("max_tokens", "max_new")):
+            model.invoke("q", **bad)
+    assert DecodeOptions(max_time=-1.0).max_time == -1.0  # a budget already spent
+    assert model.invoke("q", temperature=0.0, max_tokens=2, max_time=float("inf")).content
 
 
 class Revising(Words):

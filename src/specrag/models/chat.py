@@ -90,7 +90,7 @@ class ChatLocalLM(LocalChatBase):
     )
     device: str = "auto"
     dtype: str = "auto"
-    temperature: float = Field(default=0.0, ge=0.0)
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(
         default=256, ge=0, validation_alias=AliasChoices("max_new_tokens", "max_tokens")

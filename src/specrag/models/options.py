@@ -8,6 +8,7 @@ they are checked against the same fields, so a misspelt key is an error, not sil
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 from dataclasses import dataclass
@@ -92,6 +93,27 @@ class DecodeOptions:
     prompt_feed: Any = None
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI-style tool schemas (bind_tools)
     tool_choice: Any = None  # None/"auto", "any"/"required", or a tool name
+
+    def __post_init__(self) -> None:
+        """A per-call temperature or limit the model could not decode with is one clear line.
+
+        (A NaN temperature failed deep in sampling, inf sampled uniformly, a negative one
+        meant greedy.) ``max_time`` <= 0 stops at once (a budget already spent), inf never.
+        """
+        checks = (
+            ("temperature", self.temperature),
+            ("max_new_tokens", self.max_new_tokens),
+            ("max_time", self.max_time),
+        )
+        for name, value in checks:
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(f"{name} must be a number, not {type(value).__name__}")
+            if math.isnan(value):
+                raise InputError(f"{name} must be a number, not NaN")
+            if name != "max_time" and (value < 0 or math.isinf(value)):
+                raise InputError(f"{name} must be a finite number >= 0, not {value!r}")
 
     @classmethod
     def from_call(cls, kwargs: dict[str, Any]) -> DecodeOptions:

@@ -161,7 +161,7 @@ class ChatRapid(LocalChatBase):
     device: str = "auto"
     dtype: str = "auto"
     drafter_dtype: str = "auto"  # see specrag.models.loading.drafter_dtype
-    temperature: float = Field(default=0.0, ge=0.0)
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)  # sampling: the target's top-p nucleus
     max_new_tokens: int = Field(
         default=128, ge=0, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
