@@ -152,7 +152,12 @@ def test_both_local_chat_models_check_their_arguments_when_built():
 
     for cls in (ChatLocalLM, ChatRapid):
         assert cls(max_tokens=10).max_new_tokens == 10
-        for bad in ({"temperature": -1.0}, {"temperature": float("inf")}, {"max_tokens": -1}):
+        for bad in (
+            {"temperature": -1.0},
+            {"temperature": float("inf")},
+            {"max_tokens": -1},
+            {"max_new_tokens": -1},
+        ):
             with pytest.raises(ValidationError):
                 cls(**bad)
     with pytest.raises(NotImplementedError, match="use ChatLocalLM to bind tools"):
