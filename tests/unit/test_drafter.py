@@ -971,3 +971,11 @@ def test_a_models_logit_width_is_its_output_layers_not_its_configs():
     assert loaded.output_rows == 64
     int8.quantize(target, wide=False)  # an int8 model's output layer says it too
     assert loaded.output_rows == 64
+
+
+def test_a_drafter_asked_for_no_tokens_proposes_none_and_runs_no_step(pair):
+    """``propose(..., k=0)`` still ran the drafter and proposed one token."""
+    _, drafter = pair
+    proposer = DrafterProposer(LMState(drafter), list(range(7, 40)), Sampler(0.0))
+    assert proposer.propose([], 0).tokens == []
+    assert proposer.stats.proposed == 0 and proposer.lm.forward_passes == 0

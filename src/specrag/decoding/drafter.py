@@ -191,6 +191,8 @@ class DrafterProposer:
         the target's verify pass. The rule reads only the drafter's own state, so the target's
         output (greedy) and distribution (sampled) are unchanged.
         """
+        if k <= 0:  # no room for a candidate: no drafter step either
+            return Proposal([], "drafter")
         t0 = time.perf_counter()
         if self.vocab_first and not self._restricted:
             self.stats.vocab_rows = self.lm.restrict(
