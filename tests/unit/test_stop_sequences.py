@@ -166,10 +166,10 @@ def test_both_local_chat_models_check_their_arguments_when_built():
 
 def test_a_calls_own_temperature_or_limit_is_checked_too():
     """Per call, a NaN temperature failed deep in sampling, inf sampled uniformly and a
-    negative one quietly meant greedy: each is one line now. A spent time budget stops at once."""
+    negative one quietly meant greedy: each is a one-line ValueError now. A spent time budget
+    stops at once."""
     import pytest
 
-    from specrag.errors import InputError
     from specrag.models.options import DecodeOptions
 
     model = Words(steps=len(TEXT), step_s=0.0, words=TEXT)
@@ -181,7 +181,7 @@ def test_a_calls_own_temperature_or_limit_is_checked_too():
         {"temperature": "hot"},
         {"max_time": float("nan")},
     ):
-        with pytest.raises(InputError, match=next(iter(bad)).replace("max_tokens", "max_new")):
+        with pytest.raises(ValueError, match=next(iter(bad)).replace("max_tokens", "max_new")):
             model.invoke("q", **bad)
     assert DecodeOptions(max_time=-1.0).max_time == -1.0  # a budget already spent
     assert model.invoke("q", temperature=0.0, max_tokens=2, max_time=float("inf")).content

@@ -232,9 +232,7 @@ class LocalChatBase(BaseChatModel):
         """The call's answer limit in tokens: its own (0: none), else the model's."""
         limit = getattr(self, "max_new_tokens", 0)
         max_new = limit if options.max_new_tokens is None else options.max_new_tokens
-        if max_new < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
-        return int(max_new)
+        return int(max_new)  # >= 0: DecodeOptions and the model's field check it
 
     def load(self) -> Any:
         """Load the model's weights (once per process); called before a decode's budget starts.

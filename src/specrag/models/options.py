@@ -95,7 +95,7 @@ class DecodeOptions:
     tool_choice: Any = None  # None/"auto", "any"/"required", or a tool name
 
     def __post_init__(self) -> None:
-        """A per-call temperature or limit the model could not decode with is one clear line.
+        """A per-call temperature or limit no decode can use is a one-line ValueError.
 
         (A NaN temperature failed deep in sampling, inf sampled uniformly, a negative one
         meant greedy.) ``max_time`` <= 0 stops at once (a budget already spent), inf never.
@@ -109,11 +109,11 @@ class DecodeOptions:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InputError(f"{name} must be a number, not {type(value).__name__}")
+                raise ValueError(f"{name} must be a number, got {type(value).__name__}")
             if math.isnan(value):
-                raise InputError(f"{name} must be a number, not NaN")
+                raise ValueError(f"{name} must be a number, got NaN")
             if name != "max_time" and (value < 0 or math.isinf(value)):
-                raise InputError(f"{name} must be a finite number >= 0, not {value!r}")
+                raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
 
     @classmethod
     def from_call(cls, kwargs: dict[str, Any]) -> DecodeOptions:
