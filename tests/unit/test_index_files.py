@@ -846,3 +846,30 @@ def test_a_folder_with_no_text_creates_no_index(tmp_path, monkeypatch, capsys):
     assert "text found" in capsys.readouterr().err
     assert main(["ask", "Who?"]) == 2
     assert "run `specrag index PATH`" in capsys.readouterr().err
+
+
+def test_a_device_or_a_pipe_is_refused_before_it_is_opened(tmp_path, monkeypatch, capsys):
+    """``--document`` of a link to /dev/zero read until the machine ran out of memory (its
+    size is 0, so the size limit let it through); a named pipe hung ``ask`` and ``index``."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.txt")
+    for name in ("zero.txt", "fifo.txt"):
+        path = str(tmp_path / name)
+        for argv in (["ask", "Who led them?", "--document", path], ["index", path]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip()
+            said = "specrag: error: not a regular file (a device, pipe or socket): "
+            assert err in (said + path, said + os.path.realpath(path))  # index resolves links
+
+
+def test_a_file_that_grew_past_the_limit_after_its_size_was_read_is_refused(tmp_path, monkeypatch):
+    """The size check reads the size first: what is read is bounded by the limit too."""
+    from specrag.indexing import documents
+
+    path = tmp_path / "log.txt"
+    path.write_text("x" * 100)
+    monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", str(1_000 / 2**20))
+    monkeypatch.setattr(documents, "check_size", lambda p: path.write_text("x" * 5_000))
+    with pytest.raises(documents.Unreadable, match="too large"):
+        documents.read_text(path)

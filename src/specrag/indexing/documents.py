@@ -8,6 +8,7 @@ import html
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -66,9 +67,16 @@ def check_size(path: Path) -> None:
     that has grown past the limit rather than pruning it.
     """
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as exc:
         raise _os_error(path, exc) from exc
+    if not stat.S_ISREG(st.st_mode):  # /dev/zero never ends, a pipe waits for a writer
+        raise Unreadable(f"not a regular file (a device, pipe or socket): {path}")
+    too_large(path, st.st_size)
+
+
+def too_large(path: Path, size: int) -> None:
+    """One-line ``Unreadable`` when ``size`` bytes are past :func:`max_file_bytes`."""
     limit = max_file_bytes()
     if size > limit:
         raise Unreadable(
@@ -236,9 +244,11 @@ def read_text(path: Path) -> str:
         return "\n\n".join(p for p in read_pdf_pages(path) if p)
     check_size(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:  # at most one byte past the limit: it may have grown since
+            raw = f.read(max_file_bytes() + 1)
     except OSError as exc:
         raise _os_error(path, exc) from exc
+    too_large(path, len(raw))
     text = decode_text(raw, path)
     if path.suffix.lower() in (".html", ".htm"):
         text = html_to_text(text)
@@ -361,8 +371,8 @@ def _one_per_file(files: Iterable[Path]) -> list[Path]:
     for path in files:
         real = path.resolve()
         try:
-            stat = real.stat()
-            key: object = (stat.st_dev, stat.st_ino) if stat.st_ino else str(real)
+            st = real.stat()
+            key: object = (st.st_dev, st.st_ino) if st.st_ino else str(real)
         except OSError:  # gone meanwhile: reading it reports that
             key = str(real)
         if key not in seen:
