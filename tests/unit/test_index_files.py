@@ -873,3 +873,22 @@ def test_a_file_that_grew_past_the_limit_after_its_size_was_read_is_refused(tmp_
     monkeypatch.setattr(documents, "check_size", lambda p: path.write_text("x" * 5_000))
     with pytest.raises(documents.Unreadable, match="too large"):
         documents.read_text(path)
+
+
+def test_a_link_to_a_folder_above_is_not_followed(tmp_path, monkeypatch, capsys):
+    """``docs/loop -> ..`` indexed everything beside docs/ (other projects' files, the index's
+    own files in the skip list) without a word."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "a.md").write_text("Rollo led the Norse settlers.")
+    (tmp_path / "private.md").write_text("Not for this index.")
+    (docs / "loop").symlink_to("..")
+    (docs / "sub" / "self").symlink_to("..")  # docs/ itself
+    (docs / "sub" / "side").symlink_to(tmp_path / "data")  # beside it: followed as before
+    assert main(["index", str(docs), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    reasons = {s["path"]: s["reason"] for s in summary["skipped"]}
+    above = "link to a folder above it (not followed)"
+    assert reasons[str(docs / "loop")] == above and reasons[str(docs / "sub" / "self")] == above
+    assert summary["sources"] == 1

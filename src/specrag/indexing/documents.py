@@ -25,6 +25,9 @@ PAGE_MARK = "#page="  # a PDF page's source: "<path>#page=<n>" (1-based), cited 
 UNREADABLE = "unreadable"  # the start of a skip reason for a file or folder that could not be read
 HIDDEN = "hidden (name starts with '.')"  # a folder's; a hidden file named itself is indexed
 BROKEN_LINK = "broken link"  # a link to nothing: reported; what it reached stays indexed
+# a link to the folder being indexed or one above it: walking it would index the whole tree
+# above (a link to .. in docs/ indexed everything beside docs/, the index's own files too)
+LINK_ABOVE = "link to a folder above it (not followed)"
 MAX_FILE_MIB_ENV = "SPECRAG_MAX_FILE_MIB"  # overrides DEFAULT_MAX_FILE_MIB
 DEFAULT_MAX_FILE_MIB = 100.0  # a file is read whole into memory, then tokenized and embedded
 
@@ -384,9 +387,11 @@ def _one_per_file(files: Iterable[Path]) -> list[Path]:
 def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
     """A folder's supported files, what it left out, and the real folders it walked.
 
-    Left out: other types, broken links, folders that cannot be listed, and hidden entries
-    (``.git``, ``.DS_Store``, ...; one entry each, a hidden folder never walked into).
+    Left out: other types, broken links, folders that cannot be listed, hidden entries
+    (``.git``, ``.DS_Store``, ...; one entry each, a hidden folder never walked into), and
+    links to ``folder`` itself or a folder above it.
     """
+    top = os.path.realpath(folder)
     files: list[Path] = []
     skipped: list[Skipped] = []
     seen: dict[str, None] = {}  # real folders walked: a link to a folder above is walked once
@@ -405,6 +410,11 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
         for d in sorted(d for d in dirs if d.startswith(".")):
             skipped.append(Skipped(str((here / d).absolute()), HIDDEN))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for d in [d for d in dirs if os.path.islink(here / d)]:
+            target = os.path.realpath(here / d)
+            if top == target or top.startswith(target.rstrip(os.sep) + os.sep):
+                skipped.append(Skipped(str((here / d).absolute()), LINK_ABOVE))
+                dirs.remove(d)
         for name in sorted(names):
             p = here / name
             if name.startswith("."):
