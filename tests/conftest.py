@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -26,3 +28,14 @@ settings.register_profile(
 )
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(_PROFILE)
+
+
+@pytest.fixture(autouse=True)
+def _forget_failed_loads():
+    """A model load that failed is remembered for a minute (specrag.models.loading): each
+    test starts without another test's failures."""
+    from specrag.models import loading
+
+    loading._LM_FAILED.clear()
+    yield
+    loading._LM_FAILED.clear()

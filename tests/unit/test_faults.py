@@ -408,3 +408,29 @@ def test_an_error_is_named_without_the_internal_underscore():
     from specrag.errors import IndexError_, short_error
 
     assert short_error(IndexError_("no index at x\nmore")) == "IndexError: no index at x"
+
+
+def test_a_model_that_failed_to_load_is_not_tried_again_within_a_minute(monkeypatch):
+    """One graph run loads its answer model twice (prepare's warm-up, then the node): a hub
+    id not in the cache without a network cost ~46 s of retries each time (102 s a run)."""
+    import pytest
+
+    from specrag.errors import ModelLoadError
+    from specrag.models import loading
+
+    tries = []
+
+    def failing(name, device, dtype):
+        tries.append(name)
+        raise ModelLoadError(f"could not load model {name!r}: no network")
+
+    monkeypatch.setattr(loading, "_load_lm_uncached", failing)
+    for _ in range(2):
+        with pytest.raises(ModelLoadError, match="could not load model 'nosuch/model'"):
+            loading.load_lm("nosuch/model", "cpu", "float32")
+    assert tries == ["nosuch/model"]
+    ((key, (when, exc)),) = loading._LM_FAILED.items()
+    loading._LM_FAILED[key] = (when - loading.FAILED_LOAD_TTL_S, exc)  # a minute ago
+    with pytest.raises(ModelLoadError):
+        loading.load_lm("nosuch/model", "cpu", "float32")
+    assert len(tries) == 2

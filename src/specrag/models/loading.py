@@ -288,6 +288,11 @@ LAYOUT_VERDICTS = "layout-verdicts.json"  # in the cache dir: timed weight-layou
 
 _LM_CACHE: dict[tuple[str, str, str], LoadedLM] = {}
 _LM_CACHE_LOCK = threading.Lock()
+# A model that failed to load is not tried again for this long: one graph run asks for its
+# answer model twice (prepare's warm-up, then the node), and an uncached hub id without a
+# network costs ~45 s of retries each time. Later runs of a process try again.
+FAILED_LOAD_TTL_S = 60.0
+_LM_FAILED: dict[tuple[str, str, str], tuple[float, ModelLoadError]] = {}
 
 
 def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") -> LoadedLM:
@@ -298,13 +303,21 @@ def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") 
     with _LM_CACHE_LOCK:
         if key in _LM_CACHE:
             return _LM_CACHE[key]
+        failed = _LM_FAILED.get(key)
+        if failed is not None and time.monotonic() - failed[0] < FAILED_LOAD_TTL_S:
+            raise ModelLoadError(str(failed[1]))
         if dt == torch.float16 and dev.type == "cpu":
             log.warning(
                 "float16 on a CPU has no fast kernels: %s will decode many times slower than "
                 "in float32 or bfloat16, and budgets may cut its answers short",
                 name,
             )
-        loaded = on_model_thread(_load_lm_uncached, name, dev, dt)
+        try:
+            loaded = on_model_thread(_load_lm_uncached, name, dev, dt)
+        except ModelLoadError as exc:
+            _LM_FAILED[key] = (time.monotonic(), exc)
+            raise
+        _LM_FAILED.pop(key, None)
         _LM_CACHE[key] = loaded
         return loaded
 
