@@ -26,7 +26,8 @@ def test_notebooks_are_committed_executed():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path, tmp_path, monkeypatch, smol):
-    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECRAG_NOTEBOOK_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECRAG_NOTEBOOK_PAIR", raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     book = nbformat.read(path, as_version=4)
     NotebookClient(

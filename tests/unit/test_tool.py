@@ -85,6 +85,8 @@ def test_text_output_is_one_line_with_sources():
     assert format_text(verified) == "Rollo. [sources: a.md, b.md]"
     unverified = {"answer": "Maybe Rollo.", "verified": False, "reason": "retrieval timed out"}
     assert format_text(unverified) == "Maybe Rollo. [unverified: retrieval timed out]"
+    said = {**unverified, "answer": "Unverified (no supporting evidence was found): Rollo."}
+    assert format_text(said) == f"{said['answer']} [why: retrieval timed out]"  # not twice
 
 
 async def test_tool_tells_its_agent_why_a_question_is_refused():

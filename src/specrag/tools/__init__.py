@@ -34,7 +34,10 @@ def format_text(result: dict[str, Any]) -> str:
     sources = [str(c.get("source")) for c in result.get("citations") or []]
     if result.get("verified") and sources:
         return f"{answer} [sources: {', '.join(sources)}]"
-    return f"{answer} [unverified: {result.get('reason', 'no evidence')}]"
+    reason = result.get("reason", "no evidence")
+    if answer.lower().startswith("unverified"):  # the answer says so already: only why
+        return f"{answer} [why: {reason}]"
+    return f"{answer} [unverified: {reason}]"
 
 
 def format_result(result: dict[str, Any]) -> str:
