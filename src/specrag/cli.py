@@ -410,7 +410,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from specrag.indexing.documents import one_line, source_name
 
     if args.thread and not args.resume:  # the run starts now: kept for its --resume
-        named = source_name(path.absolute()) if path is not None else ""
+        named = source_name(path) if path is not None else ""  # cited as named, resumed too
         save_thread_settings(args.thread, thread_overrides(args), document=named)
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)

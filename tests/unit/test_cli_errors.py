@@ -373,12 +373,13 @@ def test_a_resumed_document_run_cites_the_file_its_first_process_read(
     monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
     monkeypatch.setattr(specrag.cli, "unfinished_run", unfinished_run)
     monkeypatch.setattr(specrag.cli, "result_json", lambda result: json.loads(json.dumps(view)))
-    ask = ["ask", "Clause 15?", "--document", str(doc), "--thread", "t-doc", "--json"]
+    monkeypatch.chdir(tmp_path)  # named as typed: the first run cites "contract.txt" too
+    ask = ["ask", "Clause 15?", "--document", "contract.txt", "--thread", "t-doc", "--json"]
     assert main(ask) == 130  # Ctrl-C
-    assert thread_document("t-doc") == str(doc)
+    assert thread_document("t-doc") == "contract.txt"
     capsys.readouterr()
     assert main(["ask", "--thread", "t-doc", "--resume", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["sources"][0]["source"] == str(doc)
+    assert json.loads(capsys.readouterr().out)["sources"][0]["source"] == "contract.txt"
 
 
 def test_an_index_given_with_resume_replaces_the_saved_one(tmp_path):
