@@ -174,7 +174,7 @@ nb(
     [
         (
             "md",
-            "# Long documents with RAPID\nThe target reads a ~2K-token HotpotQA document (gold paragraphs hidden among distractors); the drafter reads only the retrieved chunks. On the embedded preset both are SmolLM2-135M (the same weights, different inputs: acceptance measures how far the retrieved chunks lead it to the target's tokens); `models="pair"` makes the 0.5B the drafter of the 1.5B. We compare target-only decoding with RAPID (`eta=0`, lossless) and RAPID with knowledge transfer, and show the document prefix cache on a repeated question.",
+            "# Long documents with RAPID\nThe target reads a ~2K-token HotpotQA document (gold paragraphs hidden among distractors); the drafter reads only the retrieved chunks. On the embedded preset both are SmolLM2-135M (the same weights, different inputs: acceptance measures how far the retrieved chunks lead it to the target's tokens); `models='pair'` makes the 0.5B the drafter of the 1.5B. We compare target-only decoding with RAPID (`eta=0`, lossless) and RAPID with knowledge transfer, and show the document prefix cache on a repeated question.",
         ),
         ("code", SETUP),
         (

@@ -385,8 +385,17 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if args.thread:  # its checkpoints must open before anything loads
             asyncio.run(check_checkpoints())
     document = None
-    path = user_path(args.document, "--document") if args.document else None
-    if path is not None:
+    piped = args.document == "-"
+    path = user_path(args.document, "--document") if args.document and not piped else None
+    if piped:
+        from specrag.indexing.documents import read_stream
+
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError("--document - reads the document from a pipe (... < file.txt)")
+        document = read_stream(sys.stdin.buffer, "stdin")
+        if not document.strip():
+            raise InputError("the document is empty: stdin")
+    elif path is not None:
         from specrag.indexing.documents import read_text, require_supported
 
         if path.is_dir():
@@ -410,7 +419,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from specrag.indexing.documents import one_line, source_name
 
     if args.thread and not args.resume:  # the run starts now: kept for its --resume
-        named = source_name(path) if path is not None else ""  # cited as named, resumed too
+        named = "stdin" if piped else source_name(path) if path is not None else ""
         save_thread_settings(args.thread, thread_overrides(args), document=named)
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
@@ -420,7 +429,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
     # the graph knows the document's text, not its file: name the file (a resumed run's, as
     # its first process saved it; a name that is not UTF-8 shows as \xNN)
-    named = source_name(path) if path is not None else ""
+    named = "stdin" if piped else source_name(path) if path is not None else ""  # as named
     if args.resume and args.thread:
         named = thread_document(args.thread)
     if named:
@@ -732,7 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", help="answer a question")
     p.add_argument("question", nargs="?", default="", help="the question (none with --resume)")
-    p.add_argument("--document", help="answer from this file (RAPID when it is long)")
+    p.add_argument(
+        "--document", help="answer from this file, or - for stdin (RAPID when it is long)"
+    )
     p.add_argument(
         "--thread",
         help="conversation id: its earlier questions and answers are this question's history; "

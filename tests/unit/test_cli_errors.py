@@ -823,3 +823,54 @@ def test_an_unknown_flag_before_the_command_is_named(capsys):
     assert "unrecognized arguments: --vers" in one_line_error(capsys, main(["--vers"]))
     # a command's own flag given before it is not unknown: the command is what is missing
     assert "required: command" in one_line_error(capsys, main(["--json"]))
+
+
+def test_a_document_piped_on_stdin_is_read_and_cited_as_stdin(capsys, monkeypatch, tmp_path):
+    """``--document -``: there was no way to pipe a document in (``/dev/stdin`` was "unsupported
+    file type"); a terminal on stdin is one line instead of a wait for input."""
+    import io
+    import json
+
+    import specrag.cli
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    seen = {}
+
+    async def run_graph(question, ctx, document, **k):
+        seen["document"] = document
+        return {}
+
+    view = {
+        "answer": "The garden.",
+        "route": "generate",
+        "reason": "r",
+        "sources": [{"n": 1, "source": "document", "score": 0.5}],
+        "timings": {"load_s": 0.0},
+    }
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    monkeypatch.setattr(specrag.cli, "result_json", lambda result: json.loads(json.dumps(view)))
+
+    class Pipe(io.TextIOWrapper):
+        def isatty(self):
+            return False
+
+    text = "Clause 15: the tenant keeps the garden. Café."
+    monkeypatch.setattr("sys.stdin", Pipe(io.BytesIO(text.encode())))
+    assert main(["ask", "Clause 15?", "--document", "-", "--json"]) == 0
+    assert seen["document"] == text
+    assert json.loads(capsys.readouterr().out)["sources"][0]["source"] == "stdin"
+
+    monkeypatch.setattr("sys.stdin", Pipe(io.BytesIO(b"  \n")))
+    assert "the document is empty: stdin" in one_line_error(
+        capsys, main(["ask", "Clause 15?", "--document", "-"])
+    )
+
+    class Terminal(Pipe):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal(io.BytesIO(b"")))
+    assert "reads the document from a pipe" in one_line_error(
+        capsys, main(["ask", "Clause 15?", "--document", "-"])
+    )

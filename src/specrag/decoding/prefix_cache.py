@@ -54,7 +54,7 @@ def kv_checksum(tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) 
         for tensor in pair:
             crc = zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), crc)
             data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            crc = zlib.crc32(memoryview(data), crc)
+            crc = zlib.crc32(data.data, crc)
     return crc
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
@@ -256,6 +256,13 @@ def read_text(path: Path) -> str:
     if path.suffix.lower() in (".html", ".htm"):
         text = html_to_text(text)
     return text
+
+
+def read_stream(stream: BinaryIO, name: str) -> str:
+    """Text read from a stream (``--document -``), bounded as a file is; ``name`` in messages."""
+    raw = stream.read(max_file_bytes() + 1)
+    too_large(Path(name), len(raw))
+    return decode_text(raw, Path(name))
 
 
 def decode_text(raw: bytes, path: Path) -> str:
