@@ -32,10 +32,14 @@ settings.load_profile(_PROFILE)
 
 @pytest.fixture(autouse=True)
 def _forget_failed_loads():
-    """A model load that failed is remembered for a minute (specrag.models.loading): each
-    test starts without another test's failures."""
-    from specrag.models import loading
+    """A slow model load that failed is remembered for a minute (specrag.models.loading):
+    each test starts without another test's failures (and imports nothing for it)."""
+    import sys
 
-    loading._LM_FAILED.clear()
+    def clear():
+        if (loading := sys.modules.get("specrag.models.loading")) is not None:
+            loading.FAILED_LOADS.clear()
+
+    clear()
     yield
-    loading._LM_FAILED.clear()
+    clear()

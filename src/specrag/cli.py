@@ -392,7 +392,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("--document - reads the document from a pipe (... < file.txt)")
-        document = read_stream(sys.stdin.buffer, "stdin")
+        document = read_stream(getattr(sys.stdin, "buffer", None) or sys.stdin, "stdin")
         if not document.strip():
             raise InputError("the document is empty: stdin")
     elif path is not None:
@@ -418,8 +418,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
     loading = time.perf_counter() - started  # the index's embedding model too
     from specrag.indexing.documents import one_line, source_name
 
+    # the graph knows the document's text, not its file: it is cited by the file's name as
+    # given (a name that is not UTF-8 shows as \xNN); a resumed run's as its first process did
+    named = "stdin" if piped else source_name(path) if path is not None else ""
     if args.thread and not args.resume:  # the run starts now: kept for its --resume
-        named = "stdin" if piped else source_name(path) if path is not None else ""
         save_thread_settings(args.thread, thread_overrides(args), document=named)
     result = asyncio.run(
         run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
@@ -427,9 +429,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
-    # the graph knows the document's text, not its file: name the file (a resumed run's, as
-    # its first process saved it; a name that is not UTF-8 shows as \xNN)
-    named = "stdin" if piped else source_name(path) if path is not None else ""  # as named
     if args.resume and args.thread:
         named = thread_document(args.thread)
     if named:

@@ -37,8 +37,7 @@ def first_line(exc: BaseException) -> str:
 
 def short_error(exc: BaseException) -> str:
     """``Type: first line`` of an exception (``IndexError_`` shown as ``IndexError``)."""
-    lines = str(exc).strip().splitlines()
-    return f"{short_type(exc)}: {lines[0]}" if lines else short_type(exc)
+    return f"{short_type(exc)}: {first_line(exc)}" if str(exc).strip() else short_type(exc)
 
 
 def short_type(exc: BaseException) -> str:

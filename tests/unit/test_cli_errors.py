@@ -857,9 +857,12 @@ def test_a_document_piped_on_stdin_is_read_and_cited_as_stdin(capsys, monkeypatc
 
     text = "Clause 15: the tenant keeps the garden. Café."
     monkeypatch.setattr("sys.stdin", Pipe(io.BytesIO(text.encode())))
-    assert main(["ask", "Clause 15?", "--document", "-", "--json"]) == 0
+    assert main(["ask", "Clause 15?", "--document", "-", "--json", "--thread", "t-in"]) == 0
     assert seen["document"] == text
     assert json.loads(capsys.readouterr().out)["sources"][0]["source"] == "stdin"
+    from specrag.runner import thread_document
+
+    assert thread_document("t-in") == "stdin"  # a --resume of it cites stdin too
 
     monkeypatch.setattr("sys.stdin", Pipe(io.BytesIO(b"  \n")))
     assert "the document is empty: stdin" in one_line_error(

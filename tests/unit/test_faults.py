@@ -425,12 +425,22 @@ def test_a_model_that_failed_to_load_is_not_tried_again_within_a_minute(monkeypa
         raise ModelLoadError(f"could not load model {name!r}: no network")
 
     monkeypatch.setattr(loading, "_load_lm_uncached", failing)
-    for _ in range(2):
-        with pytest.raises(ModelLoadError, match="could not load model 'nosuch/model'"):
-            loading.load_lm("nosuch/model", "cpu", "float32")
-    assert tries == ["nosuch/model"]
-    ((key, (when, exc)),) = loading._LM_FAILED.items()
-    loading._LM_FAILED[key] = (when - loading.FAILED_LOAD_TTL_S, exc)  # a minute ago
+    with pytest.raises(ModelLoadError, match="could not load model 'nosuch/model'"):
+        loading.load_lm("nosuch/model", "cpu", "float32")
+    with pytest.raises(ModelLoadError, match="could not load model 'nosuch/model'"):
+        loading.load_lm("nosuch/model", "cpu", "float32")
+    assert tries == ["nosuch/model"] * 2  # a quick failure (a mistyped path): tried again
+
+    monkeypatch.setattr(loading.FAILED_LOADS, "slow_s", 0.0)  # as slow as network retries
     with pytest.raises(ModelLoadError):
         loading.load_lm("nosuch/model", "cpu", "float32")
-    assert len(tries) == 2
+    with pytest.raises(
+        ModelLoadError, match=r"no network \(failed 0s ago: tried again 60s after\)$"
+    ) as e:
+        loading.load_lm("nosuch/model", "cpu", "float32")
+    assert len(tries) == 3 and isinstance(e.value.__cause__, ModelLoadError)
+    ((key, (when, exc)),) = loading.FAILED_LOADS._failed.items()
+    loading.FAILED_LOADS._failed[key] = (when - 60, exc)  # a minute ago: the user may have fixed it
+    with pytest.raises(ModelLoadError):
+        loading.load_lm("nosuch/model", "cpu", "float32")
+    assert len(tries) == 4

@@ -848,6 +848,7 @@ def test_a_folder_with_no_text_creates_no_index(tmp_path, monkeypatch, capsys):
     assert "run `specrag index PATH`" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(60)  # before the fix the pipe hung
 def test_a_device_or_a_pipe_is_refused_before_it_is_opened(tmp_path, monkeypatch, capsys):
     """``--document`` of a link to /dev/zero read until the machine ran out of memory (its
     size is 0, so the size limit let it through); a named pipe hung ``ask`` and ``index``."""
@@ -871,8 +872,34 @@ def test_a_file_that_grew_past_the_limit_after_its_size_was_read_is_refused(tmp_
     path.write_text("x" * 100)
     monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", str(1_000 / 2**20))
     monkeypatch.setattr(documents, "check_size", lambda p: path.write_text("x" * 5_000))
-    with pytest.raises(documents.Unreadable, match="too large"):
+    with pytest.raises(documents.Unreadable, match="too large: more than the 0.000954 MiB"):
         documents.read_text(path)
+
+
+def test_a_bounded_read_reserves_no_more_than_it_reads(tmp_path, monkeypatch):
+    """``read(limit + 1)`` reserved the whole limit for a 5-byte file: with the limit raised
+    past the memory (the error line says to raise it) every read was a MemoryError."""
+    import io
+
+    from specrag.indexing import documents
+
+    path = tmp_path / "note.txt"
+    path.write_text("Rollo")
+    monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", str(2**40))  # 1 EiB
+    assert documents.read_text(path) == "Rollo"
+
+    asked = []
+
+    class Stream(io.BytesIO):
+        def read(self, n=-1):
+            asked.append(n)
+            return super().read(n)
+
+    monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", "3")
+    assert documents.read_stream(Stream(b"a" * (3 * 2**20)), "stdin") == "a" * (3 * 2**20)
+    assert max(asked) == 2**20  # in pieces
+    with pytest.raises(documents.Unreadable, match="stdin is too large: more than the 3 MiB"):
+        documents.read_stream(Stream(b"a" * (3 * 2**20 + 1)), "stdin")
 
 
 def test_a_link_to_a_folder_above_is_not_followed(tmp_path, monkeypatch, capsys):
@@ -885,10 +912,12 @@ def test_a_link_to_a_folder_above_is_not_followed(tmp_path, monkeypatch, capsys)
     (tmp_path / "private.md").write_text("Not for this index.")
     (docs / "loop").symlink_to("..")
     (docs / "sub" / "self").symlink_to("..")  # docs/ itself
-    (docs / "sub" / "side").symlink_to(tmp_path / "data")  # beside it: followed as before
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "b.md").write_text("The duchy was founded in 911.")
+    (docs / "sub" / "side").symlink_to(tmp_path / "shared")  # beside it: followed as before
     assert main(["index", str(docs), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     reasons = {s["path"]: s["reason"] for s in summary["skipped"]}
     above = "link to a folder above it (not followed)"
     assert reasons[str(docs / "loop")] == above and reasons[str(docs / "sub" / "self")] == above
-    assert summary["sources"] == 1
+    assert summary["sources"] == 2  # a.md and, through the link beside, b.md

@@ -462,7 +462,7 @@ class MergedProposer:
             size = min(k, self._k, self.narrow or k)
             proposal = drafter.propose(generated, size, self.policy.min_confidence)
             self._drafter_s = drafter.stats.draft_s - drafter.stats.prefill_s - before
-            if self._book_prefill:
+            if self._book_prefill and proposal.tokens:  # k=0 ran no prefill: not yet
                 self._book_prefill = False
                 # like with like: the target's time for as many prompt tokens
                 self.paid.add(drafter.stats.prefill_s, self.prefill_s() * self.prompt_share)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple, TextIO
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
@@ -246,23 +246,44 @@ def read_text(path: Path) -> str:
     if path.suffix.lower() == ".pdf":
         return "\n\n".join(p for p in read_pdf_pages(path) if p)
     check_size(path)
-    try:
-        with path.open("rb") as f:  # at most one byte past the limit: it may have grown since
-            raw = f.read(max_file_bytes() + 1)
+    try:  # non-blocking: a file swapped for a pipe since the check is refused, not waited on
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise Unreadable(f"not a regular file (a device, pipe or socket): {path}")
+            raw = read_bounded(f, path)  # it may have grown since its size was read
     except OSError as exc:
         raise _os_error(path, exc) from exc
-    too_large(path, len(raw))
     text = decode_text(raw, path)
     if path.suffix.lower() in (".html", ".htm"):
         text = html_to_text(text)
     return text
 
 
-def read_stream(stream: BinaryIO, name: str) -> str:
+def read_stream(stream: BinaryIO | TextIO, name: str) -> str:
     """Text read from a stream (``--document -``), bounded as a file is; ``name`` in messages."""
-    raw = stream.read(max_file_bytes() + 1)
-    too_large(Path(name), len(raw))
-    return decode_text(raw, Path(name))
+    return decode_text(read_bounded(stream, Path(name)), Path(name))
+
+
+def read_bounded(stream: BinaryIO | TextIO, path: Path, piece: int = 2**20) -> bytes:
+    """All of ``stream``, read in pieces; one-line ``Unreadable`` once past the size limit.
+
+    In pieces: ``read(limit + 1)`` would reserve the whole limit for a 5-byte file (and fail
+    with a MemoryError where the limit was raised past the memory). A text stream (a stdin
+    replaced in-process) is read as UTF-8 bytes.
+    """
+    limit = max_file_bytes()
+    parts: list[bytes] = []
+    size = 0
+    while part := stream.read(min(piece, limit + 1 - size)):
+        parts.append(part.encode() if isinstance(part, str) else part)
+        size += len(parts[-1])
+        if size > limit:
+            raise Unreadable(
+                f"{path} is too large: more than the {short_number(limit / 2**20)} MiB limit "
+                f"(split it, or raise {MAX_FILE_MIB_ENV})"
+            )
+    return b"".join(parts)
 
 
 def decode_text(raw: bytes, path: Path) -> str:
@@ -401,7 +422,7 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
     top = os.path.realpath(folder)
     files: list[Path] = []
     skipped: list[Skipped] = []
-    seen: dict[str, None] = {}  # real folders walked: a link to a folder above is walked once
+    seen: dict[str, None] = {}  # real folders walked: a folder two links reach is walked once
 
     def unreadable(exc: OSError) -> None:  # a subfolder os.walk cannot list
         where = Path(exc.filename).absolute() if exc.filename else folder.absolute()

@@ -288,11 +288,46 @@ LAYOUT_VERDICTS = "layout-verdicts.json"  # in the cache dir: timed weight-layou
 
 _LM_CACHE: dict[tuple[str, str, str], LoadedLM] = {}
 _LM_CACHE_LOCK = threading.Lock()
-# A model that failed to load is not tried again for this long: one graph run asks for its
-# answer model twice (prepare's warm-up, then the node), and an uncached hub id without a
-# network costs ~45 s of retries each time. Later runs of a process try again.
-FAILED_LOAD_TTL_S = 60.0
-_LM_FAILED: dict[tuple[str, str, str], tuple[float, ModelLoadError]] = {}
+
+
+class FailedLoads:
+    """Loads that failed slowly, not tried again for ``ttl_s``.
+
+    One graph run asks for each model twice (prepare's warm-up, then its node), and an uncached
+    hub id without a network costs ~45 s of retries each time. A quick failure (a mistyped
+    path) is tried again at once; later runs of a process (a fixed model) after ``ttl_s``.
+    """
+
+    def __init__(self, ttl_s: float = 60.0, slow_s: float = 5.0) -> None:
+        self.ttl_s, self.slow_s = ttl_s, slow_s
+        self._failed: dict[object, tuple[float, ModelLoadError]] = {}
+
+    def check(self, key: object) -> None:
+        """Raise the remembered failure of ``key``, if it is recent."""
+        failed = self._failed.get(key)
+        if failed is None:
+            return
+        ago = time.monotonic() - failed[0]
+        if ago < self.ttl_s:
+            raise ModelLoadError(
+                f"{failed[1]} (failed {ago:.0f}s ago: tried again {self.ttl_s:.0f}s after)"
+            ) from failed[1]
+
+    def record(self, key: object, exc: ModelLoadError, took_s: float) -> None:
+        """Remember a failure that took ``took_s`` seconds (a slow one only)."""
+        if took_s >= self.slow_s:
+            self._failed[key] = (time.monotonic(), exc)
+
+    def forget(self, key: object) -> None:
+        """A load of ``key`` worked."""
+        self._failed.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every failure."""
+        self._failed.clear()
+
+
+FAILED_LOADS = FailedLoads()  # causal LMs and embedding models, by their cache keys
 
 
 def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") -> LoadedLM:
@@ -303,21 +338,20 @@ def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") 
     with _LM_CACHE_LOCK:
         if key in _LM_CACHE:
             return _LM_CACHE[key]
-        failed = _LM_FAILED.get(key)
-        if failed is not None and time.monotonic() - failed[0] < FAILED_LOAD_TTL_S:
-            raise ModelLoadError(str(failed[1]))
+        FAILED_LOADS.check(key)
         if dt == torch.float16 and dev.type == "cpu":
             log.warning(
                 "float16 on a CPU has no fast kernels: %s will decode many times slower than "
                 "in float32 or bfloat16, and budgets may cut its answers short",
                 name,
             )
+        start = time.monotonic()
         try:
             loaded = on_model_thread(_load_lm_uncached, name, dev, dt)
         except ModelLoadError as exc:
-            _LM_FAILED[key] = (time.monotonic(), exc)
+            FAILED_LOADS.record(key, exc, time.monotonic() - start)
             raise
-        _LM_FAILED.pop(key, None)
+        FAILED_LOADS.forget(key)
         _LM_CACHE[key] = loaded
         return loaded
 
@@ -806,11 +840,13 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
         from langchain_huggingface import HuggingFaceEmbeddings
 
         check_embedding_path(name)
+        FAILED_LOADS.check(("embeddings", name))
         if name == EMBEDDED_LM:
             path = str(embedded_embeddings_path())
         else:
             p = Path(name).expanduser()
             path = str(p) if p.exists() else name
+        start = time.monotonic()
         try:
             # Built here (reading weights needs no parallel compute), so a first load never
             # holds up decode steps on the model thread; embedding itself runs there.
@@ -822,8 +858,10 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
                 )
             )
         except Exception as exc:  # noqa: BLE001
-            first = first_line(exc)
-            raise ModelLoadError(f"could not load embedding model {name!r}: {first}") from exc
+            error = ModelLoadError(f"could not load embedding model {name!r}: {first_line(exc)}")
+            FAILED_LOADS.record(("embeddings", name), error, time.monotonic() - start)
+            raise error from exc
+        FAILED_LOADS.forget(("embeddings", name))
         _EMB_CACHE[name] = emb
         return emb
 

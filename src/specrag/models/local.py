@@ -132,15 +132,22 @@ class TextStream:
     def push(self, ids: list[int]) -> str:
         """Add tokens; return the new text that is now stable."""
         self.ids.extend(i for i in ids if i not in self.skip)
-        # an incomplete UTF-8 sequence at the end waits for the next token; the text before
-        # it is shown now (an answer that ends there keeps all but the broken character)
-        text = decode_text(self.tokenizer, self.ids).rstrip("\ufffd")
+        text = stable_text(self.tokenizer, self.ids)
         # A decoder that rewrites earlier text (a normaliser) cannot take back what was
         # shown: the stream goes on past the length shown (it stopped for good before)
         delta = text[len(self.emitted) :]
         if len(text) >= len(self.emitted):
             self.emitted = text
         return delta
+
+
+def stable_text(tokenizer: Any, ids: list[int]) -> str:
+    """``ids`` as text, less an incomplete UTF-8 sequence at the end.
+
+    That waits for the next token; the text before it is shown now (an answer that ends
+    there keeps all but the broken character).
+    """
+    return decode_text(tokenizer, ids).rstrip("\ufffd")
 
 
 def decode_text(tokenizer: Any, ids: list[int]) -> str:
@@ -232,7 +239,9 @@ class LocalChatBase(BaseChatModel):
         """The call's answer limit in tokens: its own (0: none), else the model's."""
         limit = getattr(self, "max_new_tokens", 0)
         max_new = limit if options.max_new_tokens is None else options.max_new_tokens
-        return int(max_new)  # >= 0: DecodeOptions and the model's field check it
+        if max_new < 0:  # a call's own is checked by DecodeOptions; the model's may be set late
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
+        return int(max_new)
 
     def load(self) -> Any:
         """Load the model's weights (once per process); called before a decode's budget starts.
@@ -457,8 +466,7 @@ class _Run:
         del self.ids[revise.keep :]
         del self.starts[revise.keep :]
         self.text.ids = [i for i in self.ids if i not in self.text.skip]
-        text = decode_text(self.job.tokenizer, self.text.ids)
-        self.text.emitted = text.rstrip("\ufffd")
+        text = self.text.emitted = stable_text(self.job.tokenizer, self.text.ids)
         cut = first_stop(text, self.stops)
         self.stop_hit = cut is not None
         # kept tokens whose text starts at the stop sequence are not the answer's: the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 import threading
 from dataclasses import dataclass
@@ -108,9 +109,9 @@ class DecodeOptions:
         for name, value in checks:
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{name} must be a number, got {type(value).__name__}")
-            if math.isnan(value):
+            if math.isnan(float(value)):
                 raise ValueError(f"{name} must be a number, got NaN")
             if name != "max_time" and (value < 0 or math.isinf(value)):
                 raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
