@@ -550,12 +550,12 @@ def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():
     item = {"dataset": "long", "id": "q1"}
     fp32 = bench_pair.case_key(item, "spec_verify", "cpu:float32:dual+cpu:qint8")
     protocol = bench_pair.PROTOCOL["long"]
-    assert fp32 == f"pair|long|q1|spec_verify|p{protocol}|cpu:float32:dual+cpu:qint8~wc"
+    assert fp32 == f"pair|long|q1|spec_verify|p{protocol}|cpu:float32:dual+cpu:qint8~wc~op"
     for setup in ("cpu:bfloat16+cpu:qint8", "cuda:bfloat16+cuda:bfloat16", "cuda:float32"):
-        assert bench_pair.case_key(item, "spec_verify", setup).endswith(f"|{setup}~ng1~wc")
+        assert bench_pair.case_key(item, "spec_verify", setup).endswith(f"|{setup}~ng1~wc~op")
     old = {"dataset": "squad", "id": "q2"}
-    assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1~wc")
-    assert bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("|cpu:float32~wc")
+    assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1~wc~op")
+    assert bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("|cpu:float32~wc~op")
 
 
 def test_bench_retrieval_logs_every_question_and_pairs_modes_against_dense(monkeypatch, tmp_path):

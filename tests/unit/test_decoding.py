@@ -209,12 +209,13 @@ def test_eos_in_candidates_stops(model):
     assert stats.proposed == stats.accepted, (stats.proposed, stats.accepted)
 
 
-def speculative_sampling_stats(n: int = 2000) -> dict[str, float]:
+def speculative_sampling_stats(n: int = 2000, opening: int = 0) -> dict[str, float]:
     """Sample ``n`` speculative decodes; compare them with the exact distribution.
 
     Vocab 3 at temperature 3: spread distributions that depend strongly on the last token.
     The draft is a de Bruijn sequence (every 2-gram of {0, 1, 2}, each followed by a token), so
     from the third token on every step proposes (up to 3 candidates for 6 new tokens).
+    ``opening``: the draft's first tokens are verified in the prefill pass too.
     """
     model = tiny(vocab=3, seed=4, layers=1)
     prompt, new, sampler = [1, 2, 0, 1], 6, Sampler(3.0)
@@ -235,10 +236,11 @@ def speculative_sampling_stats(n: int = 2000) -> dict[str, float]:
                 proposer=proposer,
                 generator=g,
                 stats=stats,
+                opening=draft[:opening],
             )
         )
         counts[tuple(out)] += 1
-        for pos, cands in proposer.log:
+        for pos, cands in [(0, draft[:opening]), *proposer.log] if opening else proposer.log:
             for i, c in enumerate(cands):
                 p = cond[tuple(out[: pos + i])][c]
                 acc = hits["first" if i == 0 else "later"]
@@ -290,6 +292,82 @@ def test_speculative_sampling_is_lossless():
     assert r["tv"] < 0.14, info
     assert r["tv_23"] < 0.06, info
     assert abs(r["z_first"]) < 4.5 and abs(r["z_later"]) < 4.5, info
+
+
+def test_sampling_with_a_draft_opening_verified_in_the_prefill_is_lossless():
+    """The draft's first tokens, verified in the prefill pass, keep the model's distribution
+    (same statistics and bounds as test_speculative_sampling_is_lossless)."""
+    r = speculative_sampling_stats(opening=3)
+    info = (
+        f"TV={r['tv']:.3f} TV_23={r['tv_23']:.3f} z_first={r['z_first']:.2f} "
+        f"z_later={r['z_later']:.2f} {counts_msg(r['proposed'], r['accepted'])}"
+    )
+    assert r["proposed"] > r["accepted"] > 0, info
+    assert r["tv"] < 0.14, info
+    assert r["tv_23"] < 0.06, info
+    assert abs(r["z_first"]) < 4.5 and abs(r["z_later"]) < 4.5, info
+
+
+def test_a_draft_opening_verified_in_the_prefill_never_changes_greedy_output(model):
+    """A right opening saves steps (its tokens come with the prefill pass), a wrong one is
+    rejected where it departs; the output is plain greedy decoding's either way."""
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 64, (40,), generator=g).tolist()
+    ref = greedy(model, prompt, 30)
+    plain = DecodeStats()
+    run(decode(LMState(model), prompt, max_new_tokens=30, sampler=Sampler(0.0), stats=plain))
+    right, wrong = ref[:8], [*ref[:3], (ref[3] + 1) % 64, *ref[4:8]]
+    for opening, accepted in ((right, 8), (wrong, 3), (ref[:40], 29)):
+        stats = DecodeStats()
+        out = run(
+            decode(
+                LMState(model),
+                prompt,
+                max_new_tokens=30,
+                sampler=Sampler(0.0),
+                proposer=NgramProposer({"draft": opening}),
+                stats=stats,
+                opening=opening,
+            )
+        )
+        assert out == ref
+        assert stats.accepted["draft"] >= accepted  # the opening's, then n-gram matches
+        assert stats.forward_passes < plain.forward_passes
+    stats = DecodeStats()
+    out = run(
+        decode(
+            LMState(model),
+            prompt,
+            max_new_tokens=30,
+            sampler=Sampler(0.0),
+            stats=stats,
+            opening=wrong,
+        )
+    )
+    assert out == ref  # no proposer: only the opening speculates
+    assert stats.proposed == {"draft": 8} and stats.accepted == {"draft": 3}
+    assert stats.forward_passes == plain.forward_passes - 3
+    # an end token in the opening ends the answer; nothing after it is judged
+    stats = DecodeStats()
+    steps = list(
+        decode(
+            LMState(model),
+            prompt,
+            max_new_tokens=30,
+            sampler=Sampler(0.0),
+            eos_ids=(ref[4],),
+            stats=stats,
+            opening=ref[:8],
+        )
+    )
+    assert [t.id for t in steps[0]] == ref[: ref.index(ref[4]) + 1] and len(steps) == 1
+    assert stats.proposed == stats.accepted
+    # one new token: no room for candidates, the prefill's token only
+    assert greedy_with(model, prompt, 1, opening=ref[:8]) == ref[:1]
+
+
+def greedy_with(model, prompt, n, **kw):
+    return run(decode(LMState(model), prompt, max_new_tokens=n, sampler=Sampler(0.0), **kw))
 
 
 def test_cache_after_rejections_equals_fresh_forward(model):

@@ -85,7 +85,7 @@ class NgramProposer:
 
     @property
     def strong(self) -> bool:
-        """Whether the last proposal followed a ``max_ngram``-token match (or the draft's start).
+        """Whether the last proposal followed a ``max_ngram``-token match.
 
         The one definition of a strong match: weaker ones are capped at ``short_max`` and
         judged by :class:`specrag.decoding.drafter.MergedProposer`'s pay check.
@@ -103,9 +103,6 @@ class NgramProposer:
         least = self.min_ngram if min_ngram is None else min_ngram
         if k <= 0 or not self.sources:
             return [], ""
-        if not generated and "draft" in self.sources:
-            self.last_match = self.max_ngram  # the answer starts where the draft does
-            return self.sources["draft"][:k], "draft"
         for n in range(min(self.max_ngram, len(generated)), least - 1, -1):
             key = tuple(generated[-n:])
             for name, toks in self.sources.items():

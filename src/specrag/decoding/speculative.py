@@ -220,6 +220,7 @@ def decode(
     generator: torch.Generator | None = None,
     stats: DecodeStats | None = None,
     prior: list[Token] | None = None,
+    opening: list[int] | None = None,
 ) -> Iterator[Step]:
     """Yield the tokens accepted at each step (a list per forward pass).
 
@@ -236,6 +237,10 @@ def decode(
     verified as candidates in the prefill pass (deterministic proposals, so the output is
     still exactly this prompt's decode); the agreed prefix is kept (not yielded again), and a
     :class:`Revise` is yielded first when some of it is rejected.
+
+    ``opening``: candidates for the answer's first tokens (a draft's start), verified in the
+    prefill pass too (deterministic proposals, source ``"draft"``): where they are right the
+    answer's first tokens cost no step of their own. Not with ``prior``, which takes that place.
     """
     stats = stats if stats is not None else DecodeStats()
     stats.prompt_tokens = len(prompt)
@@ -243,6 +248,8 @@ def decode(
     t1 = t0
     prior = prior or []
     before = [t.id for t in prior][:max_new_tokens]
+    # room for the model's own token after them; none at all with a prior to verify
+    opened = [] if prior else list(opening or [])[: max(0, max_new_tokens - 1)]
     generated: list[int] = []
     k = max_candidates
 
@@ -257,7 +264,7 @@ def decode(
             yield Revise(keep=0, dropped=len(prior))
         return finish("length")
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
-        logits_all = settle(prefill_verify(lm, prompt, before, prefill_stop(should_stop)))
+        logits_all = settle(prefill_verify(lm, prompt, before or opened, prefill_stop(should_stop)))
     except Stopped as stop:
         stats.prefill_s = time.perf_counter() - t0
         if before:  # nothing was verified: what was shown stays as it is ...
@@ -268,7 +275,20 @@ def decode(
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
 
-    first, n_kept, hit_eos = _verify(logits_all, before, "kept", None, sampler, generator, eos_ids)
+    if opened:
+        first, n_opened, hit_eos = _verify(
+            logits_all, opened, "draft", None, sampler, generator, eos_ids
+        )
+        # candidates after an accepted end token were never judged
+        stats.proposed["draft"] = n_opened if hit_eos else len(opened)
+        if n_opened:
+            stats.accepted["draft"] = n_opened
+        stats.widest = max(stats.widest, len(opened))
+        n_kept = 0
+    else:
+        first, n_kept, hit_eos = _verify(
+            logits_all, before, "kept", None, sampler, generator, eos_ids
+        )
     if before:
         stats.proposed["kept"] = len(before)
         stats.accepted["kept"] = n_kept

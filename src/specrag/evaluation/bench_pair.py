@@ -110,7 +110,8 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # a GPU; fp32 on CPU cores with the packed layout on some machines) a 1-token n-gram match
 # proposes when nothing else does; ``proposer_rules`` marks bf16 and GPU setups' keys ``~ng1``,
 # so their records made before that (2026-12-02 17:44) are not resumed; and since weak
-# proposals stop at a timed width there too (2026-12-04 19:23), every key carries ``~wc``.
+# proposals stop at a timed width there too (2026-12-04 19:23), every key carries ``~wc``,
+# and ``~op`` since the draft's start is verified in the prefill pass (2026-12-05).
 PROTOCOL = {"squad": 17, "hotpot": 17, "long": 18}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0

@@ -136,6 +136,7 @@ def proposer_rules(setup: str) -> str:
     proposes since 2026-12-02 17:44 (``~ng1``). Since 2026-12-04 19:23 weak proposals stop
     at a width timed at load where wide passes are cheap too (``~wc``): an fp32 CPU target
     can be cheap as well (the packed layout on an AMD EPYC), and the setup does not say so,
-    so every key carries the mark. Records made before either are not resumed.
+    so every key carries the mark. Since 2026-12-05 21:00 the draft's first tokens are
+    verified in the prefill pass (``~op``). Records made before any of them are not resumed.
     """
-    return ("" if setup.startswith("cpu:float32") else "~ng1") + "~wc"
+    return ("" if setup.startswith("cpu:float32") else "~ng1") + "~wc~op"

@@ -68,6 +68,10 @@ from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
 
+# Verify the draft's first tokens in the prefill pass (measured on the pair:
+# docs/bench/2026-12-05-draft-opening/); False only to measure without.
+DRAFT_OPENING = True
+
 # drafters that could not be loaded, by (name, device, dtype): tried once per process
 _DRAFTER_FAILED: dict[tuple[str, str, str], str] = {}
 
@@ -457,6 +461,9 @@ class ChatLocalLM(LocalChatBase):
                     proposer=make_proposer(prompt, drafter_prompt),
                     should_stop=should_stop,
                     stats=stats,
+                    # the draft's start is verified in the prefill pass: where it is right the
+                    # answer's first tokens cost no step (a few tokens more in that pass)
+                    opening=draft_ids[: common["max_candidates"]] if DRAFT_OPENING else None,
                     **common,
                 )
             else:
