@@ -339,6 +339,16 @@ def test_a_thread_keeps_its_settings_only_once_its_run_starts(capsys, monkeypatc
     assert seen == {"seed": "3"}  # saved before the run: this command's own settings
 
 
+# what result_json makes of a document run's result, for the CLI tests that fake the run
+DOCUMENT_VIEW = {
+    "answer": "The garden.",
+    "route": "generate",
+    "reason": "r",
+    "sources": [{"n": 1, "source": "document", "score": 0.5}],
+    "timings": {"load_s": 0.0},
+}
+
+
 def test_a_resumed_document_run_cites_the_file_its_first_process_read(
     capsys, monkeypatch, tmp_path
 ):
@@ -353,13 +363,7 @@ def test_a_resumed_document_run_cites_the_file_its_first_process_read(
 
     doc = tmp_path / "contract.txt"
     doc.write_text("Clause 15: the tenant keeps the garden.")
-    view = {
-        "answer": "The garden.",
-        "route": "generate",
-        "reason": "r",
-        "sources": [{"n": 1, "source": "document", "score": 0.5}],
-        "timings": {"load_s": 0.0},
-    }
+    view = DOCUMENT_VIEW
 
     async def run_graph(*a, **k):
         if not a[0]:  # the resumed run (no question)
@@ -840,13 +844,7 @@ def test_a_document_piped_on_stdin_is_read_and_cited_as_stdin(capsys, monkeypatc
         seen["document"] = document
         return {}
 
-    view = {
-        "answer": "The garden.",
-        "route": "generate",
-        "reason": "r",
-        "sources": [{"n": 1, "source": "document", "score": 0.5}],
-        "timings": {"load_s": 0.0},
-    }
+    view = DOCUMENT_VIEW
     monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
     monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
     monkeypatch.setattr(specrag.cli, "result_json", lambda result: json.loads(json.dumps(view)))
