@@ -162,6 +162,11 @@ def test_both_local_chat_models_check_their_arguments_when_built():
                 cls(**bad)
     with pytest.raises(NotImplementedError, match="use ChatLocalLM to bind tools"):
         ChatRapid().bind_tools([])
+    # one field under two names: said as such (was "Extra inputs are not permitted: model")
+    with pytest.raises(ValidationError, match="model_name: give one of model_name or model"):
+        ChatLocalLM(model_name="embedded", model="embedded")
+    with pytest.raises(ValidationError, match="give one of max_new_tokens or max_tokens"):
+        ChatRapid(max_new_tokens=3, max_tokens=4)
 
 
 def test_a_calls_own_temperature_or_limit_is_checked_too():

@@ -29,7 +29,7 @@ from langchain_core.language_models.chat_models import BaseChatModel, generate_f
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Revise, Step, Token
@@ -202,6 +202,22 @@ class LocalChatBase(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     max_time: float | None = None
     stop: list[str] | None = None  # stop sequences of every call that names none
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        """A field given under two of its names is one clear error.
+
+        (Pydantic took one and called the other "Extra inputs are not permitted: model".)
+        """
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                alias = field.validation_alias
+                names = [n for n in getattr(alias, "choices", ()) if isinstance(n, str)]
+                given = [n for n in names if n in data]
+                if len(given) > 1:
+                    raise ValueError(f"{name}: give one of {' or '.join(given)}, not both")
+        return data
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         raise NotImplementedError
