@@ -147,14 +147,19 @@ def thread_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_context(
-    args: argparse.Namespace, saved: dict[str, Any] | None = None, *, answers: bool = True
+    args: argparse.Namespace,
+    saved: dict[str, Any] | None = None,
+    *,
+    answers: bool = True,
+    models: bool = True,
 ) -> Any:
     """Context from --set overrides, --index-dir, --index-url and --models.
 
     ``saved``: the settings of the run being resumed, under those given now (an index given
     now, by directory or URL, replaces the saved one whichever way that was given).
     ``answers``: the command runs the language models, so the pair must be installed when
-    ``--models pair`` asks for it (``config`` and ``index`` run none).
+    ``--models pair`` asks for it (``config`` and ``index`` run none). ``models``: check the
+    answer and draft models' specs (``index`` reads none of them: it checks none).
     """
     from specrag.graph.context import SpecRagContext
 
@@ -172,8 +177,8 @@ def make_context(
     if (ctx.models == "pair" or pair_named) and answers:  # the preset, or one of its models
         check_pair_installed()
 
-    for spec in (ctx.answer_spec, ctx.draft_spec):  # a bad path or provider fails before any
-        if name := local_model_name(spec):  # model loads or the index opens
+    for spec in (ctx.answer_spec, ctx.draft_spec) if models else ():  # a bad path or provider
+        if name := local_model_name(spec):  # fails before any model loads or the index opens
             check_local_model(name)
         else:
             check_remote_spec(spec)
@@ -216,16 +221,20 @@ def index_with_progress(
     reach: dict[str, list[str]] | None = None,
     reach_incomplete: list[str] | None = None,
     gone: list[str] | None = None,
+    announce: str = "",
 ) -> Any:
     """Index records into the context's index with a progress bar on stderr.
 
-    The index opens before the bar starts: an index that cannot be used is one line.
+    The index opens before the bar starts (and before ``announce`` is printed): an index that
+    cannot be used is one line.
     """
     from specrag.indexing.pipeline import index_records, open_for_writing
     from specrag.progress import progress_bar
 
     directory = index_dir_of(ctx)
     index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
+    if announce:
+        err.print(announce)
     with progress_bar(err) as bar:
         task = bar.add_task(label, total=len(records))
         return index_records(
@@ -258,7 +267,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     )
     from specrag.indexing.store import check_local, local_index_at, stored_sources
 
-    ctx = make_context(args, answers=False)
+    ctx = make_context(args, answers=False, models=False)
     directory = index_dir_of(ctx)
     check_local(directory, ctx.collection, ctx.index_url, create=not args.forget)
     if args.forget:  # checked against the index before the embedding model loads: a typo
@@ -467,8 +476,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     where = f"the Chroma server at {ctx.index_url}" if ctx.index_url else index_dir_of(ctx)
     paragraphs = squad_paragraphs()
     records = [(p.id, p.text) for p in paragraphs]
-    err.print(f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {escape(str(where))}")
-    report = index_with_progress(records, ctx, "embedding paragraphs")
+    report = index_with_progress(
+        records,
+        ctx,
+        "embedding paragraphs",
+        announce=f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {escape(str(where))}",
+    )
     err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
     scenarios = SCENARIOS
     if args.questions:  # the user's own questions, default settings
@@ -699,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specrag {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, models: bool = True) -> None:
         p.add_argument(
             "--index-dir",
             help="Chroma directory (default: <data dir>/index; SPECRAG_DATA_DIR sets the data dir)",
@@ -715,14 +728,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="override a context field (see `specrag config`)",
         )
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-        models_flag(p)
+        if models:  # not on index: it runs no language model
+            models_flag(p)
 
-    def models_flag(p: argparse.ArgumentParser) -> None:
+    def models_flag(p: argparse.ArgumentParser, extra: str = "") -> None:
         p.add_argument(
             "--models",
             choices=["embedded", "pair"],
             help="model preset: embedded (SmolLM2-135M, default) or pair (Qwen2.5-Coder 0.5B "
-            "drafts, 1.5B answers; `make models-pair` installs it)",
+            f"drafts, 1.5B answers; `make models-pair` installs it){extra}",
         )
 
     p = sub.add_parser("index", help="index .txt/.md/.html/.pdf files and folders")
@@ -735,13 +749,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove what the index holds of these files and folders (gone or not) instead "
         "of indexing them",
     )
-    common(p)
+    common(p, models=False)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("ask", help="answer a question")
     p.add_argument("question", nargs="?", default="", help="the question (none with --resume)")
     p.add_argument(
-        "--document", help="answer from this file, or - for stdin (RAPID when it is long)"
+        "--document",
+        help="answer from this file instead of the index, or - for plain text on stdin "
+        "(RAPID when it is long)",
     )
     p.add_argument(
         "--thread",
@@ -751,7 +767,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="finish the interrupted run of --thread from its last checkpoint",
+        help="finish the interrupted run of --thread from its last checkpoint, with the "
+        "settings it started with (flags given now win; no question or --document)",
     )
     common(p)
     p.set_defaults(func=cmd_ask)
@@ -762,6 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--question",
         dest="questions",
+        metavar="QUESTION",
         action="append",
         help="ask this instead of the built-in questions (repeat for more)",
     )
@@ -777,7 +795,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("bench", help="run a benchmark (rag, rapid, load, followup or retrieval)")
-    p.add_argument("which", choices=["rag", "rapid", "load", "followup", "retrieval"])
+    p.add_argument(
+        "which",
+        choices=["rag", "rapid", "load", "followup", "retrieval"],
+        help="rag: speculative vs serial RAG; rapid: RAPID vs target-only on long contexts; "
+        "load: model load times; followup: query rewriting; retrieval: dense/BM25/hybrid",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -804,7 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
         "x86 CPU); runs of "
         "a dtype other than auto are recorded apart",
     )
-    models_flag(p)
+    models_flag(p, "; not for retrieval: it runs no language model")
     p.set_defaults(func=cmd_bench)
     return parser
 

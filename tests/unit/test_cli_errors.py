@@ -875,3 +875,27 @@ def test_a_document_piped_on_stdin_is_read_and_cited_as_stdin(capsys, monkeypatc
     assert "reads the document from a pipe" in one_line_error(
         capsys, main(["ask", "Clause 15?", "--document", "-"])
     )
+
+
+def test_index_checks_no_answer_model_and_takes_no_models_flag(tmp_path, monkeypatch, capsys):
+    """`index` runs no language model: a bad answer_model stopped it ("model path not found")
+    and `--models` was accepted and did nothing."""
+    import specrag.cli
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    args = specrag.cli.build_parser().parse_args(
+        ["index", "a.txt", "--set", "answer_model=hf:/nonexistent"]
+    )
+    ctx = specrag.cli.make_context(args, answers=False, models=False)
+    assert ctx.answer_model == "hf:/nonexistent"  # kept, unchecked: index never loads it
+    assert "unrecognized arguments: --models" in one_line_error(
+        capsys, main(["index", "a.txt", "--models", "pair"])
+    )
+
+
+def test_demo_says_nothing_before_an_index_that_cannot_be_used(tmp_path, monkeypatch, capsys):
+    """`demo --index-url notaurl` printed "indexing 1204 SQuAD v2.0 dev paragraphs into ..."
+    before its one error line."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    line = one_line_error(capsys, main(["demo", "--index-url", "notaurl"]))
+    assert "bad --index-url 'notaurl'" in line
