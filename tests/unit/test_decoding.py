@@ -315,31 +315,13 @@ def test_a_draft_opening_verified_in_the_prefill_never_changes_greedy_output(mod
     right, wrong = ref[:8], [*ref[:3], (ref[3] + 1) % 64, *ref[4:8]]
     for opening, accepted in ((right, 8), (wrong, 3), (ref[:40], 29)):
         stats = DecodeStats()
-        out = run(
-            decode(
-                LMState(model),
-                prompt,
-                max_new_tokens=30,
-                sampler=Sampler(0.0),
-                proposer=NgramProposer({"draft": opening}),
-                stats=stats,
-                opening=opening,
-            )
-        )
+        proposer = NgramProposer({"draft": opening})
+        out = greedy_with(model, prompt, 30, proposer=proposer, stats=stats, opening=opening)
         assert out == ref
         assert stats.accepted["draft"] >= accepted  # the opening's, then n-gram matches
         assert stats.forward_passes < plain.forward_passes
     stats = DecodeStats()
-    out = run(
-        decode(
-            LMState(model),
-            prompt,
-            max_new_tokens=30,
-            sampler=Sampler(0.0),
-            stats=stats,
-            opening=wrong,
-        )
-    )
+    out = greedy_with(model, prompt, 30, stats=stats, opening=wrong)
     assert out == ref  # no proposer: only the opening speculates
     assert stats.proposed == {"draft": 8} and stats.accepted == {"draft": 3}
     assert stats.forward_passes == plain.forward_passes - 3
