@@ -62,6 +62,17 @@ class DecodeStats:
     segment: DecodeStats | None = None  # the segment being decoded (its counters are live)
     started: float = field(default_factory=time.perf_counter)
 
+    def count(self, source: str, candidates: int, accepted: int, hit_eos: bool) -> None:
+        """Count one verified proposal of ``candidates`` tokens from ``source``.
+
+        Candidates after an accepted end token were never judged: not counted as proposed.
+        """
+        judged = accepted if hit_eos else candidates
+        self.proposed[source] = self.proposed.get(source, 0) + judged
+        self.widest = max(self.widest, candidates)
+        if accepted:
+            self.accepted[source] = self.accepted.get(source, 0) + accepted
+
     def tokens_from(self) -> dict[str, int]:
         """Output tokens by where they came from; ``target`` = the verifier's own tokens."""
         names = {"prompt": "evidence", "model": "target"}  # prompt n-grams: the evidence text
@@ -275,20 +286,13 @@ def decode(
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
 
+    cands, source = (opened, "draft") if opened else (before, "kept")
+    first, n_accepted, hit_eos = _verify(
+        logits_all, cands, source, None, sampler, generator, eos_ids
+    )
+    n_kept = 0 if opened else n_accepted
     if opened:
-        first, n_opened, hit_eos = _verify(
-            logits_all, opened, "draft", None, sampler, generator, eos_ids
-        )
-        # candidates after an accepted end token were never judged
-        stats.proposed["draft"] = n_opened if hit_eos else len(opened)
-        if n_opened:
-            stats.accepted["draft"] = n_opened
-        stats.widest = max(stats.widest, len(opened))
-        n_kept = 0
-    else:
-        first, n_kept, hit_eos = _verify(
-            logits_all, before, "kept", None, sampler, generator, eos_ids
-        )
+        stats.count("draft", len(opened), n_accepted, hit_eos)
     if before:
         stats.proposed["kept"] = len(before)
         stats.accepted["kept"] = n_kept
@@ -324,16 +328,11 @@ def decode(
             stats.plain_steps += 1
             stats.plain_step_s += pass_s
         else:
-            stats.proposed[source] = stats.proposed.get(source, 0) + len(cands)
-            stats.widest = max(stats.widest, len(cands))
+            stats.count(source, len(cands), n_accepted, hit_eos)
         if observe := getattr(proposer, "observe", None):  # a proposer that weighs its costs
             observe(len(cands), len(step), pass_s)
-        if hit_eos:  # candidates after an accepted end token were never judged
-            stats.proposed[source] -= len(cands) - n_accepted
         if cands and shrink_k:
             k = min(k + 2, max_candidates) if n_accepted == len(cands) else max(1, k - 1)
-        if n_accepted:
-            stats.accepted[source] = stats.accepted.get(source, 0) + n_accepted
         # the cache holds prompt + generated + ``last`` + candidates; keep only what was
         # accepted (the newly emitted model token is fed at the next step).
         generated.extend(t.id for t in step)
