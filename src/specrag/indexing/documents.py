@@ -73,18 +73,29 @@ def check_size(path: Path) -> None:
         st = path.stat()
     except OSError as exc:
         raise _os_error(path, exc) from exc
-    if not stat.S_ISREG(st.st_mode):  # /dev/zero never ends, a pipe waits for a writer
-        raise Unreadable(f"not a regular file (a device, pipe or socket): {path}")
+    check_regular(path, st)
     too_large(path, st.st_size)
 
 
-def too_large(path: Path, size: int) -> None:
-    """One-line ``Unreadable`` when ``size`` bytes are past :func:`max_file_bytes`."""
+def check_regular(path: Path, st: os.stat_result) -> None:
+    """One-line ``Unreadable`` unless ``st`` is a regular file's (a device, pipe or socket).
+
+    /dev/zero never ends, a pipe waits for a writer: neither is read.
+    """
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(f"not a regular file (a device, pipe or socket): {path}")
+
+
+def too_large(path: Path, size: int, cut: bool = False) -> None:
+    """One-line ``Unreadable`` when ``size`` bytes are past :func:`max_file_bytes`.
+
+    ``cut``: a read stopped just past the limit, so the file's whole size is not known.
+    """
     limit = max_file_bytes()
     if size > limit:
+        how = "more than the" if cut else f"{short_number(size / 2**20)} MiB, past the"
         raise Unreadable(
-            f"{path} is too large: {short_number(size / 2**20)} MiB, past the "
-            f"{short_number(limit / 2**20)} MiB "
+            f"{path} is too large: {how} {short_number(limit / 2**20)} MiB "
             f"limit (split it, or raise {MAX_FILE_MIB_ENV})"
         )
 
@@ -249,8 +260,7 @@ def read_text(path: Path) -> str:
     try:  # non-blocking: a file swapped for a pipe since the check is refused, not waited on
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise Unreadable(f"not a regular file (a device, pipe or socket): {path}")
+            check_regular(path, os.fstat(f.fileno()))
             raw = read_bounded(f, path)  # it may have grown since its size was read
     except OSError as exc:
         raise _os_error(path, exc) from exc
@@ -278,11 +288,7 @@ def read_bounded(stream: BinaryIO | TextIO, path: Path, piece: int = 2**20) -> b
     while part := stream.read(min(piece, limit + 1 - size)):
         parts.append(part.encode() if isinstance(part, str) else part)
         size += len(parts[-1])
-        if size > limit:
-            raise Unreadable(
-                f"{path} is too large: more than the {short_number(limit / 2**20)} MiB limit "
-                f"(split it, or raise {MAX_FILE_MIB_ENV})"
-            )
+        too_large(path, size, cut=True)
     return b"".join(parts)
 
 
