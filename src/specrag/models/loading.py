@@ -302,25 +302,26 @@ class FailedLoads:
         self.ttl_s, self.slow_s = ttl_s, slow_s
         self._failed: dict[object, tuple[float, ModelLoadError]] = {}
 
-    def check(self, key: object) -> None:
-        """Raise the remembered failure of ``key``, if it is recent."""
+    def attempt(self, key: object, load: Callable[[], T]) -> T:
+        """``load()``, unless ``key`` failed slowly within ``ttl_s``: then that failure again.
+
+        A :class:`ModelLoadError` that took ``slow_s`` or more is remembered; a load that
+        works forgets the key's failure.
+        """
         failed = self._failed.get(key)
-        if failed is None:
-            return
-        ago = time.monotonic() - failed[0]
-        if ago < self.ttl_s:
+        if failed is not None and (ago := time.monotonic() - failed[0]) < self.ttl_s:
             raise ModelLoadError(
                 f"{failed[1]} (failed {ago:.0f}s ago: tried again {self.ttl_s:.0f}s after)"
             ) from failed[1]
-
-    def record(self, key: object, exc: ModelLoadError, took_s: float) -> None:
-        """Remember a failure that took ``took_s`` seconds (a slow one only)."""
-        if took_s >= self.slow_s:
-            self._failed[key] = (time.monotonic(), exc)
-
-    def forget(self, key: object) -> None:
-        """A load of ``key`` worked."""
+        start = time.monotonic()
+        try:
+            result = load()
+        except ModelLoadError as exc:
+            if time.monotonic() - start >= self.slow_s:
+                self._failed[key] = (time.monotonic(), exc)
+            raise
         self._failed.pop(key, None)
+        return result
 
     def clear(self) -> None:
         """Forget every failure."""
@@ -338,21 +339,17 @@ def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") 
     with _LM_CACHE_LOCK:
         if key in _LM_CACHE:
             return _LM_CACHE[key]
-        FAILED_LOADS.check(key)
-        if dt == torch.float16 and dev.type == "cpu":
-            log.warning(
-                "float16 on a CPU has no fast kernels: %s will decode many times slower than "
-                "in float32 or bfloat16, and budgets may cut its answers short",
-                name,
-            )
-        start = time.monotonic()
-        try:
-            loaded = on_model_thread(_load_lm_uncached, name, dev, dt)
-        except ModelLoadError as exc:
-            FAILED_LOADS.record(key, exc, time.monotonic() - start)
-            raise
-        FAILED_LOADS.forget(key)
-        _LM_CACHE[key] = loaded
+
+        def load() -> LoadedLM:
+            if dt == torch.float16 and dev.type == "cpu":
+                log.warning(
+                    "float16 on a CPU has no fast kernels: %s will decode many times slower "
+                    "than in float32 or bfloat16, and budgets may cut its answers short",
+                    name,
+                )
+            return on_model_thread(_load_lm_uncached, name, dev, dt)
+
+        loaded = _LM_CACHE[key] = FAILED_LOADS.attempt(key, load)
         return loaded
 
 
@@ -840,29 +837,28 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
         from langchain_huggingface import HuggingFaceEmbeddings
 
         check_embedding_path(name)
-        FAILED_LOADS.check(("embeddings", name))
         if name == EMBEDDED_LM:
             path = str(embedded_embeddings_path())
         else:
             p = Path(name).expanduser()
             path = str(p) if p.exists() else name
-        start = time.monotonic()
-        try:
-            # Built here (reading weights needs no parallel compute), so a first load never
-            # holds up decode steps on the model thread; embedding itself runs there.
-            emb = ModelThreadEmbeddings(
-                HuggingFaceEmbeddings(
-                    model_name=path,
-                    model_kwargs={"device": "cpu"},
-                    encode_kwargs={"normalize_embeddings": True},
+
+        def load() -> ModelThreadEmbeddings:
+            try:
+                # Built here (reading weights needs no parallel compute), so a first load never
+                # holds up decode steps on the model thread; embedding itself runs there.
+                return ModelThreadEmbeddings(
+                    HuggingFaceEmbeddings(
+                        model_name=path,
+                        model_kwargs={"device": "cpu"},
+                        encode_kwargs={"normalize_embeddings": True},
+                    )
                 )
-            )
-        except Exception as exc:  # noqa: BLE001
-            error = ModelLoadError(f"could not load embedding model {name!r}: {first_line(exc)}")
-            FAILED_LOADS.record(("embeddings", name), error, time.monotonic() - start)
-            raise error from exc
-        FAILED_LOADS.forget(("embeddings", name))
-        _EMB_CACHE[name] = emb
+            except Exception as exc:  # noqa: BLE001
+                first = first_line(exc)
+                raise ModelLoadError(f"could not load embedding model {name!r}: {first}") from exc
+
+        emb = _EMB_CACHE[name] = FAILED_LOADS.attempt(("embeddings", name), load)
         return emb
 
 
