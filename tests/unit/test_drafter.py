@@ -215,6 +215,21 @@ def test_verdicts_carry_over_to_the_next_prompt_of_an_incremental_answer(pair):
     assert second.drafter.stats.as_dict()["drafter_s"] > 0
 
 
+def test_the_last_drafter_proposal_is_settled_on_the_next_prompt(pair):
+    """A rebuild comes between a drafter proposal and its verdict: the next prompt's proposer
+    settles it against the answer it goes on (the proposal was lost, one short per rebuild)."""
+    _, drafter = pair
+    policy = DrafterPolicy(after_tokens=0, join_factor=0.0, min_acceptance=0.0, pay_check=False)
+    first = merged(drafter, [1, 2], {}, Sampler(0.0), policy=policy)
+    proposal = first.propose([3], 3)
+    assert proposal.source == "drafter" and len(proposal.tokens) >= 2
+    second = merged(drafter, [1, 2], {}, Sampler(0.0), policy=policy)
+    second.carry_over(first)
+    kept = [3, proposal.tokens[0], proposal.tokens[1] + 1]  # the rebuild kept one, changed one
+    second.propose(kept, 3)
+    assert (second._drafter_proposed, second._drafter_accepted) == (len(proposal.tokens), 1)
+
+
 def test_pair_costs_are_measured_once_per_pair_on_both_models(pair):
     from specrag.models.loading import LoadedLM, pair_costs
 

@@ -488,7 +488,8 @@ class MergedProposer:
         """Continue the answer of ``earlier`` (an incremental decode's previous prompt).
 
         Its ledgers, choices, events, verdicts and drafter stats hold for the rest of the
-        answer.
+        answer; its last drafter proposal is settled against the answer this prompt goes on
+        (tokens a rebuild retracted count as rejected).
         """
         self.ledgers, self.choices, self.events = earlier.ledgers, earlier.choices, earlier.events
         self._stopped, self._weak_off = earlier._stopped, earlier._weak_off
@@ -496,6 +497,7 @@ class MergedProposer:
         self._drafter_steps = earlier._drafter_steps
         self._drafter_accepted = earlier._drafter_accepted
         self._drafter_proposed = earlier._drafter_proposed
+        self._last = earlier._last
         if self.drafter is not None and earlier.drafter is not None:  # one answer's drafter
             self.drafter.stats = earlier.drafter.stats  # work, summed over its prompts
 
