@@ -395,6 +395,10 @@ def test_rapid_lossless_skips_the_drafter_pass_after_its_last_token(model, eta):
     assert stats.draft_tokens > 0 and stats.steps > 1
     extra = 0 if eta == 0 else stats.steps
     assert stats.drafter_passes == stats.draft_tokens + extra, stats.as_dict()
+    # reported with its prefill, as HF counts an assistant's passes and the target's here
+    passes = stats.as_dict()
+    assert passes["drafter_forward_passes"] == stats.drafter_passes + 1
+    assert passes["target_forward_passes"] == stats.steps + 1
     assert drafter.tokens == drafter_prompt + out[: len(drafter.tokens) - len(drafter_prompt)]
     assert stats.draft_tokens > stats.accepted_tokens > 0  # proposals made AND some rejected
     cached = drafter.extend([out[-1]])[-1]

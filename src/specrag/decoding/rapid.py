@@ -84,6 +84,7 @@ class RapidStats:
     decode_s: float = 0.0
     finish_reason: str = ""
     prefilled: bool = False  # the target's prompt was read (a budget may stop its prefill)
+    drafter_prefilled: bool = False  # and the drafter's
 
     @property
     def acceptance_rate(self) -> float:
@@ -99,9 +100,10 @@ class RapidStats:
         """JSON-friendly summary."""
         return {
             "new_tokens": self.new_tokens,
-            # the prefill (its slices count as one pass, as in HF's count) and each step
+            # each model's prefill (its slices count as one pass, as in HF's count: the
+            # assistant's prefill is among its passes) and each step
             "target_forward_passes": self.steps + int(self.prefilled),
-            "drafter_forward_passes": self.drafter_passes,
+            "drafter_forward_passes": self.drafter_passes + int(self.drafter_prefilled),
             "drafter_vocab_rows": self.drafter_vocab_rows,
             "unsure_stops": self.unsure_stops,
             "draft_tokens": self.draft_tokens,
@@ -198,6 +200,7 @@ def rapid_decode(
             st.drafter_vocab_rows = drafter.restrict(cfg.drafter_vocab, [*drafter_prompt, *eos_ids])
         d0 = settle(prefill(drafter, drafter_prompt, before))
         st.drafter_prefill_s = time.perf_counter() - t0
+        st.drafter_prefilled = True
     except Stopped as stop:
         return finish(stop.reason)
     t_start = time.perf_counter()
