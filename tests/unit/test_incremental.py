@@ -302,3 +302,60 @@ def test_a_rebuild_that_keeps_an_ended_answer_whole_counts_as_read():
     assert not any(isinstance(i, Revise) for i in items)
     steps = 3  # after the prefill (not counted here): tokens 2-4, the 4th the end token
     assert stats.forward_passes == steps + 1  # and the rebuild's verify pass
+
+
+def test_a_first_prefill_stopped_by_new_evidence_is_still_the_answers_prefill():
+    """A batch arrives before the first prompt's prefill ends: the prefill is stopped and the
+    next prompt's prefill is the answer's (it was counted as a rebuild's verify pass: one
+    forward pass too many and its time as decode time); the answer is serial's over P2."""
+    model = tiny_llama(seed=3)
+    feed, stats = PromptFeed(), DecodeStats()
+    feed.put(P2)  # pending before the first slice: the first prefill stops at once
+    feed.close()
+    shown = [t.id for item in plain_incremental(model, feed, stats, max_new_tokens=8) for t in item]
+    assert shown == greedy(model, P2, 8)
+    out = stats.as_dict()
+    assert out["forward_passes"] == out["new_tokens"] == 8  # a plain decode: one per token
+    assert stats.prefill_s > 0 and len(stats.rebuilds) == 1
+
+
+def test_a_stopped_prefill_has_no_decode_time():
+    """A prefill stopped between slices spent its time prefilling: decode_s 0 (a stopped
+    rebuild's time was summed twice, once as prefill and once as decode)."""
+    from specrag.decoding.speculative import decode
+
+    stats = DecodeStats()
+    steps = list(
+        decode(
+            LMState(tiny_llama(seed=1)),
+            P2,
+            max_new_tokens=4,
+            sampler=Sampler(0.0),
+            should_stop=lambda _n: "time",
+            stats=stats,
+        )
+    )
+    assert steps == [] and stats.finish_reason == "time"
+    assert stats.decode_s == 0.0 and stats.prefill_s > 0
+
+
+def test_an_answer_that_ended_keeps_its_finish_reason_when_the_wait_for_evidence_ends():
+    """The answer reached its limit, then the budget ended the wait for the next batch: the
+    answer is whole for what it read (reported "time", it was marked cut by the budget)."""
+    model = tiny_llama(seed=4)
+    feed, stats = PromptFeed(), DecodeStats()
+    ended = [False]
+    gen = plain_incremental(
+        model,
+        feed,
+        stats,
+        max_new_tokens=6,
+        should_stop=lambda n: "time" if ended[0] else None,
+    )
+    shown = []
+    for item in gen:
+        if item == []:  # waiting for evidence: the budget ends now
+            ended[0] = True
+        shown.extend(t.id for t in item)
+    assert shown == greedy(model, P1, 6)
+    assert stats.finish_reason == "length" and stats.new_tokens == 6

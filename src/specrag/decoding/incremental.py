@@ -92,7 +92,8 @@ class PromptFeed(Generic[T]):
 def absorb(total: DecodeStats, part: DecodeStats, first: bool, judged: bool = True) -> None:
     """Add one segment's work counters to the whole decode's.
 
-    ``judged``: the segment's prefill pass ran to its end (not stopped between slices).
+    ``first``: the segment's prefill is the answer's (no earlier prompt's prefill ran to its
+    end). ``judged``: the segment's prefill pass ran to its end (not stopped between slices).
     """
     # every segment after the first starts with a prefill+verify pass of its own
     total.forward_passes += part.forward_passes + (0 if first or not judged else 1)
@@ -141,7 +142,8 @@ def decode_incremental(
     (not 0: two decodes waiting behind each other would spin).
     """
     answer: list[Token] = []
-    first = True
+    first = True  # the first prompt
+    prefilled = False  # a prompt's prefill ran to its end (new evidence can stop the first)
     while True:
         part = DecodeStats()
         stats.segment = part  # summed into ``stats`` when the segment ends
@@ -198,7 +200,9 @@ def decode_incremental(
                     "at_s": round(t0 - stats.started, 4),
                 }
             )
-        absorb(stats, part, first, judged)
+        # until a prefill has run to its end, each segment's prefill is the answer's prefill
+        absorb(stats, part, not prefilled, judged)
+        prefilled = prefilled or judged
         first = False
         stats.new_tokens = len(answer)
         stats.sources = dict(Counter(t.source for t in answer))
@@ -210,7 +214,8 @@ def decode_incremental(
                 return
             late = should_stop(len(answer))
             if late and late != "stop_sequence":
-                stats.finish_reason = late
+                # the answer had ended by itself: it keeps its finish reason (a budget that
+                # ends the wait leaves batches unread, which the caller reports as such)
                 return
             busy = others_waiting is not None and others_waiting()
             feed.wait(min(poll_s, 0.001) if busy else poll_s)  # never a busy loop

@@ -282,7 +282,9 @@ def decode(
             generated.extend(before)
         if len(prior) > len(before):  # ... up to a lower max_new_tokens than before
             yield Revise(keep=len(before), dropped=len(prior) - len(before))
-        return finish(stop.reason)
+        finish(stop.reason)
+        stats.decode_s = 0.0  # decoding never began: the time was the prefill's
+        return
     stats.prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
 
