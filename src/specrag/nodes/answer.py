@@ -127,6 +127,10 @@ def answer_message(state: State, update: dict[str, Any]) -> dict[str, Any]:
     return {"messages": [message]}
 
 
+# the share of its answer budget a remote answer model (it cannot re-verify) waits for the
+# search's later batches; then it answers from the batches so far
+REMOTE_WAIT_SHARE = 0.5
+
 # how an error about the search's batches after the first starts (retrieve's and the
 # answer node's): the answer node reads it to tell whether the run already says why
 LATER_BATCHES = "retrieve: later batches"
@@ -149,16 +153,24 @@ async def weave(
 ) -> None:
     """Update ``chunks`` to each later batch's evidence; with a feed, offer the new prompt.
 
-    ``offered`` gets the evidence of each prompt put in the feed, in order (``feed.puts``).
+    Each offered prompt is fitted to the model's context as a whole-evidence prompt is
+    (:func:`fit_evidence`); ``offered`` gets the evidence of each prompt put in the feed, in
+    order (``feed.puts``). The feed is closed at the end, whatever ends the weave.
     """
-    while (more := await stream.next()) is not None:
-        chunks[:] = more
+    try:
+        while (more := await stream.next()) is not None:
+            chunks[:] = more
+            if feed is not None:
+                whole = build({**state, "chunks": list(chunks)}, ctx)
+                call, read = await asyncio.to_thread(
+                    fit_evidence, whole, build, state, ctx, list(chunks)
+                )
+                if offered is not None:
+                    offered.append(read)
+                feed.put(call.messages)
+    finally:
         if feed is not None:
-            if offered is not None:
-                offered.append(list(chunks))
-            feed.put(build({**state, "chunks": list(chunks)}, ctx).messages)
-    if feed is not None:
-        feed.close()
+            feed.close()
 
 
 async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s: float) -> bool:
@@ -178,7 +190,10 @@ async def catch_up(stream: EvidenceStream, chunks: list[dict[str, Any]], grace_s
 
 
 def evidence(
-    stream: EvidenceStream, chunks: list[dict[str, Any]], unread: bool = False
+    stream: EvidenceStream,
+    chunks: list[dict[str, Any]],
+    unread: bool = False,
+    why: str = "the answer budget ended the answer first",
 ) -> dict[str, Any]:
     """State keys for the final evidence of an incremental run.
 
@@ -191,9 +206,7 @@ def evidence(
         if stream.task is not None:
             stream.task.cancel()
     if not stream.ended or unread:
-        stream.errors.append(
-            f"{LATER_BATCHES} were not woven in: the answer budget ended the answer first"
-        )
+        stream.errors.append(f"{LATER_BATCHES} were not woven in: {why}")
     # the later batches' trace: this node's run (retrieve's was posted before they came)
     trace({"batch_events": [dict(r) for r in stream.records[stream.delivered :]]}, extend=True)
     return {
@@ -263,6 +276,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                     "had returned its first batch); answering from the evidence found before"
                 ]
         weaving: asyncio.Task[None] | None = None
+        waited_out = False  # a remote model's wait for the later batches ended by its share
         feed: PromptFeed[list[BaseMessage]] | None = None
         offered: list[list[dict[str, Any]]] = []  # the evidence of each prompt put in the feed
         read: list[dict[str, Any]] | None = None  # the evidence of a prompt fitted to the model
@@ -278,23 +292,27 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 budget -= now() - waited  # the grace is part of the answer budget
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
-                if not ended:
+                if not ended:  # (ended: the whole evidence in one prompt, fitted below)
+                    fitting = now()
+                    call, first = await asyncio.to_thread(
+                        fit_evidence, call, build, state, ctx, list(chunks)
+                    )
+                    budget -= now() - fitting
                     feed = PromptFeed()
-                    offered.append(list(chunks))  # the first prompt's (taken at the start)
+                    offered.append(first)  # the first prompt's (taken at the start)
                     options = dataclasses.replace(call.options, prompt_feed=feed)
                     call = dataclasses.replace(call, options=options)
                     weaving = asyncio.create_task(
                         weave(stream, chunks, state, ctx, build, feed, offered)
                     )
-            elif stream is not None:  # a remote model cannot re-verify: wait for the rest
-                waited = now()
-                await weave(stream, chunks, state, ctx, build, None)
-                budget -= now() - waited  # the wait is part of the answer budget
-                if budget <= 0:
-                    raise TimeoutError(
-                        f"the answer budget of {ctx.answer_timeout_s}s was spent waiting for "
-                        "the rest of the evidence"
-                    )
+            elif stream is not None:  # a remote model cannot re-verify: wait for the rest,
+                waited = now()  # half the answer budget at most (the wait is part of it)
+                try:
+                    async with asyncio.timeout(budget * REMOTE_WAIT_SHARE):
+                        await weave(stream, chunks, state, ctx, build, None)
+                except TimeoutError:  # answer from the batches so far; evidence() says so
+                    waited_out = True
+                budget -= now() - waited
                 call = build({**state, "chunks": chunks}, ctx)
             if feed is None:  # the whole evidence in one prompt: fitted to a local model (a
                 # failure passes all of it on; tokenising the prompt is the budget's time too)
@@ -335,6 +353,10 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 failed.update(evidence(stream, chunks))
                 failed["errors"] = [*stream.errors, message]
             return failed
+        except asyncio.CancelledError:  # the run is cancelled: so is the search behind it
+            if stream is not None and not stream.ended and stream.task is not None:
+                stream.task.cancel()
+            raise
         finally:
             if weaving is not None and not weaving.done():  # the decode ended by its budget
                 weaving.cancel()
@@ -379,7 +401,16 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         }
         errors: list[str] = []
         if stream is not None:
-            update.update(evidence(stream, chunks, unread))
+            why = (
+                f"the answer model cannot re-verify, and waited for them {REMOTE_WAIT_SHARE:.0%} "
+                f"of answer_timeout_s={ctx.answer_timeout_s}"
+                if waited_out
+                else "the answer budget ended the answer first"
+            )
+            if weaving is not None and weaving.done() and not weaving.cancelled():
+                if (failure := weaving.exception()) is not None:  # a later prompt's build
+                    why = f"their prompt could not be built: {short_error(failure)}"
+            update.update(evidence(stream, chunks, unread, why))
             errors += stream.errors
         elif lost:
             errors += lost
