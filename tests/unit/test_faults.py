@@ -11,6 +11,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -204,6 +205,21 @@ def test_a_hanging_index_open_does_not_gather_a_stuck_thread_per_run():
         with pytest.raises(TimeoutError, match="the index is busy"):
             services_module.open_index(ctx(retrieval_timeout_s=0.2))
         assert time.perf_counter() - start < CUT  # the lock is never released here
+
+
+def test_an_open_index_is_searched_while_another_run_opens_another():
+    """Every search took the index lock, its index open or not: a run stuck opening one
+    index (a hung server) made every run on an index already open fail as "busy"."""
+    from specrag.graph import services as services_module
+
+    c = ctx(retrieval_timeout_s=0.2, index_dir="/nonexistent/open-already")
+    key = (str(Path(c.index_dir)), c.collection, c.embedding_model)
+    services_module._INDEXES[key] = opened = object()
+    try:
+        with services_module._INDEX_LOCK:  # another run, stuck opening another index
+            assert services_module.open_index(c) is opened
+    finally:
+        services_module._INDEXES.pop(key)
 
 
 def test_embeddings_never_wait_behind_a_model_load():

@@ -77,6 +77,8 @@ def open_index(ctx: SpecRagContext) -> VectorIndex:
     """
     directory = str(Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir())
     key = (ctx.index_url or directory, ctx.collection, ctx.embedding_model)
+    if (opened := _INDEXES.get(key)) is not None:  # open already: no wait behind another
+        return opened  # run's opening (a hung server's) of another index
     wait = ctx.retrieval_timeout_s
     if (deadline := SEARCH_DEADLINE.get()) is not None:
         wait = min(wait, max(0.0, deadline - time.monotonic() - BUSY_MARGIN_S))
