@@ -84,6 +84,30 @@ def test_follow_up_is_rewritten_before_retrieval(mode, expected):
     assert out["messages"][-1].content == out["answer"]
 
 
+def test_a_hung_rewrite_leaves_the_search_half_the_retrieval_budget():
+    """A draft model that never answered the rewrite took the whole retrieval budget: an
+    instant search ended in the fallback ("retrieval timed out"). Half the budget, then the
+    concat query."""
+    import threading
+
+    hold = threading.Event()
+    draft = FakeLogprobChat(reply="When did Rollo die?", hold=hold, calls=[])
+    svc, queries = recording_services(draft=draft)
+
+    async def run():
+        try:
+            return await build_graph(svc).ainvoke(
+                {"messages": conversation()},
+                context=ctx(query_rewrite="model", draft_policy="off", retrieval_timeout_s=1.0),
+            )
+        finally:
+            hold.set()  # before the loop closes: it waits for the hung thread
+
+    out = asyncio.run(run())
+    assert out["route"] != "fallback", out["reason"]
+    assert queries == ["Who was the Norse leader? When did he die?"]
+
+
 def test_a_rewritten_follow_up_query_is_not_streamed_as_an_answer():
     """The draft model's rewrite of a follow-up streamed in `messages` mode from node
     `retrieve`: the CLI showed it as the answer, Studio and a parent chat graph as AI text."""

@@ -260,7 +260,8 @@ class SpecRagContext:
     query_rewrite: Literal["off", "concat", "model"] = _f(
         "concat",
         "Follow-up questions with history: 'concat' searches with the previous question "
-        "prepended, 'model' asks the draft model for a self-contained query, 'off' searches "
+        "prepended, 'model' asks the draft model for a self-contained query (within half the "
+        "retrieval budget; concat if it is late or fails), 'off' searches "
         "the question as asked. It reads the history history_tokens keeps (0: none, so no "
         "rewrite). Default chosen from the multi-turn check in the README.",
     )

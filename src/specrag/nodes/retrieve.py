@@ -25,14 +25,19 @@ from specrag.nodes.prepare import quietly
 from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 
 
+# the share of the retrieval budget a model's follow-up rewrite may take (the search the rest)
+REWRITE_SHARE = 0.5
+
+
 async def followup_query(
     question: str, history: list[dict[str, str]], ctx: SpecRagContext, services: Services
 ) -> str:
     """The retrieval query: a follow-up question made self-contained from the history.
 
     ``concat``: the previous user question, then this one ("Who was the Norse leader? And
-    when did he die?"); ``model``: the draft model rewrites it (greedy, <= 32 tokens; an empty
-    or failed rewrite falls back to ``concat``); ``off`` or no history: the question itself.
+    when did he die?"); ``model``: the draft model rewrites it (greedy, <= 32 tokens, within
+    ``REWRITE_SHARE`` of the retrieval budget: the search gets the rest; an empty, failed or
+    late rewrite falls back to ``concat``); ``off`` or no history: the question itself.
     """
     previous = [t["content"] for t in history if t["role"] == "user"]
     if ctx.query_rewrite == "off" or not previous:
@@ -40,16 +45,20 @@ async def followup_query(
     concat = f"{previous[-1]} {question}"
     if ctx.query_rewrite == "concat":
         return concat
+    share = ctx.retrieval_timeout_s * REWRITE_SHARE  # the search waits within the same budget
     try:
-        result = await stream_model(
-            services.chat_model(ctx.draft_spec, ctx),
-            prompts.query_rewrite_messages(question, history),
-            budget_s=ctx.retrieval_timeout_s,  # the search waits within the same budget
-            tags=["query_rewrite", TAG_NOSTREAM],  # not an answer: off the messages stream
-            options=DecodeOptions(temperature=0.0, max_new_tokens=32, speculation="none"),
-        )
+        async with asyncio.timeout(share):  # a model that never answers: its budget ends it
+            result = await stream_model(
+                services.chat_model(ctx.draft_spec, ctx),
+                prompts.query_rewrite_messages(question, history),
+                budget_s=share,
+                tags=["query_rewrite", TAG_NOSTREAM],  # not an answer: off the messages stream
+                options=DecodeOptions(temperature=0.0, max_new_tokens=32, speculation="none"),
+            )
         text = result.text.strip('"').splitlines()
-        return text[0].strip() if text and text[0].strip() else concat
+        if result.timed_out or not text or not text[0].strip():  # late or empty: no query
+            return concat
+        return text[0].strip()
     except Exception:  # noqa: BLE001 - rewriting is an aid: never fail retrieval over it
         return concat
 
