@@ -236,6 +236,8 @@ async def test_a_revise_is_applied_before_its_stop_sequence_ends_the_decode():
     assert out.text == "Rollo led the Norse."
     assert out.tokens == 4 and len(out.logprobs) == 4, (out.tokens, out.logprobs)
     assert out.revisions and out.revisions[0]["kept_tokens"] == 2
+    # of the 4 answer tokens shown (not the decoder's 6, two past the stop sequence)
+    assert out.revisions[0]["dropped_tokens"] == 2
 
 
 async def test_a_revise_that_keeps_the_stop_sequence_counts_only_the_tokens_before_it():

@@ -479,6 +479,7 @@ class _Run:
         shown text that stay), the token counts and the retracted text. Stop sequences are
         looked for again in what is kept.
         """
+        shown_tokens = self.n_tokens  # the answer's tokens so far (none past a stop sequence)
         del self.ids[revise.keep :]
         del self.starts[revise.keep :]
         self.text.ids = [i for i in self.ids if i not in self.text.skip]
@@ -498,7 +499,8 @@ class _Run:
         revision = {
             "keep": keep,
             "kept_tokens": self.n_tokens,
-            "dropped_tokens": revise.dropped,
+            # of the answer's tokens (the decoder's count has those past a stop sequence)
+            "dropped_tokens": max(0, shown_tokens - kept),
             "dropped_text": dropped_text,
         }
         return ChatGenerationChunk(
