@@ -43,6 +43,22 @@ def test_a_new_cache_object_reads_the_prefix_from_disk(tmp_path):
     assert greedy_after(model, state, prompt) == fresh
 
 
+def test_a_put_after_the_exit_flush_writes_before_it_returns(tmp_path):
+    """At exit the flush may run before the model thread's close (atexit order): a prefill
+    that ended while exit waited started a writer thread nothing waited for, killed inside
+    torch - the CLI aborted after its answer (exit 134)."""
+    import threading
+
+    model = tiny_llama()
+    prefix = list(range(3, 40))
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.flush_at_exit()
+    before = {t.name for t in threading.enumerate()}
+    cache.put(prefix_key("tiny|cpu|fp32", prefix), prefilled(model, prefix))
+    assert "specrag-prefix-write" not in {t.name for t in threading.enumerate()} - before
+    assert len(list(tmp_path.glob("*.kv"))) == 1  # written already
+
+
 def test_disk_entries_are_lru_bounded_by_bytes(tmp_path):
     model = tiny_llama()
     one = prefilled(model, [t % 60 + 1 for t in range(99)])

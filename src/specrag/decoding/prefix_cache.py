@@ -91,6 +91,7 @@ class PrefixCache:
         self._disk_dir = disk_dir  # a callable is resolved at use (env may change meanwhile)
         self.disk_max_bytes = disk_max_bytes
         self._writers: list[threading.Thread] = []
+        self._exiting = False  # flush_at_exit ran: a later put writes on its own thread
 
     def limit(self, max_bytes: int, disk_max_bytes: int) -> None:
         """Set both budgets (bytes; 0 = keep nothing there) and evict down to them now."""
@@ -163,7 +164,9 @@ class PrefixCache:
                 self._evict()
             else:  # an earlier, shorter start of this prefix must not hide this one on disk
                 self._entries.pop(key, None)
-        if kv is not None:
+        if kv is not None and self._exiting:  # a thread started now would outlive the
+            self._write(key, list(state.tokens), kv)  # flush: killed at exit, it aborts
+        elif kv is not None:
             writer = threading.Thread(
                 target=self._write,
                 args=(key, list(state.tokens), kv),
@@ -189,8 +192,12 @@ class PrefixCache:
         """:meth:`flush` at interpreter exit.
 
         Ctrl-C abandons the writes (a writer's temporary file is pruned later) instead of
-        printing a traceback.
+        printing a traceback. A put after it (a decode the model thread finishes while exit
+        waits for it: its atexit handler may run after this one) writes before it returns: a
+        writer thread started then was killed inside torch and aborted the process
+        ("terminate called without an active exception", exit 134).
         """
+        self._exiting = True
         with contextlib.suppress(KeyboardInterrupt):
             self.flush()
 
