@@ -53,6 +53,24 @@ async def test_hanging_draft_model_is_cut_at_its_budget(hang):
     assert elapsed < CUT
 
 
+async def test_a_budget_spent_before_the_model_is_called_is_said_so():
+    """Fitting the evidence took what was left of a tiny answer budget; the model was called
+    with a negative budget and the reason read "no answer within -0.000712s"."""
+
+    class SlowFit(FakeLogprobChat):
+        def prompt_fits(self, messages, max_new_tokens):
+            time.sleep(0.05)
+            return True
+
+    found = [chunk("Paris.", n=n) for n in range(2)]
+    model = SlowFit(reply="Paris.", calls=[])
+    result, _ = await timed(
+        services(answer=model, chunks=found), answer_timeout_s=0.01, draft_policy="off"
+    )
+    assert "TimeoutError: the answer budget of 0.01s is spent" in result["reason"], result
+    assert "within -" not in result["reason"] and not model.calls
+
+
 async def test_hanging_answer_model_ends_in_fallback_within_one_answer_budget(hang):
     # refine and the generate that follows its failure share ONE answer budget (issue 9 #6)
     hung = FakeLogprobChat(reply="never", hold=hang, calls=[])

@@ -321,6 +321,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                     fit_evidence, call, build, state, ctx, list(chunks)
                 )
                 budget -= now() - fitting
+            if budget <= 0:  # the grace, a remote model's wait or the fitting spent it
+                raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
             result = await stream_model(
                 call.model,
                 call.messages,
