@@ -612,6 +612,17 @@ def test_unusable_thread_checkpoints_are_one_line_before_any_model_loads(
     assert "cannot use the data dir" in line
 
 
+def test_a_corrupt_index_file_says_chromas_reason(capsys, tmp_path):
+    """A chroma.sqlite3 that is not a database read "cannot open index at ...:
+    'RustBindingsAPI' object has no attribute 'bindings'" (the real error was dropped by a
+    first open, and Chroma kept the broken client for the second)."""
+    bad = tmp_path / "idx"
+    bad.mkdir()
+    (bad / "chroma.sqlite3").write_text("garbage\n")
+    line = one_line_error(capsys, main(["ask", "Who?", "--index-dir", str(bad)]))
+    assert "cannot open index at" in line and "not a database" in line, line
+
+
 def test_a_thread_keeps_local_model_paths_absolute_and_names_as_given(tmp_path, monkeypatch):
     """`hf:./mymodel` was kept as written, so `--resume` from another directory failed or
     loaded another model; a folder named like a model name must not turn the name into a

@@ -121,9 +121,13 @@ def check_recorded_model(
     """:func:`check_embedding_stamp` before the embedding model loads (a one-line error).
 
     A hub id that is not cached here took a minute of download retries before the index
-    said it was built with another model. Whatever this cannot read (no index yet, a server
-    down) is left to opening the index, which tells it.
+    said it was built with another model. No index or no such collection yet is left to
+    opening the index (which makes it); a store that cannot be read is one-line
+    ``IndexError_`` with Chroma's reason (a second open of a corrupt file in this process
+    fails with an unrelated ``AttributeError``: Chroma keeps the broken client).
     """
+    from chromadb.errors import NotFoundError
+
     from specrag.models.loading import check_embedding_path
 
     check_embedding_path(embedding_model)  # a path that is not there: said as such
@@ -132,10 +136,12 @@ def check_recorded_model(
         return
     try:
         recorded = (_plain_collection(where, collection, url).metadata or {}).get(EMBEDDING_KEY)
-    except IndexError_:  # a server that does not answer: one line, once
-        raise
-    except Exception:  # noqa: BLE001 - opening the index reports it
+    except NotFoundError:  # a new collection: opening the index makes it
         return
+    except IndexError_:  # a server that does not answer: one line
+        raise
+    except Exception as exc:  # noqa: BLE001 - chromadb's InternalError and the like
+        raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
     check_embedding_stamp(recorded, embedding_stamp(embedding_model), collection, where)
 
 
