@@ -487,6 +487,35 @@ async def test_a_later_batchs_prompt_is_fitted_to_the_local_model_as_well():
     assert [c["id"] for c in result["citations"]] == ["id1"]  # what the answer read
 
 
+async def test_a_failed_generate_does_not_wait_for_the_search_before_the_fallback():
+    """generate failed at once and the fallback waited for the search's later batches (up
+    to the retrieval budget), though its message uses no evidence."""
+    from tests.unit.test_budgets import SlowLocal
+
+    class Broken(SlowLocal):
+        def _job(self, messages, options):
+            raise RuntimeError("model exploded")
+
+    release = threading.Event()
+    svc = dataclasses.replace(
+        services(answer=Broken()), batch_retriever=two_batches(lambda: release.wait(10))
+    )
+    try:
+        async with asyncio.timeout(20):
+            result, elapsed = await timed(
+                svc,
+                answer_policy="incremental",
+                incremental_grace_s=0.0,
+                draft_policy="off",
+                retrieval_timeout_s=10.0,
+            )
+    finally:
+        release.set()
+    assert result["route"] == "fallback" and "model exploded" in result["reason"]
+    assert elapsed < CUT
+    assert "retrieve: later batches were not woven in: generate failed first" in result["errors"]
+
+
 async def test_a_cancelled_incremental_run_stops_the_search_behind_it():
     """A run cancelled while it answered from the first batch left the search for the later
     batches running until the retrieval budget ended (its task pending, its events emitted)."""

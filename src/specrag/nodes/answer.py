@@ -347,12 +347,14 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 "marks": marks,
                 "timings": {"answer_s": round(now() - started, 4)},  # what the attempt took
             }
-            if stream is not None:  # the next answer node gets all the evidence
+            if stream is not None:
                 if weaving is not None:  # ended before this weave reads the stream
                     weaving.cancel()
                     await asyncio.gather(weaving, return_exceptions=True)
-                await weave(stream, chunks, state, ctx, build, None)
-                failed.update(evidence(stream, chunks))
+                if node != "generate":  # the next answer node (generate) gets all of it
+                    await weave(stream, chunks, state, ctx, build, None)
+                # after generate only the fallback's message is left: no wait for the search
+                failed.update(evidence(stream, chunks, why=f"{node} failed first"))
                 failed["errors"] = [*stream.errors, message]
             return failed
         except asyncio.CancelledError:  # the run is cancelled: so is the search behind it
