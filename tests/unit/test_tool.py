@@ -126,6 +126,19 @@ async def test_a_graph_that_fails_gives_its_agent_a_line_not_an_exception():
     assert tool.invoke({"question": "q"}) == "specrag: error: KeyError: 'pairs'"
 
 
+async def test_an_agents_tool_call_that_fails_is_a_tool_message_with_status_error():
+    """A refused question or a failed run came back to the agent as a ToolMessage with
+    status "success" whose text said "specrag: error: ...": an agent framework that reads
+    the status saw a result."""
+    tool = make_specrag_tool(ctx(max_question_chars=10), graph=build_graph(services()))
+    call = {"type": "tool_call", "id": "c1", "name": tool.name, "args": {"question": "   "}}
+    message = await tool.ainvoke(call)
+    assert message.status == "error" and message.content == "specrag: error: the question is empty"
+    call["args"] = {"question": "Who?"}
+    message = await tool.ainvoke(call)
+    assert message.status == "success" and "Paris" in message.content
+
+
 def test_a_context_stays_as_checked():
     """A field changed after construction skipped every check (`ctx.models = "pairs"` raised
     a KeyError deep in a run); model names are not checked here, since a graph's own

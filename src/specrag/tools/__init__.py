@@ -9,7 +9,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field
 
 from specrag.errors import InputError
@@ -98,15 +98,17 @@ def make_specrag_tool(
     ctx = context or SpecRagContext()
 
     async def arun(question: str) -> str:
+        # A ToolException is handled by the tool (handle_tool_error): the agent reads the
+        # line in a ToolMessage with status "error"; a direct call returns the line
         try:
             result = await graph.ainvoke({"question": question}, context=ctx)
         except InputError as exc:  # an empty or over-long question: the agent reads why
-            return f"specrag: error: {exc}"
+            raise ToolException(f"specrag: error: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - an agent's ToolNode re-raises: its run would end
             from specrag.errors import short_error
 
             log.warning("the specrag tool failed", exc_info=True)
-            return f"specrag: error: {short_error(exc)}"
+            raise ToolException(f"specrag: error: {short_error(exc)}") from exc
         return fmt(result)
 
     def run(question: str) -> str:
@@ -122,7 +124,12 @@ def make_specrag_tool(
             return pool.submit(context.run, _run_on_own_loop, arun(question)).result()
 
     return StructuredTool.from_function(
-        func=run, coroutine=arun, name=name, description=description, args_schema=AskInput
+        func=run,
+        coroutine=arun,
+        name=name,
+        description=description,
+        args_schema=AskInput,
+        handle_tool_error=True,  # a ToolException's line is the tool's output (status error)
     )
 
 
