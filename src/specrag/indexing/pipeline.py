@@ -193,7 +193,9 @@ def forget_entries(paths: Iterable[str], held: set[str]) -> list[str]:
             if any(source in holds for source in held):
                 found.append(entry)
         if not found:
-            raise InputError(f"the index holds nothing of {p} (indexed as {source_name(real)})")
+            raise InputError(
+                f"the index holds nothing of {p} (looked for as source {source_name(real)})"
+            )
         out += found
     return out
 
