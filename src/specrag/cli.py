@@ -450,7 +450,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         print_json(view)
         return 0
     # soft_wrap: a piped answer keeps its lines (rich would cut them at 80 columns)
-    out.print(f"\n[bold]Answer:[/bold] {escape(view['answer'])}", soft_wrap=True)
+    err.print()  # apart from the streamed text above it (stderr): stdout starts with the answer
+    out.print(f"[bold]Answer:[/bold] {escape(view['answer'])}", soft_wrap=True)
     out.print(
         f"[dim]route:[/dim] {escape(view['route'])} - {escape(view['reason'])}", soft_wrap=True
     )
