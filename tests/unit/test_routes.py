@@ -182,3 +182,7 @@ def test_a_draft_stopped_by_retrieval_before_its_first_token_says_so():
     )
     route, reason = decide({**state, "draft_truncated": False}, ctx())  # the model wrote nothing
     assert route == "generate" and reason.startswith("draft empty")
+    # one token decoded whose text was not out yet: not "before its first token"
+    one = {**state, "draft_tokens": 1, "draft_truncated": True}
+    _, reason = decide(one, ctx(draft_policy="until_retrieval"))
+    assert reason.startswith("draft stopped after 1 token, before its first text"), reason

@@ -22,6 +22,11 @@ def draft_usable(state: dict[str, Any], ctx: SpecRagContext) -> tuple[bool, str]
     tokens = int(state.get("draft_tokens") or 0)
     if status not in ("ok", "truncated") or not (state.get("draft") or "").strip():
         if status == "empty" and state.get("draft_truncated"):  # stopped, not timed out
+            if tokens:  # a token whose text is not out yet (a space, part of a character)
+                return False, (
+                    f"draft stopped after {tokens} token{'s' if tokens > 1 else ''}, before its "
+                    "first text (retrieval finished first)"
+                )
             return False, "draft stopped before its first token (retrieval finished first)"
         return False, f"draft {status}"
     if tokens < ctx.min_draft_tokens:
