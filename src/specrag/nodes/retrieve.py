@@ -24,7 +24,6 @@ from specrag.nodes.answer import LATER_BATCHES
 from specrag.nodes.prepare import quietly
 from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 
-
 # the share of the retrieval budget a model's follow-up rewrite may take (the search the rest)
 REWRITE_SHARE = 0.5
 
