@@ -141,3 +141,27 @@ def test_a_killed_writers_temporary_copies_are_removed_by_the_next_save(tmp_path
         (tmp_path / name).mkdir()
     LexicalIndex.build(["c1"], ["Rollo led the Norse."]).save(tmp_path / "bm25")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", f"bm25.tmp{os.getppid()}.1"]
+
+
+def test_an_open_index_sees_what_another_process_indexed(tmp_path):
+    """A long-lived process (Studio, an agent) kept its index open while `specrag index` ran in
+    another: dense search missed the new chunks (Chroma reads its vector index once per
+    process and path) and hybrid search failed on them ("Error finding id": its BM25 side
+    reads the database, which has them)."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / "index"
+    index_records([("a.md", "The zebrafish genome was sequenced in Hinxton.")], directory)
+    index = open_for_writing(directory, "specrag", "embedded")
+    assert sources(index.search("Rollo Normandy", 1, "dense")) == {"a.md"}  # all it holds
+    writer = (
+        "import sys; from pathlib import Path; "
+        "from specrag.indexing.pipeline import index_records; "
+        "index_records([('a.md', 'The zebrafish genome was sequenced in Hinxton.'), "
+        "('b.md', 'Rollo led the Norse settlers of Normandy.')], Path(sys.argv[1]))"
+    )
+    subprocess.run([sys.executable, "-c", writer, str(directory)], check=True, timeout=300)
+    assert sources(index.search("Rollo Normandy", 1, "dense")) == {"b.md"}
+    assert sources(index.search("Rollo led the Norse settlers", 1, "hybrid")) == {"b.md"}
+    assert sources(index.search("Rollo Normandy", 1, "bm25")) == {"b.md"}

@@ -7,6 +7,7 @@ run killed half-way leaves chunks that a re-run keeps (same id) or completes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -265,6 +266,7 @@ class VectorIndex:
         self.url = url
         self._lexical: LexicalIndex | None = None
         self._lexical_lock = threading.Lock()  # one rebuild at a time (searches run in threads)
+        self._reopen_lock = threading.Lock()  # one reopen at a time (:meth:`_fresh`)
         check_local(self.directory, collection, url, create)
         client = connect(url) if url else None
         if client is not None and not create:
@@ -307,6 +309,57 @@ class VectorIndex:
             raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
         if stamp:
             check_embedding_stamp(built_with, stamp[EMBEDDING_KEY], collection, where)
+        self._client, self._embeddings, self._stamp = client, embeddings, stamp
+        self._seen = self._written()
+
+    # --- another process's writes to a local index ----------------------------------------
+    def _written(self) -> tuple[tuple[int, int], ...]:
+        """When and how much a local index's database was last written (by any process)."""
+        if self.url:
+            return ()  # a server is one process: its clients see every write
+        out = []
+        for name in ("chroma.sqlite3", "chroma.sqlite3-wal"):
+            with contextlib.suppress(OSError):
+                st = (self.directory / name).stat()
+                out.append((st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def _fresh(self) -> None:
+        """Reopen a local index another process wrote since this object last looked.
+
+        Chroma keeps one in-memory vector index per path and process, read once: after an
+        ``index`` run in another process, a long-lived one (Studio, an agent) missed the new
+        chunks in dense search, and hybrid search failed on them ("Error finding id": the
+        lexical side reads the database, which has them).
+        """
+        if self.url or self._written() == self._seen:
+            return
+        with self._reopen_lock:
+            if self._written() != self._seen:  # not reopened by another search meanwhile
+                self._reopen()
+
+    def _reopen(self) -> None:
+        """A new Chroma system for this path (its vector index read from disk again)."""
+        import chromadb
+        from chromadb.api.shared_system_client import SharedSystemClient
+        from langchain_chroma import Chroma
+
+        # Chroma's own cache of systems, by path: only ``clear_system_cache`` (every path's)
+        # is public. This path's is dropped, not stopped: other objects may still use it.
+        identifier = getattr(self._client, "_identifier", str(self.directory))
+        with SharedSystemClient._refcount_lock:
+            SharedSystemClient._identifier_to_system.pop(identifier, None)
+            SharedSystemClient._identifier_to_refcount.pop(identifier, None)
+        self._client = chromadb.PersistentClient(path=str(self.directory))
+        self.store = Chroma(
+            collection_name=self.collection_name,
+            embedding_function=self._embeddings,
+            collection_metadata={"hnsw:space": "cosine", **self._stamp},
+            client=self._client,
+        )
+        self._collection = self.store._collection
+        self._seen = self._written()
+        log.info("the index at %s was written by another process: reopened", self.directory)
 
     def count(self) -> int:
         """Number of chunks stored."""
@@ -353,12 +406,14 @@ class VectorIndex:
             )
         stale = sorted(existing - wanted.keys())
         self._delete(stale)
+        self._seen = self._written()  # this object's own writes: nothing to reopen for
         return len(missing), len(stale)
 
     def _delete(self, ids: Sequence[str]) -> None:
         """Delete chunks by id, in batches Chroma accepts."""
         for batch in _batches(ids, WRITE_BATCH):
             self._collection.delete(ids=list(batch))
+        self._seen = self._written()
 
     def remove_source(self, source: str) -> int:
         """Delete every chunk of ``source``."""
@@ -491,6 +546,7 @@ class VectorIndex:
         """
         if mode not in ("dense", "bm25", "hybrid"):
             raise ValueError(f"unknown retrieval mode {mode!r} (dense, bm25, hybrid)")
+        self._fresh()
         if self.count() == 0:
             return
         query_vec = self.store.embeddings.embed_query(query)  # type: ignore[union-attr]
