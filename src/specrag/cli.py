@@ -256,7 +256,7 @@ def index_with_progress(
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders (``--forget``: remove what the index holds of them)."""
     from specrag.errors import IndexError_
-    from specrag.indexing.documents import describe_skipped, one_line
+    from specrag.indexing.documents import describe_skipped, folder_prefix, one_line
     from specrag.indexing.pipeline import (
         Loaded,
         forget_entries,
@@ -276,19 +276,21 @@ def cmd_index(args: argparse.Namespace) -> int:
     else:
         loaded, gone = load_files(args.paths, empty_ok=True), []  # validates every input first
     prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
-    if not args.forget and not loaded.records:  # a folder left with no text is pruned all
-        indexed: set[str] = set()  # what the index holds (read before the model loads)
-        if ctx.index_url or local_index_at(directory):  # (stored_sources would create one)
-            with contextlib.suppress(IndexError_):  # no such collection yet
+    empty = [] if args.forget else [p for p in args.paths if folder_empty(p)]
+    if not args.forget and (empty or not loaded.records):  # a folder left with no text
+        indexed: set[str] = set()  # is pruned all; what the index holds (read before the
+        if ctx.index_url or local_index_at(directory):  # model loads; stored_sources would
+            with contextlib.suppress(IndexError_):  # create one) - no such collection yet
                 indexed = stored_sources(directory, ctx.collection, ctx.index_url)
-        empty = [p for p in args.paths if folder_empty(p)]
-        if not any(source.startswith(tuple(prune)) for source in indexed):
+        for folder in empty:  # a drive not mounted leaves its mount point empty: that prunes
+            under = folder_prefix(Path(folder).expanduser().resolve())  # nothing, whatever
+            if any(source.startswith(under) for source in indexed):  # other paths hold
+                raise InputError(
+                    f"{one_line(folder)} is empty, and the index holds files from it: if they "
+                    f"were deleted, `specrag index --forget {one_line(folder)}` removes them"
+                )
+        if not loaded.records and not any(source.startswith(tuple(prune)) for source in indexed):
             raise no_text(loaded.skipped)
-        if empty:  # a drive not mounted leaves its mount point empty: that prunes nothing
-            raise InputError(
-                f"{one_line(empty[0])} is empty, and the index holds files from it: if they "
-                f"were deleted, `specrag index --forget {one_line(empty[0])}` removes them"
-            )
     report = index_with_progress(
         loaded.records,
         ctx,

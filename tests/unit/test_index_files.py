@@ -835,6 +835,10 @@ def test_a_folder_left_with_no_text_is_pruned_of_what_it_held(tmp_path, monkeypa
     assert main(["index", str(e)]) == 2
     assert f"`specrag index --forget {e}` removes them" in capsys.readouterr().err
     assert len(indexed_sources(tmp_path, capsys, keep)) == 2
+    # ... whatever other path the command names (it pruned the empty one's files then)
+    assert main(["index", str(e), str(keep)]) == 2
+    assert f"`specrag index --forget {e}` removes them" in capsys.readouterr().err
+    assert len(indexed_sources(tmp_path, capsys, keep)) == 2
 
 
 def test_a_folder_with_no_text_creates_no_index(tmp_path, monkeypatch, capsys):
