@@ -201,6 +201,13 @@ def index_dir_of(ctx: Any) -> Path:
     return Path(ctx.index_dir).expanduser() if ctx.index_dir else default_index_dir()
 
 
+# why an empty named folder's indexed files are kept (a skipped entry of an index run)
+EMPTY_HELD = (
+    "empty, and the index holds files from it (a drive not mounted?): they are kept; if they "
+    "were deleted, `specrag index --forget {}` removes them"
+)
+
+
 def folder_empty(path: str) -> bool:
     """``path`` is a folder with nothing in it (one that cannot be listed is not)."""
     try:
@@ -256,7 +263,13 @@ def index_with_progress(
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders (``--forget``: remove what the index holds of them)."""
     from specrag.errors import IndexError_
-    from specrag.indexing.documents import describe_skipped, folder_prefix, one_line
+    from specrag.indexing.documents import (
+        Skipped,
+        describe_skipped,
+        folder_prefix,
+        one_line,
+        source_name,
+    )
     from specrag.indexing.pipeline import (
         Loaded,
         forget_entries,
@@ -277,6 +290,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         loaded, gone = load_files(args.paths, empty_ok=True), []  # validates every input first
     prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
     empty = [] if args.forget else [p for p in args.paths if folder_empty(p)]
+    held_empty: list[str] = []  # empty named folders the index holds files from
     if not args.forget and (empty or not loaded.records):  # a folder left with no text
         indexed: set[str] = set()  # is pruned all; what the index holds (read before the
         if ctx.index_url or local_index_at(directory):  # model loads; stored_sources would
@@ -284,19 +298,28 @@ def cmd_index(args: argparse.Namespace) -> int:
                 indexed = stored_sources(directory, ctx.collection, ctx.index_url)
         for folder in empty:  # a drive not mounted leaves its mount point empty: that prunes
             under = folder_prefix(Path(folder).expanduser().resolve())  # nothing, whatever
-            if any(source.startswith(under) for source in indexed):  # other paths hold
+            if not any(source.startswith(under) for source in indexed):  # the other paths
+                continue
+            if not loaded.records:  # nothing else to do: say it
                 raise InputError(
                     f"{one_line(folder)} is empty, and the index holds files from it: if they "
                     f"were deleted, `specrag index --forget {one_line(folder)}` removes them"
                 )
+            held_empty.append(folder)  # the other paths are indexed; its files are kept
         if not loaded.records and not any(source.startswith(tuple(prune)) for source in indexed):
             raise no_text(loaded.skipped)
+    skipped = [  # first: a line shows the first few
+        *(Skipped(folder, EMPTY_HELD.format(one_line(folder))) for folder in held_empty),
+        *loaded.skipped,
+    ]
     report = index_with_progress(
         loaded.records,
         ctx,
         "forgetting" if args.forget else "indexing files",
         prune,
-        keep=kept_paths(loaded.skipped, args.paths),  # unreadable now: what was indexed stays
+        # unreadable now, or an empty folder the index holds files from: what was indexed stays
+        keep=kept_paths(loaded.skipped, args.paths)
+        + [source_name(Path(folder).expanduser().resolve()) for folder in held_empty],
         reach=loaded.reach,  # a link removed since: what it reached goes
         reach_incomplete=loaded.reach_incomplete,
         gone=gone,
@@ -310,7 +333,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         "added": report.chunks_added,
         "removed": report.chunks_removed,
         "files_removed": len(report.sources_removed),  # no longer there, or forgotten
-        "skipped": [s.as_dict() for s in loaded.skipped],
+        "skipped": [s.as_dict() for s in skipped],
     }
     if args.json:
         print_json(summary)
@@ -333,8 +356,8 @@ def cmd_index(args: argparse.Namespace) -> int:
                 f"; {plural(n_gone, 'file')} (or PDF pages) gone or no longer text "
                 f"{'was' if n_gone == 1 else 'were'} removed from the index"
             )
-        if loaded.skipped:
-            line += f"; skipped {len(loaded.skipped)} ({describe_skipped(loaded.skipped, 5)})"
+        if skipped:
+            line += f"; skipped {len(skipped)} ({describe_skipped(skipped, 5)})"
         err.print(line, highlight=False, markup=False, soft_wrap=True)
     return 0
 

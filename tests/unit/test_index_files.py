@@ -548,7 +548,8 @@ def test_what_a_re_index_prunes_around_links_hidden_folders_and_pdf_pages(
         folder.mkdir(parents=True)
     (d / ".latest").symlink_to(d / "v2")
     (d / "ext").symlink_to(shared)
-    for path in (d / "v2" / "a.md", d / ".private" / "p.md", shared / "s.md", d / "keep.md"):
+    kept = (d / ".private" / "q.md", d / "keep.md")  # (an empty .private would keep p.md)
+    for path in (d / "v2" / "a.md", d / ".private" / "p.md", shared / "s.md", *kept):
         path.write_text(f"The text of {path.name}, which Rollo wrote.")
     beside = tmp_path / "x.pdf#page=2.md"
     beside.write_text("A note next to the PDF.")
@@ -559,6 +560,7 @@ def test_what_a_re_index_prunes_around_links_hidden_folders_and_pdf_pages(
         [
             str(real / "docs" / "v2" / "a.md"),
             str(real / "docs" / ".private" / "p.md"),
+            str(real / "docs" / ".private" / "q.md"),
             str(real / "shared" / "s.md"),
             str(real / "docs" / "keep.md"),
             str(beside.resolve()),
@@ -569,7 +571,12 @@ def test_what_a_re_index_prunes_around_links_hidden_folders_and_pdf_pages(
         gone.unlink()
     after = indexed_sources(tmp_path, capsys, d, d / ".private", tmp_path / "x.pdf")
     assert after == sorted(
-        [str(real / "docs" / "keep.md"), str(beside.resolve()), f"{real / 'x.pdf'}#page=1"]
+        [
+            str(real / "docs" / ".private" / "q.md"),
+            str(real / "docs" / "keep.md"),
+            str(beside.resolve()),
+            f"{real / 'x.pdf'}#page=1",
+        ]
     )
 
 
@@ -835,9 +842,11 @@ def test_a_folder_left_with_no_text_is_pruned_of_what_it_held(tmp_path, monkeypa
     assert main(["index", str(e)]) == 2
     assert f"`specrag index --forget {e}` removes them" in capsys.readouterr().err
     assert len(indexed_sources(tmp_path, capsys, keep)) == 2
-    # ... whatever other path the command names (it pruned the empty one's files then)
-    assert main(["index", str(e), str(keep)]) == 2
-    assert f"`specrag index --forget {e}` removes them" in capsys.readouterr().err
+    # with another path that has text (it pruned the empty one's files then): that path is
+    # indexed, the empty folder's files are kept, and the run says so
+    assert main(["index", str(e), str(keep), "--json"]) == 0
+    (held,) = json.loads(capsys.readouterr().out)["skipped"]
+    assert held["path"] == str(e) and f"`specrag index --forget {e}` removes them" in held["reason"]
     assert len(indexed_sources(tmp_path, capsys, keep)) == 2
 
 
