@@ -165,3 +165,19 @@ def test_an_open_index_sees_what_another_process_indexed(tmp_path):
     assert sources(index.search("Rollo Normandy", 1, "dense")) == {"b.md"}
     assert sources(index.search("Rollo led the Norse settlers", 1, "hybrid")) == {"b.md"}
     assert sources(index.search("Rollo Normandy", 1, "bm25")) == {"b.md"}
+
+
+def test_an_index_of_stop_words_only_finds_nothing_lexically(tmp_path):
+    """A chunk of stop words and punctuation only: bm25s refused to index it (`index` failed
+    with "ValueError: max() arg is an empty sequence" after writing the chunk, and hybrid and
+    bm25 search failed with it from then on)."""
+    built = LexicalIndex.build(["c1"], ["To be, or not to be."])
+    assert built.search("to be", 3) == []
+    built.save(tmp_path / "bm25")
+    loaded = LexicalIndex.load(tmp_path / "bm25")
+    assert loaded is not None and loaded.search("be", 3) == [] and loaded.key == built.key
+    directory = tmp_path / "index"
+    index_records([("s.txt", "To be, or not to be.")], directory)
+    index = open_for_writing(directory, "specrag", "embedded")
+    assert sources(index.search("to be", 1, "hybrid")) == {"s.txt"}  # the dense side
+    assert index.search("to be", 1, "bm25") == []

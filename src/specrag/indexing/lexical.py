@@ -54,16 +54,23 @@ class LexicalIndex:
     retriever: Any
     ids: list[str]
     key: str
+    terms: bool = True  # the texts hold a term BM25 indexes (not only stop words, punctuation)
 
     @classmethod
     def build(cls, ids: list[str], texts: list[str]) -> LexicalIndex:
-        """Index ``texts`` (row i is chunk ``ids[i]``)."""
+        """Index ``texts`` (row i is chunk ``ids[i]``).
+
+        Texts without one term (``"To be, or not to be."``: stop words only) give an index
+        that finds nothing (bm25s refuses to index them: ``max() arg is an empty sequence``).
+        """
         import bm25s
 
         retriever = bm25s.BM25()
-        if texts:
-            retriever.index(_tokenize(texts), show_progress=False)
-        return cls(retriever, list(ids), fingerprint(ids))
+        tokens = _tokenize(texts) if texts else None
+        terms = tokens is not None and bool(tokens.vocab)
+        if terms:
+            retriever.index(tokens, show_progress=False)
+        return cls(retriever, list(ids), fingerprint(ids), terms)
 
     def save(self, directory: Path) -> None:
         """Write atomically: a reader sees the old index or the new one, never half."""
@@ -73,9 +80,10 @@ class LexicalIndex:
         tmp = directory.with_name(f"{directory.name}.tmp{me}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        if self.ids:
+        if self.ids and self.terms:
             self.retriever.save(str(tmp))
-        (tmp / "ids.json").write_text(json.dumps({"key": self.key, "ids": self.ids}))
+        meta = {"key": self.key, "ids": self.ids, "terms": self.terms}
+        (tmp / "ids.json").write_text(json.dumps(meta))
         old = directory.with_name(f"{directory.name}.old{me}")
         try:
             os.replace(directory, old)
@@ -98,14 +106,16 @@ class LexicalIndex:
             import bm25s
 
             meta = json.loads((directory / "ids.json").read_text())
-            retriever = bm25s.BM25.load(str(directory)) if meta["ids"] else bm25s.BM25()
-            return cls(retriever, list(meta["ids"]), str(meta["key"]))
+            terms = bool(meta.get("terms", True))
+            indexed = meta["ids"] and terms
+            retriever = bm25s.BM25.load(str(directory)) if indexed else bm25s.BM25()
+            return cls(retriever, list(meta["ids"]), str(meta["key"]), terms)
         except Exception:  # noqa: BLE001 - missing or damaged: the caller rebuilds it
             return None
 
     def search(self, query: str, k: int) -> list[tuple[str, float]]:
         """Top-``k`` ``(chunk id, BM25 score)``, best first (positive scores only)."""
-        if not self.ids or k <= 0:
+        if not self.ids or not self.terms or k <= 0:
             return []
         rows, scores = self.retriever.retrieve(
             _tokenize([query]), k=min(k, len(self.ids)), show_progress=False
