@@ -127,6 +127,28 @@ def test_an_embedding_model_under_home_is_found_for_its_tokenizer_too(tmp_path, 
     assert count("Rollo led the Norse.") == embedding_token_length()("Rollo led the Norse.") > 0
 
 
+def test_text_the_embedding_tokenizer_reads_as_unknown_is_chunked_by_its_length():
+    """A 192,000-character hex line (one unknown word piece per 100 characters) or Thai text
+    (one per word) counted a few tokens: a whole file became one chunk, which the answer
+    model read cut in the middle. English text counts as before."""
+    from transformers import AutoTokenizer
+
+    from specrag.indexing.documents import make_splitter, split_document
+    from specrag.indexing.pipeline import CHUNK_TOKENS, OVERLAP_TOKENS, embedding_token_length
+    from specrag.models.loading import embedded_embeddings_path
+
+    count = embedding_token_length()
+    splitter = make_splitter(count, CHUNK_TOKENS, OVERLAP_TOKENS)
+    text = "Rollo led the Norse.\n\n" + "deadbeef" * 24000 + "\n\nThe end."
+    chunks = split_document("hex.txt", text, splitter)
+    assert len(chunks) > 100 and max(len(c.text) for c in chunks) <= 4 * CHUNK_TOKENS
+    thai = " ".join(["ภาษาไทยเป็นภาษาที่มีระดับเสียง"] * 400)
+    assert max(len(c.text) for c in split_document("th.txt", thai, splitter)) <= 4 * CHUNK_TOKENS
+    tok = AutoTokenizer.from_pretrained(str(embedded_embeddings_path()))
+    plain = "Rollo led the Norse settlers of Normandy in the year 911, administratively. " * 9
+    assert count(plain) == len(tok(plain, add_special_tokens=False)["input_ids"])
+
+
 def test_re_indexing_a_named_pdf_drops_the_pages_it_no_longer_has(tmp_path, monkeypatch, capsys):
     """Each page is a source: re-indexing a PDF named on the command line after it shrank left
     the old pages' chunks in the index (retrieved and cited) until this change."""

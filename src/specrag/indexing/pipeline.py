@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,11 +36,18 @@ from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_e
 
 CHUNK_TOKENS = 200  # all-MiniLM-L6-v2 reads at most 256 word pieces
 OVERLAP_TOKENS = 30
+UNKNOWN_CHARS_PER_TOKEN = 4  # an unknown token counts as its text's characters / 4
 
 
 @lru_cache(maxsize=2)
 def embedding_token_length(name: str = EMBEDDED_LM) -> Callable[[str], int]:
-    """Token counter of the embedding model (chunks must fit its window)."""
+    """Token counter of the embedding model (chunks must fit its window).
+
+    An unknown token counts one per ``UNKNOWN_CHARS_PER_TOKEN`` characters of the text it
+    stands for: the tokenizer reads a run it has no pieces for (a 192,000-character hex line,
+    a Thai word) as one unknown token, and a whole file became one chunk - cut in the middle
+    by the answer model. Text without unknown tokens counts as before.
+    """
     from transformers import AutoTokenizer
 
     if name == EMBEDDED_LM:
@@ -48,7 +56,21 @@ def embedding_token_length(name: str = EMBEDDED_LM) -> Callable[[str], int]:
         local = Path(name).expanduser()
         path = str(local) if local.exists() else name
     tok = AutoTokenizer.from_pretrained(path)
-    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+    unknown = tok.unk_token_id
+
+    def length(text: str) -> int:
+        got = tok(text, add_special_tokens=False, return_offsets_mapping=unknown is not None)
+        ids = got["input_ids"]
+        if unknown is None or unknown not in ids:
+            return len(ids)
+        spans = got["offset_mapping"]
+        return len(ids) + sum(
+            max(0, math.ceil((end - start) / UNKNOWN_CHARS_PER_TOKEN) - 1)
+            for i, (start, end) in zip(ids, spans, strict=True)
+            if i == unknown
+        )
+
+    return length
 
 
 def open_for_writing(
