@@ -245,3 +245,75 @@ def test_a_drafter_that_cannot_load_is_left_out(tmp_path, monkeypatch, caplog):
         proposer = reply.response_metadata["decoding"]["proposer"]
         assert proposer["drafter_used"] is False and "could not be loaded" in proposer["why"]
     assert caplog.text.count("is left out") == 1  # tried once per process
+
+
+def test_a_rapid_drafter_that_cannot_serve_is_left_out_and_the_target_drafts(
+    tmp_path, monkeypatch, caplog
+):
+    """A configured drafter that failed to load or had another tokenizer made RAPID fail, and
+    the graph answered the long document from its retrieved chunks only. The target drafts
+    for itself, and the metadata says why the drafter was left out."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.models.loading import embedded_embeddings_path
+    from specrag.models.rapid_chat import ChatRapid
+
+    base = short_rapid(tmp_path, monkeypatch, max_new_tokens=4)
+    other = AutoTokenizer.from_pretrained(str(embedded_embeddings_path()))  # a BERT tokenizer
+    config = LlamaConfig(
+        vocab_size=len(other),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "bert-draft")
+    other.save_pretrained(tmp_path / "bert-draft")
+    plain = base.invoke([HumanMessage("Who?")], document="Rollo led them.", drafter_context="R")
+    for drafter, why in (
+        (str(tmp_path / "no-such-model"), "ModelLoadError"),
+        (str(tmp_path / "bert-draft"), "its tokenizer is not the target's"),
+    ):
+        model = ChatRapid(
+            target_model=base.target_model,
+            drafter_model=drafter,
+            eta=0.0,
+            max_new_tokens=4,
+            prefix_cache=PrefixCache(),
+        )
+        with caplog.at_level("WARNING"):
+            out = model.invoke(
+                [HumanMessage("Who?")], document="Rollo led them.", drafter_context="R"
+            )
+        assert out.content == plain.content  # the target's own RAPID answer
+        assert why in out.response_metadata["drafter_left_out"], out.response_metadata
+        assert f"RAPID's drafter {drafter} is left out" in caplog.text
+
+
+def test_rapid_with_no_new_tokens_reads_nothing(tmp_path, monkeypatch):
+    """max_new_tokens=0 still prefilled the whole document (and cached it)."""
+    model = short_rapid(tmp_path, monkeypatch, max_new_tokens=0)
+    out = model.invoke(
+        [HumanMessage("Who?")], document="Rollo led them. " * 20, drafter_context="R"
+    )
+    assert out.content == "" and out.response_metadata["target_forward_passes"] == 0
+    assert model.prefix_cache.nbytes() == 0
+
+
+def test_settings_that_change_a_rapid_answer_are_in_its_identity():
+    """drafter_dtype, the confidence cut-off, the drafter vocabulary, adaptive gamma and the
+    embedding model were not: a LangChain cache served one model's answer for the other."""
+    from specrag.models.rapid_chat import ChatRapid
+
+    base = ChatRapid()._identifying_params
+    for change in (
+        {"drafter_dtype": "int8"},
+        {"min_draft_confidence": 0.0},
+        {"drafter_vocab": 0},
+        {"adaptive_gamma": False},
+        {"embedding_model": "other"},
+    ):
+        assert ChatRapid(**change)._identifying_params != base, change

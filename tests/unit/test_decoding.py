@@ -700,3 +700,26 @@ def test_prefill_timing_waits_for_a_gpu_to_finish_the_pass(model, monkeypatch):
     rapid_greedy(LMState(model), LMState(model), doc, doc[-10:], 5, RapidConfig(eta=0.0))
     greedy(model, doc, 5)
     assert calls == ["rapid", "rapid", "decode"]  # target and drafter prefills, then decode's
+
+
+def test_an_adaptive_rapid_gamma_starts_within_its_maximum_and_a_long_draft_stops_in_time():
+    """rapid_gamma above max_gamma: a fully accepted round took gamma from 100 down to 16,
+    and the first round drafted up to the whole answer with no budget check in between."""
+    model = tiny_llama(seed=0)
+    prompt = list(range(3, 20))
+    same = LMState(model)  # the drafter is the target: every draft is accepted
+    cfg = RapidConfig(gamma=100, eta=0.0, max_gamma=4)
+    out, stats = rapid_greedy(LMState(model), same, prompt, prompt, 40, cfg)
+    assert out == greedy(model, prompt, 40)
+    assert stats.steps >= 40 // 5 and stats.accepted_tokens > 0  # at most 4 drafts a round
+    checks = []
+
+    def stop(n):
+        checks.append(n)
+        return "time" if len(checks) > 3 else None  # the budget ends within the first round
+
+    fixed = RapidConfig(gamma=100, eta=0.0, adaptive_gamma=False)
+    out, stats = rapid_greedy(
+        LMState(model), LMState(model), prompt, prompt, 60, fixed, should_stop=stop
+    )
+    assert stats.finish_reason == "time" and stats.draft_tokens < 10, stats.as_dict()

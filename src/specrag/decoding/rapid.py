@@ -210,7 +210,8 @@ def rapid_decode(
     first = int(p_hat0[0].argmax()) if greedy else sampler.pick(p_hat0[0], generator)
     generated.append(first)
     yield [Token(first, token_logprob(z0, first), "target")]
-    gamma = cfg.gamma
+    # adaptive: within max_gamma from the start (a success took a gamma of 100 down to 16)
+    gamma = min(cfg.gamma, max(cfg.max_gamma, 1)) if cfg.adaptive_gamma else cfg.gamma
     while True:
         last = generated[-1]
         if last in eos_ids:
@@ -236,6 +237,8 @@ def rapid_decode(
                 q_rows.append(q)
                 if len(drafts) >= min(gamma, room):
                     break
+                if drafts and should_stop is not None and should_stop(len(generated)):
+                    break  # a long draft (a large gamma) ends at the budget too: verify it
                 if (
                     drafts
                     and cfg.min_draft_confidence > 0

@@ -169,6 +169,10 @@ def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
         eta=ctx.rapid_eta,
         min_draft_confidence=ctx.rapid_drafter_confidence,
         drafter_vocab=ctx.drafter_vocab,
+        # the drafter's own search, where the run's found nothing: the run's settings
+        embedding_model=ctx.embedding_model,
+        chunk_tokens=ctx.rapid_chunk_tokens,
+        drafter_tokens=ctx.rapid_drafter_tokens,
         prefix_cache_bytes=ctx.prefix_cache_mib * 2**20,
         prefix_cache_disk_bytes=ctx.prefix_cache_disk_mib * 2**20,
     )

@@ -41,6 +41,7 @@ from specrag.decoding.speculative import DecodeStats, Step, decode
 from specrag.decoding.state import VERIFIER_MARKS, LMState
 from specrag.errors import short_error
 from specrag.models.loading import (
+    DRAFTER_FAILED,
     EMBEDDED_LM,
     LoadedLM,
     costs_check,
@@ -72,8 +73,6 @@ log = logging.getLogger(__name__)
 # docs/bench/2026-12-05-draft-opening/); False only to measure without.
 DRAFT_OPENING = True
 
-# drafters that could not be loaded, by (name, device, dtype): tried once per process
-_DRAFTER_FAILED: dict[tuple[str, str, str], str] = {}
 
 __all__ = ["ChatLocalLM", "LocalChatBase", "encode_chat", "make_generator"]
 
@@ -205,12 +204,12 @@ class ChatLocalLM(LocalChatBase):
         if not self.drafter_model:
             return None, "no drafter configured"
         key = (self.drafter_model, self.device, self._drafter_dtype())
-        if key in _DRAFTER_FAILED:
-            return None, _DRAFTER_FAILED[key]
+        if key in DRAFTER_FAILED:
+            return None, DRAFTER_FAILED[key]
         try:
             return load_lm(*key), ""
         except Exception as exc:  # noqa: BLE001 - any load failure leaves the drafter out
-            why = _DRAFTER_FAILED[key] = short_error(exc)
+            why = DRAFTER_FAILED[key] = short_error(exc)
             log.warning("the drafter %s is left out: %s", self.drafter_model, why)
             return None, why
 

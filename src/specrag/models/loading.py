@@ -329,6 +329,9 @@ class FailedLoads:
 
 
 FAILED_LOADS = FailedLoads()  # causal LMs and embedding models, by their cache keys
+# drafters left out, by (name, device, dtype), and why (ChatLocalLM's and ChatRapid's): a
+# drafter is an aid, tried once per process (an answer model's failure is tried again)
+DRAFTER_FAILED: dict[tuple[str, str, str], str] = {}
 
 
 def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") -> LoadedLM:

@@ -33,8 +33,9 @@ from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token, prefill_stop
 from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped, sync
 from specrag.defuse import defuse
-from specrag.errors import InputError
+from specrag.errors import InputError, short_error
 from specrag.models.loading import (
+    DRAFTER_FAILED,
     EMBEDDED_LM,
     LoadedLM,
     drafter_dtype,
@@ -50,6 +51,9 @@ from specrag.models.local import (
     special_tokens,
 )
 from specrag.models.options import DecodeOptions, refuse_int8_answer
+
+# (drafter, target) pairs whose leaving out was said (a warning per pair and process)
+_LEFT_OUT: set[tuple[str, str]] = set()
 
 # (document, question, token_length, chunk_tokens, token_budget) -> the drafter's context
 DrafterRetriever = Callable[[str, str, Callable[[str], int], int, int], str]
@@ -202,18 +206,51 @@ class ChatRapid(LocalChatBase):
             "lam": self.lam,
             "drafter_tokens": self.drafter_tokens,
             "chunk_tokens": self.chunk_tokens,
+            # these change answers too (a cache must not serve one model's to the other)
+            "drafter_dtype": self.drafter_dtype,
+            "adaptive_gamma": self.adaptive_gamma,
+            "min_draft_confidence": self.min_draft_confidence,
+            "drafter_vocab": self.drafter_vocab,
+            "embedding_model": self.embedding_model,
+            "drafter_retriever": repr(self.drafter_retriever) if self.drafter_retriever else None,
         }
 
     def load(self) -> tuple[LoadedLM, LoadedLM]:
         """Load target and drafter (once per process)."""
+        target, drafter, _ = self._models()
+        return target, drafter
+
+    def _models(self) -> tuple[LoadedLM, LoadedLM, str]:
+        """Target, drafter and why a configured drafter was left out ("" if it was not).
+
+        A drafter that cannot load or has another tokenizer is left out (one warning per
+        process), and the target drafts for itself: RAPID failed, and the long document was
+        answered from its retrieved chunks only.
+        """
         refuse_int8_answer(self.dtype, "dtype")  # the target's
         target = load_lm(self.target_model, self.device, self.dtype)
-        name = self.drafter_model or self.target_model
-        dtype = drafter_dtype(
-            self.drafter_dtype, self.dtype, self.device, name == self.target_model
-        )
-        drafter = load_lm(name, self.device, dtype)
-        return target, drafter
+        name, why = self.drafter_model or self.target_model, ""
+        if name != self.target_model:
+            dtype = drafter_dtype(self.drafter_dtype, self.dtype, self.device, False)
+            key = (name, self.device, dtype)
+            why = DRAFTER_FAILED.get(key, "")
+            if not why:
+                try:
+                    drafter = load_lm(*key)
+                except Exception as exc:  # noqa: BLE001 - any load failure leaves it out
+                    why = DRAFTER_FAILED[key] = short_error(exc)
+                else:
+                    if same_tokenizer(target, drafter):
+                        return target, drafter, ""
+                    why = "its tokenizer is not the target's"
+            if (name, target.name) not in _LEFT_OUT:  # one warning per pair and process
+                _LEFT_OUT.add((name, target.name))
+                log.warning(
+                    "RAPID's drafter %s is left out (%s): the target drafts for itself", name, why
+                )
+            why = f"{name}: {why}"
+        dtype = drafter_dtype(self.drafter_dtype, self.dtype, self.device, True)
+        return target, load_lm(self.target_model, self.device, dtype), why
 
     def _default_retriever(self) -> DrafterRetriever:
         """The default: document search with ``embedding_model`` (imported only when needed)."""
@@ -249,9 +286,7 @@ class ChatRapid(LocalChatBase):
         )
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
-        target, drafter = self.load()
-        if not same_tokenizer(target, drafter):
-            raise InputError("RAPID needs target and drafter models with the same tokenizer")
+        target, drafter, left_out = self._models()
         instructions, document, question, history = split_messages(messages, options.document)
         max_new = self._max_new(options)
         cfg = self.config()
@@ -302,12 +337,15 @@ class ChatRapid(LocalChatBase):
         hit = {"value": False}
 
         def produce(should_stop: StopCheck) -> Iterator[list[Token]]:
+            if max_new <= 0:  # nothing to decode: neither model reads the document
+                stats.finish_reason = "length"
+                return
             prefix = head + doc_ids
             key = prefix_key(target.kv_key, prefix)
+            t1 = time.perf_counter()  # a hit on disk reads and checks the file: its time too
             target_state = cache.get(key, target.model) if self.use_prefix_cache else None
             # a hit may be partial: an earlier call's budget stopped its document prefill
             hit["value"] = target_state is not None and len(target_state) == len(prefix)
-            t1 = time.perf_counter()
             if target_state is None:
                 target_state = LMState(target.model, target.device, marks=VERIFIER_MARKS)
             if self.use_prefix_cache and len(target_state) < len(prefix):
@@ -350,6 +388,7 @@ class ChatRapid(LocalChatBase):
                 "target_prompt_tokens": len(target_prompt),
                 "drafter_prompt_tokens": len(drafter_prompt),
                 "document_truncated": truncated,
+                **({"drafter_left_out": left_out} if left_out else {}),
                 **timings,
             }
 
