@@ -262,7 +262,9 @@ def preload(
         ctx = SpecRagContext(**ctx)
     started = time.perf_counter() if started is None else started
     services = Services()
-    specs = [ctx.answer_spec] + ([ctx.draft_spec] if ctx.drafter_runs else [])
+    # the draft model first: one that cannot load is the run's error, said before the answer
+    # model's warm-up leaves it out as that model's drafter (a warning, then the error)
+    specs = ([ctx.draft_spec] if ctx.drafter_runs else []) + [ctx.answer_spec]
     for spec in dict.fromkeys(specs):
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)

@@ -910,3 +910,16 @@ def test_demo_says_nothing_before_an_index_that_cannot_be_used(tmp_path, monkeyp
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
     line = one_line_error(capsys, main(["demo", "--index-url", "notaurl"]))
     assert "bad --index-url 'notaurl'" in line
+
+
+def test_a_draft_model_that_cannot_load_is_one_error_not_a_warning_first(
+    capsys, monkeypatch, tmp_path, caplog
+):
+    """The answer model's warm-up left the bad draft model out as its drafter (a warning:
+    "is left out"), then the draft model's own load failed the run: two lines that disagreed."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id that is not cached fails at once
+    spec = "draft_model=hf:someorg/somemodel-xyz"
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Rollo led the Norse settlers of Normandy.")
+    line = one_line_error(capsys, main(["ask", "Who?", "--document", str(doc), "--set", spec]))
+    assert "somemodel-xyz" in line and "left out" not in caplog.text
