@@ -1,7 +1,6 @@
 """The chat head (everything before the last message's text): where it ends, and that a
 prompt too long for the model's context keeps it whole when its middle is cut."""
 
-import torch
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from specrag.decoding.state import shared_prefix
@@ -40,24 +39,12 @@ def test_the_head_ends_where_the_last_message_begins():
 def short_model(tmp_path, monkeypatch, max_new_tokens):
     """A chat model over a tiny random Llama with a 256-token context and the embedded
     model's tokenizer, saved under ``tmp_path`` (the cache dir moved there too)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from specrag.models.registry import chat_model_from_spec
+    from tests.tiny import save_tiny
 
     tokenizer = load_lm().tokenizer  # the embedded model's (loaded before the cache dir moves)
     monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "short")
-    tokenizer.save_pretrained(tmp_path / "short")
+    save_tiny(tmp_path / "short", tokenizer)
     return chat_model_from_spec(
         f"hf:{tmp_path / 'short'}", max_new_tokens=max_new_tokens, speculation="none"
     )
@@ -253,25 +240,16 @@ def test_a_rapid_drafter_that_cannot_serve_is_left_out_and_the_target_drafts(
     """A configured drafter that failed to load or had another tokenizer made RAPID fail, and
     the graph answered the long document from its retrieved chunks only. The target drafts
     for itself, and the metadata says why the drafter was left out."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     from specrag.decoding.prefix_cache import PrefixCache
     from specrag.models.loading import embedded_embeddings_path
     from specrag.models.rapid_chat import ChatRapid
+    from tests.tiny import save_tiny
 
     base = short_rapid(tmp_path, monkeypatch, max_new_tokens=4)
     other = AutoTokenizer.from_pretrained(str(embedded_embeddings_path()))  # a BERT tokenizer
-    config = LlamaConfig(
-        vocab_size=len(other),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "bert-draft")
-    other.save_pretrained(tmp_path / "bert-draft")
+    save_tiny(tmp_path / "bert-draft", other)
     plain = base.invoke([HumanMessage("Who?")], document="Rollo led them.", drafter_context="R")
     for drafter, why in (
         (str(tmp_path / "no-such-model"), "ModelLoadError"),

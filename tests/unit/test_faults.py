@@ -45,6 +45,18 @@ async def timed(svc, release: threading.Event | None = None, **kw):
     return result, elapsed
 
 
+def incremental(answer=None, wait=None, *, batches=None, grace=0.0, **kw):
+    """``timed`` of an incremental run: evidence from ``batches`` or :func:`two_batches`
+    (batch 2 after ``wait()``), drafting off (a coroutine: await it, or make it a task)."""
+    svc = dataclasses.replace(
+        services(**({"answer": answer} if answer is not None else {})),
+        batch_retriever=batches or two_batches(wait),
+    )
+    return timed(
+        svc, answer_policy="incremental", incremental_grace_s=grace, draft_policy="off", **kw
+    )
+
+
 async def test_hanging_draft_model_is_cut_at_its_budget(hang):
     hung = FakeLogprobChat(reply="never", hold=hang, calls=[])
     result, elapsed = await timed(services(draft=hung), hang, draft_timeout_s=0.5)
@@ -105,13 +117,9 @@ async def test_failing_everything_still_answers():
 async def test_failing_answer_over_streamed_evidence_ends_in_fallback_with_all_of_it():
     # incremental evidence and a remote answer model that fails after the last batch: the
     # failure path weaves the stream again and must find its end, not wait forever
-    svc = dataclasses.replace(
-        services(answer=FakeLogprobChat(fail=True, calls=[])),
-        batch_retriever=two_batches(lambda: time.sleep(0.05)),
-    )
     async with asyncio.timeout(20):
-        result, _ = await timed(
-            svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
+        result, _ = await incremental(
+            FakeLogprobChat(fail=True, calls=[]), lambda: time.sleep(0.05)
         )
     assert result["route"] == "fallback" and "model exploded" in result["reason"]
     assert [c["id"] for c in result["chunks"]] == ["id1", "id0"]
@@ -131,10 +139,7 @@ async def test_an_incremental_answer_keeps_its_evidence_when_a_re_ranking_drops_
         time.sleep(0.05)
         yield Batch("hybrid", [low], [low])
 
-    svc = dataclasses.replace(services(), batch_retriever=batches)
-    result, _ = await timed(
-        svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
-    )
+    result, _ = await incremental(batches=batches)
     assert result["route"] == "generate" and result["verified"]
     assert [c["id"] for c in result["chunks"]] == ["id0"]  # the evidence it answered from
     assert [c["source"] for c in result["citations"]] == ["doc.txt"]
@@ -282,11 +287,8 @@ async def test_an_incremental_answer_cites_the_evidence_it_read_not_a_batch_afte
             job.produce = steps
             return job
 
-    svc = dataclasses.replace(services(answer=Deaf(steps=40, step_s=0.01)), batch_retriever=batches)
     async with asyncio.timeout(20):
-        result, _ = await timed(
-            svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
-        )
+        result, _ = await incremental(Deaf(steps=40, step_s=0.01), batches=batches)
     assert result["route"] == "generate" and result["answer"].startswith("t0 t1")
     assert [c["id"] for c in result["chunks"]] == ["id0"]  # what the answer read
     assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
@@ -299,15 +301,9 @@ async def test_a_remote_answers_wait_for_the_evidence_is_part_of_its_budget():
     it was, but it lasted until the search's end (4 s for a 1 s budget, then the fallback with
     evidence found). It waits half the budget at most and answers from the batches so far."""
     # batch 2 past the 1 s answer budget, within the 10 s retrieval budget
-    svc = dataclasses.replace(services(), batch_retriever=two_batches(lambda: time.sleep(4)))
     async with asyncio.timeout(20):
-        result, _ = await timed(
-            svc,
-            answer_policy="incremental",
-            incremental_grace_s=0.0,
-            draft_policy="off",
-            answer_timeout_s=1.0,
-            retrieval_timeout_s=10.0,
+        result, _ = await incremental(
+            None, lambda: time.sleep(4), answer_timeout_s=1.0, retrieval_timeout_s=10.0
         )
     assert result["route"] == "generate", result["reason"]
     assert result["timings"]["answer_s"] < 1.0
@@ -426,13 +422,9 @@ async def test_streamed_evidence_is_fitted_too_and_a_failure_passes_all_of_it_on
                 raise RuntimeError("model exploded")
             return super()._job(messages, options)
 
-    svc = dataclasses.replace(
-        services(answer=OneBlock(steps=3, step_s=0.0)),
-        batch_retriever=two_batches(lambda: time.sleep(0.05)),
-    )
     async with asyncio.timeout(20):
-        result, _ = await timed(
-            svc, answer_policy="incremental", incremental_grace_s=5.0, draft_policy="off"
+        result, _ = await incremental(
+            OneBlock(steps=3, step_s=0.0), lambda: time.sleep(0.05), grace=5.0
         )
     if fail:  # the fallback has all the evidence
         assert result["route"] == "fallback" and "model exploded" in result["reason"]
@@ -473,14 +465,8 @@ async def test_a_later_batchs_prompt_is_fitted_to_the_local_model_as_well():
             job.produce = steps
             return job
 
-    svc = dataclasses.replace(
-        services(answer=OneBlock(steps=40, step_s=0.01)),
-        batch_retriever=two_batches(lambda: later.wait(5)),
-    )
     async with asyncio.timeout(20):
-        result, _ = await timed(
-            svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off"
-        )
+        result, _ = await incremental(OneBlock(steps=40, step_s=0.01), lambda: later.wait(5))
     assert result["route"] == "generate", result["reason"]
     (prompt,) = taken  # the second batch's, with REST ranked above FIRST
     assert str(prompt[-1].content).count("<evidence") == 1
@@ -497,17 +483,10 @@ async def test_a_failed_generate_does_not_wait_for_the_search_before_the_fallbac
             raise RuntimeError("model exploded")
 
     release = threading.Event()
-    svc = dataclasses.replace(
-        services(answer=Broken()), batch_retriever=two_batches(lambda: release.wait(10))
-    )
     try:
         async with asyncio.timeout(20):
-            result, elapsed = await timed(
-                svc,
-                answer_policy="incremental",
-                incremental_grace_s=0.0,
-                draft_policy="off",
-                retrieval_timeout_s=10.0,
+            result, elapsed = await incremental(
+                Broken(), lambda: release.wait(10), retrieval_timeout_s=10.0
             )
     finally:
         release.set()
@@ -522,12 +501,8 @@ async def test_a_cancelled_incremental_run_stops_the_search_behind_it():
     from tests.unit.test_budgets import SlowLocal
 
     release = threading.Event()
-    svc = dataclasses.replace(
-        services(answer=SlowLocal(steps=400, step_s=0.01)),
-        batch_retriever=two_batches(lambda: release.wait(10)),
-    )
     run = asyncio.create_task(
-        timed(svc, answer_policy="incremental", incremental_grace_s=0.0, draft_policy="off")
+        incremental(SlowLocal(steps=400, step_s=0.01), lambda: release.wait(10))
     )
     try:
         await asyncio.sleep(0.5)  # answering from batch 1, batch 2 held back
