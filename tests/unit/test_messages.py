@@ -237,10 +237,10 @@ def test_a_draft_model_that_rewrites_follow_ups_loads_before_the_run(monkeypatch
     monkeypatch.setattr(module.Services, "warm", lambda self, model: None)
     monkeypatch.setattr(module.Services, "warm_retriever", lambda self, c, d: None)
     preload(settings, None, index=False)
-    assert loaded == ["fake:answer", "fake:draft"]
+    assert loaded == ["fake:draft", "fake:answer"]  # the draft model first
     loaded.clear()  # a dict of settings, as a graph run takes them (was an AttributeError)
     preload(dataclasses.asdict(settings), None, index=False)
-    assert loaded == ["fake:answer", "fake:draft"]
+    assert loaded == ["fake:draft", "fake:answer"]
 
 
 @pytest.mark.parametrize(("question", "said"), [(None, "the question is empty"), (42, "not int")])
