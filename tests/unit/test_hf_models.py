@@ -1,6 +1,7 @@
 """``hf:<path>`` models through the chat model: a local sliding-window pair (a Mistral-shaped
 target and a one-layer drafter sharing its tokenizer) answers exactly as the target alone."""
 
+import pytest
 import torch
 from langchain_core.messages import HumanMessage, SystemMessage
 from transformers import MistralConfig, MistralForCausalLM
@@ -113,3 +114,25 @@ def test_float16_on_a_cpu_is_named_as_slow(caplog):
     with caplog.at_level("WARNING", logger="specrag.models.loading"):
         load_lm("embedded", "cpu", "float16")
     assert "float16 on a CPU has no fast kernels" in caplog.text
+
+
+def test_a_device_specrag_does_not_run_on_or_a_failed_placement_is_one_line(tmp_path, monkeypatch):
+    """Through the Python API `load_lm(..., "xpu")` raised torch's bare AssertionError,
+    "meta" loaded as if it worked, and a failure moving the weights to the device (out of
+    memory on a GPU) was torch's error, not a ModelLoadError (the CLI's checks catch none)."""
+    from specrag.errors import ModelLoadError
+    from specrag.models.loading import resolve_device
+    from tests.tiny import save_tiny
+
+    for device in ("xpu", "meta"):
+        with pytest.raises(ModelLoadError, match="unknown device"):
+            resolve_device(device)
+    path = save_tiny(tmp_path / "tiny", load_lm().tokenizer)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+
+    def full(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch.nn.Module, "to", full)
+    with pytest.raises(ModelLoadError, match="could not place model .* out of memory"):
+        load_lm(str(path), "cpu", "float32")

@@ -127,6 +127,8 @@ def resolve_device(device: str = "auto") -> torch.device:
         return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"device {device!r} requested but MPS is not available here")
+    if dev.type not in ("cpu", "mps"):  # torch knows more (xpu, meta): not run or tested here
+        raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda, cuda:N or mps)")
     return dev
 
 
@@ -402,7 +404,12 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             )
         raise ModelLoadError(f"could not load model {name!r}: {first}{offline}") from exc
     weights = _weights_id(source)  # read once: a folder's files are hashed
-    model.to(device)  # type: ignore[arg-type]
+    try:
+        model.to(device)  # type: ignore[arg-type]
+    except RuntimeError as exc:  # out of memory on the device, most often
+        raise ModelLoadError(
+            f"could not place model {name!r} on {device}: {first_line(exc)}"
+        ) from exc
     model.eval()
     attention_note = attention.use(model, device)  # before any timing: it changes the costs
     if quantized:
