@@ -280,7 +280,6 @@ class VectorIndex:
                 raise IndexError_(
                     f"cannot list the collections at {url}: {first_line(exc)}"
                 ) from exc
-        from langchain_chroma import Chroma
 
         where = url or str(self.directory)
         try:
@@ -294,13 +293,8 @@ class VectorIndex:
                         client, collection, f"in the index at {where}", f"--index-dir {where}"
                     )
             stamp = {EMBEDDING_KEY: embedding_stamp(embedding_model)} if embedding_model else {}
-            self.store = Chroma(
-                collection_name=collection,
-                embedding_function=embeddings,
-                collection_metadata={"hnsw:space": "cosine", **stamp},  # kept if it exists
-                client=client,
-            )
-            self._collection = self.store._collection
+            self._embeddings, self._stamp = embeddings, stamp
+            self._attach(client)
             self._collection.count()
             built_with = (self._collection.metadata or {}).get(EMBEDDING_KEY)
         except IndexError_:
@@ -309,8 +303,20 @@ class VectorIndex:
             raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
         if stamp:
             check_embedding_stamp(built_with, stamp[EMBEDDING_KEY], collection, where)
-        self._client, self._embeddings, self._stamp = client, embeddings, stamp
         self._seen = self._written()
+
+    def _attach(self, client: Any) -> None:
+        """Use ``client``'s collection of this name (made if missing, as ``create`` allows)."""
+        from langchain_chroma import Chroma
+
+        self._client = client
+        self.store = Chroma(
+            collection_name=self.collection_name,
+            embedding_function=self._embeddings,
+            collection_metadata={"hnsw:space": "cosine", **self._stamp},  # kept if it exists
+            client=client,
+        )
+        self._collection = self.store._collection
 
     # --- another process's writes to a local index ----------------------------------------
     def _written(self) -> tuple[tuple[int, int], ...]:
@@ -342,7 +348,6 @@ class VectorIndex:
         """A new Chroma system for this path (its vector index read from disk again)."""
         import chromadb
         from chromadb.api.shared_system_client import SharedSystemClient
-        from langchain_chroma import Chroma
 
         # Chroma's own cache of systems, by path: only ``clear_system_cache`` (every path's)
         # is public. This path's is dropped, not stopped: other objects may still use it.
@@ -350,14 +355,7 @@ class VectorIndex:
         with SharedSystemClient._refcount_lock:
             SharedSystemClient._identifier_to_system.pop(identifier, None)
             SharedSystemClient._identifier_to_refcount.pop(identifier, None)
-        self._client = chromadb.PersistentClient(path=str(self.directory))
-        self.store = Chroma(
-            collection_name=self.collection_name,
-            embedding_function=self._embeddings,
-            collection_metadata={"hnsw:space": "cosine", **self._stamp},
-            client=self._client,
-        )
-        self._collection = self.store._collection
+        self._attach(chromadb.PersistentClient(path=str(self.directory)))
         self._seen = self._written()
         log.info("the index at %s was written by another process: reopened", self.directory)
 
@@ -405,15 +403,14 @@ class VectorIndex:
                 metadatas=[{**(stored[c.id] or {}), "position": c.position} for c in batch],
             )
         stale = sorted(existing - wanted.keys())
-        self._delete(stale)
-        self._seen = self._written()  # this object's own writes: nothing to reopen for
+        self._delete(stale)  # (last: it notes this object's writes as seen)
         return len(missing), len(stale)
 
     def _delete(self, ids: Sequence[str]) -> None:
         """Delete chunks by id, in batches Chroma accepts."""
         for batch in _batches(ids, WRITE_BATCH):
             self._collection.delete(ids=list(batch))
-        self._seen = self._written()
+        self._seen = self._written()  # this object's own writes: nothing to reopen for
 
     def remove_source(self, source: str) -> int:
         """Delete every chunk of ``source``."""

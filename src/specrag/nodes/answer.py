@@ -286,25 +286,14 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
             call = build(state, ctx)
             await asyncio.to_thread(services.warm, call.model)  # loaded in prepare: a no-op
+            incremental = False  # later batches are woven in while the answer is decoded
             if stream is not None and is_local(call.model):  # incremental: answer now
                 before, waited = list(chunks), now()  # the first batch
                 ended = await catch_up(stream, chunks, min(ctx.incremental_grace_s, budget))
                 budget -= now() - waited  # the grace is part of the answer budget
                 if chunks != before:
                     call = build({**state, "chunks": list(chunks)}, ctx)
-                if not ended:  # (ended: the whole evidence in one prompt, fitted below)
-                    fitting = now()
-                    call, first = await asyncio.to_thread(
-                        fit_evidence, call, build, state, ctx, list(chunks)
-                    )
-                    budget -= now() - fitting
-                    feed = PromptFeed()
-                    offered.append(first)  # the first prompt's (taken at the start)
-                    options = dataclasses.replace(call.options, prompt_feed=feed)
-                    call = dataclasses.replace(call, options=options)
-                    weaving = asyncio.create_task(
-                        weave(stream, chunks, state, ctx, build, feed, offered)
-                    )
+                incremental = not ended  # ended: the whole evidence in one prompt
             elif stream is not None:  # a remote model cannot re-verify: wait for the rest,
                 waited = now()  # half the answer budget at most (the wait is part of it)
                 try:
@@ -314,13 +303,23 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                     waited_out = True
                 budget -= now() - waited
                 call = build({**state, "chunks": chunks}, ctx)
-            if feed is None:  # the whole evidence in one prompt: fitted to a local model (a
-                # failure passes all of it on; tokenising the prompt is the budget's time too)
-                fitting = now()
-                call, read = await asyncio.to_thread(
-                    fit_evidence, call, build, state, ctx, list(chunks)
+            # the (first) prompt fitted to a local model (a failure passes all the evidence
+            # on; tokenising the prompt is the budget's time too)
+            fitting = now()
+            call, fitted = await asyncio.to_thread(
+                fit_evidence, call, build, state, ctx, list(chunks)
+            )
+            budget -= now() - fitting
+            read = fitted
+            if incremental:
+                assert stream is not None
+                feed = PromptFeed()
+                offered.append(fitted)  # the first prompt's (taken at the start)
+                options = dataclasses.replace(call.options, prompt_feed=feed)
+                call = dataclasses.replace(call, options=options)
+                weaving = asyncio.create_task(
+                    weave(stream, chunks, state, ctx, build, feed, offered)
                 )
-                budget -= now() - fitting
             if budget <= 0:  # the grace, a remote model's wait or the fitting spent it
                 raise TimeoutError(f"the answer budget of {ctx.answer_timeout_s}s is spent")
             result = await stream_model(
