@@ -45,16 +45,7 @@ def padded_drafter(target, rows, layers=1, seed=1, shared=64):
 def save_tiny(path, tokenizer, context=256):
     """A 1-layer random Llama over ``tokenizer``'s vocabulary, saved with it to ``path`` (a
     folder a model spec can name: ``hf:<path>``); ``context``: its max positions."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(path)
+    model = tiny_llama(len(tokenizer), layers=1, sharpen=1.0, max_position_embeddings=context)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

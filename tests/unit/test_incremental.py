@@ -2,8 +2,10 @@
 
 The invariant: whatever was decoded under the earlier prompts, the final answer is the decode
 of the final prompt - token-identical under greedy decoding, distributed exactly as it under
-sampling - and each test asserts that rebuilds happened AND that some tokens were retracted
-(an incremental test in which the new evidence never changes the answer proves nothing).
+sampling - and each test of it asserts that rebuilds happened AND that some tokens were
+retracted (an incremental test in which the new evidence never changes the answer proves
+nothing). The tests of edge cases (a rebuild that keeps all, a stopped prefill, the counters)
+say what they check instead.
 """
 
 from collections import Counter
