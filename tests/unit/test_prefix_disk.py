@@ -361,6 +361,22 @@ def test_the_kv_a_document_prefix_is_kept_under_names_the_software_that_computed
     assert loaded.kv_key != before
 
 
+def test_the_kv_a_document_prefix_is_kept_under_names_the_cpu_and_weight_layout(monkeypatch):
+    """Another CPU (another instruction set) or the other weight layout computes fp32 KV with
+    other roundings: neither was in the disk key (a review of the caches, 2026-12-06)."""
+    from specrag.models import layout
+    from specrag.models.loading import load_lm
+
+    loaded = load_lm()
+    before = loaded.kv_key
+    assert layout.cpu_name() in before and layout.state(loaded.model) in before
+    monkeypatch.setattr(layout, "cpu_name", lambda: "Another CPU")
+    other_cpu = loaded.kv_key
+    assert other_cpu != before
+    monkeypatch.setattr(layout, "state", lambda model: "oneDNN-packed from 4 rows")
+    assert loaded.kv_key not in (before, other_cpu)
+
+
 def test_a_device_without_room_for_a_copy_never_fails_the_run(monkeypatch, tmp_path):
     """Entries are copies on the model's device: a GPU a long document's KV nearly fills can
     refuse one, and the OutOfMemoryError failed the answer (a CUDA review, 2026-12-05)."""

@@ -289,16 +289,21 @@ def memory_bytes() -> int:
         return 0
 
 
-def machine() -> str:
-    """What a timed verdict depends on besides the model: CPU, threads, torch."""
+@functools.cache
+def cpu_name() -> str:
+    """This machine's CPU model ("model name" of /proc/cpuinfo, else what platform says)."""
     cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     except OSError:
         pass
-    cpu = cpu or platform.processor() or platform.machine()
-    return f"{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    return cpu or platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """What a timed verdict depends on besides the model: CPU, threads, torch."""
+    return f"{cpu_name()}|{torch.get_num_threads()} threads|torch {torch.__version__}"
 
 
 class Verdicts(Records):

@@ -82,13 +82,18 @@ class LoadedLM:
         """:attr:`key` and what else a KV cache written to disk depends on.
 
         The torch and transformers versions (a fix to a model's attention or rotary
-        embedding changes its KV) and a GPU's name: a cache dir shared between machines (an
-        NFS home) or kept across an upgrade must not serve KV another stack computed.
+        embedding changes its KV), the GPU's or CPU's name (another instruction set rounds
+        fp32 sums differently) and the weight layout the passes read now
+        (:func:`specrag.models.layout.state`): a cache dir shared between machines (an NFS
+        home) or kept across an upgrade must not serve KV another stack computed.
         """
         import transformers
 
         software = f"torch {torch.__version__}|transformers {transformers.__version__}"
-        return f"{self.key}|{software}{gpu_suffix(self.device)}"
+        where = gpu_suffix(self.device)
+        if self.device.type == "cpu":
+            where = f"|{weight_layout.cpu_name()}"
+        return f"{self.key}|{software}{where}|{weight_layout.state(self.model)}"
 
     @property
     def output_rows(self) -> int:
