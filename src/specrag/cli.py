@@ -52,8 +52,10 @@ class _Stdout(Console):
         raise BrokenPipeError
 
 
-err = Console(stderr=True)
-out = _Stdout()
+# emoji=False: an answer or a file name holding ":x:" is printed as written (rich's default
+# turned it into an emoji, unlike the answer --json gives)
+err = Console(stderr=True, emoji=False)
+out = _Stdout(emoji=False)
 
 
 def own_warnings(record: logging.LogRecord) -> bool:
@@ -448,7 +450,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
         # no index, no such collection, a bad URL or a server down: one line, before the run
         open_index(ctx)
-    preload(ctx, document, index=False, started=started)  # the index: opened just above
+    preload(ctx, document, index=needs_index, started=started)  # the index: opened above
     loading = time.perf_counter() - started  # the index's embedding model too
     from specrag.indexing.documents import one_line, source_name
 
@@ -513,7 +515,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.questions:  # the user's own questions, default settings
         scenarios = [Scenario(f"question {n}", q, "", "") for n, q in enumerate(args.questions, 1)]
     document = normans_document() if any(s.long_document for s in scenarios) else None
-    preload(ctx, document)
+    preload(ctx, document, index=any(not s.long_document for s in scenarios))
     rows = []
     for scenario in scenarios:
         err.print(

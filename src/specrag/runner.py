@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)  # ":x:" in an answer is text, not an emoji
 log = logging.getLogger(__name__)
 
 
@@ -209,13 +209,16 @@ async def _run(
             if getattr(chunk, "name", None) == "specrag":  # a conversation's appended answer:
                 continue  # its tokens were streamed already
             node = meta.get("langgraph_node")
-            if node != current and chunk.content:
+            # .text, not .content: a provider's content may be a list of parts (Anthropic,
+            # OpenAI's Responses API), which `shown +=` failed on mid-answer
+            text = chunk.text if isinstance(getattr(chunk, "text", None), str) else ""
+            if node != current and text:
                 current, shown = node, ""
                 label = "draft (unverified)" if node == "draft" else f"answer ({node})"
                 err.print(f"\n[dim]{label}:[/dim] ", end="")
-            if chunk.content:
-                shown += chunk.content
-                err.print(chunk.content, end="", highlight=False, markup=False)
+            if text:
+                shown += text
+                err.print(text, end="", highlight=False, markup=False)
         elif event == "route":
             err.print(
                 f"\n[dim]route -> {escape(payload['route'])}: {escape(payload['reason'])}[/dim]",
@@ -243,17 +246,22 @@ async def _run(
 
 
 def preload(
-    ctx: Any, document: str | None = None, *, index: bool = True, started: float | None = None
+    ctx: Any,
+    document: str | None = None,
+    *,
+    index: bool | None = None,
+    started: float | None = None,
 ) -> float:
     """Load models and open the index before a run starts; returns seconds.
 
     ``ctx``: a :class:`SpecRagContext`, or a dict of its settings (as a graph run takes).
 
     A run loads its models itself, before its origin (``load_s``, outside every budget), but
-    opens the index inside its retrieval budget: on a busy machine a process's first question
-    could time out into the fallback route. A document run opens no index, nor does
-    ``index=False`` (the caller opened it, or the run needs none). Prints a note on stderr,
-    timed from ``started`` (``perf_counter``; the caller's loading began there) or its call.
+    opens the index, and loads its BM25 side (``retrieval`` bm25 or hybrid), inside its
+    retrieval budget: on a busy machine a process's first question could time out into the
+    fallback route. ``index``: whether runs will search the index (default: unless a
+    ``document`` is given). Prints a note on stderr, timed from ``started``
+    (``perf_counter``; the caller's loading began there) or its call.
     """
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import Services, default_chat_model
@@ -268,10 +276,12 @@ def preload(
     for spec in dict.fromkeys(specs):
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)
-    if document is None and index:
+    if document is None if index is None else index:
         from specrag.graph.services import open_index
 
-        open_index(ctx)  # a corrupt index is reported here, as one line
+        opened = open_index(ctx)  # a corrupt index is reported here, as one line
+        if ctx.retrieval != "dense":
+            opened.refresh_lexical()  # read (or built) once, here, not in the first search
     seconds = time.perf_counter() - started
     err.print(f"[dim]models ready in {seconds:.1f}s[/dim]")
     return seconds

@@ -718,3 +718,31 @@ def test_a_record_after_a_line_cut_by_a_kill_starts_a_line_of_its_own(tmp_path):
     path.write_bytes(path.read_bytes() + b'{"key": "q2|a", "e2e')  # killed mid-record
     RunLog(path).add("q2|a", {"e2e_s": 2.0})
     assert set(RunLog(path).records) == {"q1|a", "q2|a"}
+
+
+def test_no_rag_decodes_as_the_draft_node_does(monkeypatch):
+    """`no_rag` ("the draft alone") read a bare question and ran without the draft's stop
+    sequences, so its row measured another decoder (a review, 2026-12-06)."""
+    from langchain_core.messages import AIMessageChunk
+
+    from specrag import prompts
+    from specrag.evaluation import bench_rag
+    from specrag.graph.context import SpecRagContext
+
+    seen = {}
+
+    class Model:
+        def __init__(self, **kwargs):
+            seen["kwargs"] = kwargs
+
+        async def astream(self, messages):
+            seen["messages"] = messages
+            yield AIMessageChunk(content="Rollo.")
+
+    monkeypatch.setattr(bench_rag, "ChatLocalLM", Model)
+    item = {"dataset": "squad", "id": "q1", "question": "Who led the Norse?"}
+    item |= {"index_dir": "", "collection": "c", "answers": ["Rollo"], "gold": ["s1"]}
+    ctx = SpecRagContext()
+    asyncio.run(bench_rag.run_one(item, "no_rag", 0.0, None, ctx))
+    assert seen["kwargs"]["stop"] == list(ctx.stop_sequences()) and seen["kwargs"]["stop"]
+    assert seen["messages"] == prompts.draft_messages(item["question"], ctx.draft_prompt)

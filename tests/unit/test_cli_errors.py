@@ -645,6 +645,15 @@ def test_a_thread_keeps_local_model_paths_absolute_and_names_as_given(tmp_path, 
     assert kept["index_dir"] == str(tmp_path / "idx")
 
 
+def test_a_model_name_with_spaces_around_it_is_kept_as_checked():
+    """The check stripped `answer_model`, the run did not: 'embedded ' (Studio's form, a dict
+    context) passed the check, then every run failed to load it (a review, 2026-12-06)."""
+    from specrag.graph.context import SpecRagContext
+
+    ctx = SpecRagContext(answer_model="embedded ", draft_model=" hf:./x ", embedding_model=" e")
+    assert (ctx.answer_spec, ctx.draft_spec, ctx.embedding_model) == ("embedded", "hf:./x", "e")
+
+
 @pytest.mark.parametrize("spec", ["hf:", "openai:", ":gpt"])
 def test_a_model_spec_that_names_no_model_is_refused(capsys, spec):
     """`--set answer_model=hf:` skipped the path check and loaded the current folder."""

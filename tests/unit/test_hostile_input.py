@@ -36,6 +36,23 @@ def test_any_question_gets_an_answer_or_a_clear_error(question):
     assert result["route"] in ROUTES and isinstance(result["answer"], str) and result["answer"]
 
 
+@pytest.mark.parametrize(
+    ("question", "kept"),
+    [
+        ("Who\xa0was the Norse leader?", "Who was the Norse leader?"),  # pasted from a page
+        ("谁是\u3000诺曼人", "谁是 诺曼人"),  # the ideographic space
+        ("Who\u2028was it", "Who was it"),
+        ("\U0001f469\u200d\U0001f4bb and \u0645\u06cc\u200c\u0634\u0648\u062f", None),
+        ("a\x00b\x1bc\u200b", "abc"),  # control and format characters: dropped
+    ],
+)
+def test_a_question_keeps_its_spaces_and_joiners(question, kept):
+    """Every character not "printable" was dropped: a no-break space or U+3000 ran two words
+    together ("Whowas"), and a zero-width joiner split emoji and Persian words (a review,
+    2026-12-06)."""
+    assert validate_question(question, 2000) == (question if kept is None else kept)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.binary(max_size=2000))
 def test_any_file_bytes_read_or_clear_error(tmp_path_factory, data):

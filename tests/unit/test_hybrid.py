@@ -181,3 +181,27 @@ def test_an_index_of_stop_words_only_finds_nothing_lexically(tmp_path):
     index = open_for_writing(directory, "specrag", "embedded")
     assert sources(index.search("to be", 1, "hybrid")) == {"s.txt"}  # the dense side
     assert index.search("to be", 1, "bm25") == []
+
+
+def test_preload_reads_the_bm25_side_before_the_first_search(monkeypatch, tmp_path):
+    """``preload`` opened the index but left BM25 to the first search, inside its retrieval
+    budget (0.47 s for the demo's 1,204 paragraphs here); and the demo, which has a document
+    scenario, opened no index at all before its first question (a review, 2026-12-06)."""
+    import importlib
+
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+    from specrag.runner import preload
+
+    directory = tmp_path / "index"
+    index_records([("b.md", "Rollo led the Norse settlers of Normandy.")], directory)
+    module = importlib.import_module("specrag.graph.services")
+    monkeypatch.setattr(module, "default_chat_model", lambda spec, c: spec)
+    monkeypatch.setattr(module.Services, "warm", lambda self, model: None)
+    dense = SpecRagContext(index_dir=str(directory), retrieval="dense", collection="specrag")
+    preload(dense, "a document")  # a document run: no index
+    assert module._INDEXES.get((str(directory), "specrag", "embedded")) is None
+    preload(dense, "a document", index=True)  # the demo: a document and index questions
+    assert open_index(dense)._lexical is None  # dense retrieval reads no BM25
+    preload(SpecRagContext(index_dir=str(directory), retrieval="hybrid"))
+    assert open_index(dense)._lexical is not None

@@ -40,7 +40,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from langchain_core.messages import HumanMessage, SystemMessage
 from rich.console import Console
 from transformers import StoppingCriteriaList
 
@@ -101,8 +100,9 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # and answer nothing where no chunk is relevant (the graph's fallback), their ttft_s counts from
 # the run's start (the prompt's encoding included), draft_ttft_s counts from the run's
 # origin as ttft_s does, the draft's seed is fixed (``SEED``), and the answer settings run
-# beside serial_plain in the 0 s pass).
-PROTOCOL = 8
+# beside serial_plain in the 0 s pass; 9: ``no_rag`` is the draft node's decoding - its user
+# message and stop sequences).
+PROTOCOL = 9
 
 
 def case_key(item: dict[str, Any], system: str, latency: float, setup: str) -> str:
@@ -229,10 +229,11 @@ async def run_one(
             max_new_tokens=ctx.draft_max_tokens,
             speculation="none",
             seed=SEED,
+            stop=list(ctx.stop_sequences()),  # the draft's own prompt and stop rules
         )
         first: list[float] = []
         text = ""
-        async for chunk in model.astream([SystemMessage(ctx.draft_prompt), HumanMessage(question)]):
+        async for chunk in model.astream(prompts.draft_messages(question, ctx.draft_prompt)):
             if chunk.content and not first:
                 first.append(time.perf_counter() - start)
             text += str(chunk.content)

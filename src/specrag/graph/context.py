@@ -359,11 +359,15 @@ class SpecRagContext:
                     f"invalid configuration: {f.name}={value!r} (allowed: {_range_text(meta)})"
                 )
 
+        for name in ("draft_model", "answer_model", "embedding_model"):
+            # kept stripped, as checked: 'embedded ' passed the check below, then every run
+            # failed to load it (Studio's form, a dict context; the CLI strips --set values)
+            object.__setattr__(self, name, getattr(self, name).strip())
         check_placement(self.device, self.dtype, self.drafter_dtype, "invalid configuration: ")
         from specrag.models.registry import SPEC_FORMS, is_known_spec
 
         for name in ("draft_model", "answer_model"):
-            spec = getattr(self, name).strip()
+            spec = getattr(self, name)
             if spec.endswith(":") or spec.startswith(":"):  # 'hf:' read the current folder
                 raise InputError(
                     f"invalid configuration: {name}={spec!r} names no model "
@@ -373,7 +377,7 @@ class SpecRagContext:
                 raise InputError(
                     f"invalid configuration: unknown model {name}={spec!r} (use {SPEC_FORMS})"
                 )
-        if not self.embedding_model.strip():
+        if not self.embedding_model:
             raise InputError(
                 "invalid configuration: embedding_model='' names no model "
                 "(use 'embedded' or a sentence-transformers path or hub id)"
@@ -475,6 +479,21 @@ class SpecRagContext:
         return out
 
 
+# Kept although not "printable": the joiners inside Persian and Indic words and emoji sequences
+JOINERS = "\u200c\u200d"
+
+
+def _question_char(ch: str) -> str:
+    """``ch`` as a question keeps it.
+
+    A space of any kind (a no-break space pasted from a web page, U+3000 in CJK text) as a
+    space, a control or format character as nothing.
+    """
+    if ch.isprintable() or ch in "\n\t" or ch in JOINERS:
+        return ch
+    return " " if ch.isspace() else ""
+
+
 def validate_question(question: str, max_chars: int) -> str:
     """The question without control characters, or a one-line :class:`InputError`.
 
@@ -483,7 +502,7 @@ def validate_question(question: str, max_chars: int) -> str:
     """
     if question is not None and not isinstance(question, str):  # a graph input of JSON
         raise InputError(f"the question must be text, not {type(question).__name__}")
-    cleaned = "".join(ch for ch in question or "" if ch.isprintable() or ch in "\n\t").strip()
+    cleaned = "".join(_question_char(ch) for ch in question or "").strip()
     if not cleaned:
         raise InputError("the question is empty")
     if len(cleaned) > max_chars:
