@@ -724,3 +724,18 @@ def test_an_adaptive_rapid_gamma_starts_within_its_maximum_and_a_long_draft_stop
         LMState(model), LMState(model), prompt, prompt[-8:], 60, fixed, should_stop=stop
     )
     assert stats.finish_reason == "time" and stats.draft_tokens < 10, stats.as_dict()
+
+
+def test_a_tiny_temperature_samples_the_top_token_not_nan():
+    """`draft_temperature=1e-40` (allowed: >= 0) turned logits / T into infinities and the
+    softmax into NaN, which torch.multinomial refuses (a review, 2026-12-06)."""
+    from specrag.decoding.rapid import RapidConfig, transfer_distribution
+    from specrag.decoding.sampling import Sampler
+
+    sampler = Sampler(temperature=1e-40)
+    logits = torch.tensor([[10.0, 5.0, 1.0]])
+    probs = sampler.probs(logits)
+    assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0]]))
+    assert sampler.pick(probs[0], torch.Generator().manual_seed(0)) == 0
+    p, p_hat = transfer_distribution(logits, torch.full((1, 3), 1 / 3), RapidConfig(), sampler)
+    assert torch.equal(p, probs) and torch.equal(p_hat, probs)

@@ -132,7 +132,7 @@ def transfer_distribution(
     moves; only its argmax is read.
     """
     greedy = sampler.greedy
-    scaled = target_logits / (1.0 if greedy else sampler.temperature)
+    scaled = target_logits if greedy else sampler.scaled(target_logits)
     p = torch.softmax(scaled, dim=-1)
     if not greedy:
         p = sampler.nucleus(p)

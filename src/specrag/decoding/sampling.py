@@ -25,7 +25,15 @@ class Sampler:
             out = torch.zeros_like(logits)
             out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
             return out
-        return self.nucleus(torch.softmax(logits / self.temperature, dim=-1))
+        return self.nucleus(torch.softmax(self.scaled(logits), dim=-1))
+
+    def scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` over the temperature, the top one at 0 first (what softmax reads).
+
+        The same distribution; without the shift a tiny temperature (1e-40) turned the logits
+        into infinities and the softmax into NaN.
+        """
+        return (logits - logits.max(dim=-1, keepdim=True).values) / self.temperature
 
     def nucleus(self, probs: torch.Tensor) -> torch.Tensor:
         """``probs [..., vocab]`` cut to the top-p nucleus and renormalised (as is at top_p 1)."""
