@@ -234,11 +234,12 @@ async def _run(
             if shown and current != "draft":  # the answer goes on below the note
                 redraw()
         elif event == "revise":  # the new evidence retracts the end of the answer: redraw
-            shown = shown[: payload["keep"]]
             err.print(
                 f"\n[dim]revised: retracted {escape(repr(payload['dropped_text']))}[/dim]", end=""
             )
-            redraw()
+            if current not in (None, "draft"):  # else none of the answer was shown yet
+                shown = shown[: payload["keep"]]
+                redraw()
         elif mode == "values":
             final = payload
     err.print()

@@ -36,3 +36,22 @@ def test_the_cli_prints_emoji_codes_as_written(capsys):
     said = capsys.readouterr()
     assert said.out.strip() == "Answer: use :white_check_mark:"
     assert said.err.strip() == "source: notes:x:.md"
+
+
+class EarlyRetractionApp:
+    """The draft streamed; the answer's first tokens were held back (a possible stop
+    sequence) and retracted by a later batch before any of them was shown."""
+
+    async def astream(self, inputs, config=None, context=None, stream_mode=None):
+        yield "messages", (AIMessageChunk(content="Rollo, I think"), {"langgraph_node": "draft"})
+        yield "custom", {"event": "revise", "keep": 0, "dropped_text": "\n"}
+        yield "messages", (AIMessageChunk(content="Rollo."), {"langgraph_node": "refine"})
+        yield "values", {"answer": "Rollo."}
+
+
+def test_a_retraction_before_the_answer_shows_leaves_the_draft_alone(capsys):
+    """It cut the draft's text by the answer's offsets and redrew it as "answer (draft):"."""
+    asyncio.run(runner._run(EarlyRetractionApp(), {}, None, True, {}))
+    said = capsys.readouterr().err
+    assert "answer (draft)" not in said
+    assert said.index("Rollo, I think") < said.index("revised") < said.index("answer (refine)")
