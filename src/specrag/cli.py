@@ -276,6 +276,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         Loaded,
         forget_entries,
         kept_paths,
+        lapsed_sources,
         load_files,
         no_text,
         prune_prefixes,
@@ -288,16 +289,21 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.forget:  # checked against the index before the embedding model loads: a typo
         held = stored_sources(directory, ctx.collection, ctx.index_url)  # removes nothing
         loaded, gone = Loaded([], []), forget_entries(args.paths, held)
-    else:
-        loaded, gone = load_files(args.paths, empty_ok=True), []  # validates every input first
+    else:  # validates every input first
+        loaded, gone = load_files(args.paths, empty_ok=True, lapsed_ok=True), []
     prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
     empty = [] if args.forget else [p for p in args.paths if folder_empty(p)]
     held_empty: list[str] = []  # empty named folders the index holds files from
-    if not args.forget and (empty or not loaded.records):  # a folder left with no text
-        indexed: set[str] = set()  # is pruned all; what the index holds (read before the
-        if ctx.index_url or local_index_at(directory):  # model loads; stored_sources would
-            with contextlib.suppress(IndexError_):  # create one) - no such collection yet
+    lapsed: list[Skipped] = []  # named files no longer text, whose old text is removed
+    if not args.forget and (empty or not loaded.records or loaded.lapsed):
+        # a folder left with no text is pruned all; a named file no longer text is removed.
+        # What the index holds is read before the model loads (stored_sources would create
+        # an index where there is none; no such collection yet: it holds nothing)
+        indexed: set[str] = set()
+        if ctx.index_url or local_index_at(directory):
+            with contextlib.suppress(IndexError_):
                 indexed = stored_sources(directory, ctx.collection, ctx.index_url)
+        gone, lapsed = lapsed_sources(loaded, indexed)  # one the index lacks: its error
         for folder in empty:  # a drive not mounted leaves its mount point empty: that prunes
             under = folder_prefix(Path(folder).expanduser().resolve())  # nothing, whatever
             if not any(source.startswith(under) for source in indexed):  # the other paths
@@ -308,10 +314,12 @@ def cmd_index(args: argparse.Namespace) -> int:
                     f"were deleted, `specrag index --forget {one_line(folder)}` removes them"
                 )
             held_empty.append(folder)  # the other paths are indexed; its files are kept
-        if not loaded.records and not any(source.startswith(tuple(prune)) for source in indexed):
+        pruned = any(source.startswith(tuple(prune)) for source in indexed)
+        if not loaded.records and not gone and not pruned:
             raise no_text(loaded.skipped)
     skipped = [  # first: a line shows the first few
         *(Skipped(folder, EMPTY_HELD.format(one_line(folder))) for folder in held_empty),
+        *lapsed,
         *loaded.skipped,
     ]
     report = index_with_progress(

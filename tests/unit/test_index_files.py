@@ -956,3 +956,32 @@ def test_a_link_to_a_folder_above_is_not_followed(tmp_path, monkeypatch, capsys)
     above = "link to a folder above it (not followed)"
     assert reasons[str(docs / "loop")] == above and reasons[str(docs / "sub" / "self")] == above
     assert summary["sources"] == 2  # a.md and, through the link beside, b.md
+
+
+def test_a_file_named_again_that_is_no_longer_text_is_removed_from_the_index(
+    tmp_path, monkeypatch, capsys
+):
+    """`index solo.txt` after solo.txt became binary (or empty) was an error that removed
+    nothing: its old text was still retrieved and cited (a new user, 2026-12-06)."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    solo, page, keep = tmp_path / "solo.txt", tmp_path / "notes.md", tmp_path / "keep.md"
+    solo.write_text("Quokkas live on Rottnest Island.")
+    page.write_text("The kiwi lives in New Zealand.")
+    keep.write_text("Rollo kept his word.")
+    assert len(indexed_sources(tmp_path, capsys, solo, page, keep)) == 3
+    solo.write_bytes(bytes(range(256)) * 12)
+    page.write_text("  \n")
+    assert main(["index", str(solo), str(page), str(keep), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["files"], summary["files_removed"]) == (1, 2)
+    assert {s["path"]: s["reason"] for s in summary["skipped"]} == {
+        str(solo.resolve()): "not a text file (binary content): removed from the index",
+        str(page.resolve()): "empty (no text): removed from the index",
+    }
+    assert indexed_sources(tmp_path, capsys, keep) == [str(keep.resolve())]
+    # named again, the index holding nothing of it: the error it always was, nothing removed
+    assert main(["index", str(solo), str(keep)]) == 2
+    assert f"not a text file (binary content): {solo.resolve()}" in capsys.readouterr().err
+    assert main(["index", str(page)]) == 2
+    assert f"no text in {page.resolve()}" in capsys.readouterr().err
+    assert indexed_sources(tmp_path, capsys, keep) == [str(keep.resolve())]

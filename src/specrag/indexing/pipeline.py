@@ -102,6 +102,9 @@ class Loaded:
     """Per named path, what it reached through links out of itself (:func:`index_records`)."""
     reach_incomplete: list[str] = field(default_factory=list)
     """The named folders whose walk could not read all (they keep what they reached)."""
+    lapsed: list[tuple[Skipped, InputError]] = field(default_factory=list)
+    """Files named explicitly that hold no text now (binary or empty), with their error
+    (``load_files(lapsed_ok=True)``; :func:`lapsed_sources` prunes them if indexed)."""
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         """The records (so ``index_records(load_files(paths), ...)`` keeps working)."""
@@ -111,13 +114,15 @@ class Loaded:
         return len(self.records)
 
 
-def load_files(paths: Iterable[str], empty_ok: bool = False) -> Loaded:
+def load_files(paths: Iterable[str], empty_ok: bool = False, lapsed_ok: bool = False) -> Loaded:
     """Read every file first, so a bad input fails before the index is touched.
 
     A file named explicitly must be readable (one-line ``InputError``); a file found in a
     folder that is unreadable, empty or of another type is skipped and reported instead.
     No text at all is :func:`no_text` unless ``empty_ok`` (a re-index of folders whose files
-    were all deleted or replaced must still prune them).
+    were all deleted or replaced must still prune them). With ``lapsed_ok`` a named file that
+    is read but holds no text now (binary content, empty) is kept in ``lapsed`` with its error,
+    not raised: the caller prunes what the index holds of it (:func:`lapsed_sources`).
     """
     paths = list(paths)
     max_file_bytes()  # a bad SPECRAG_MAX_FILE_MIB fails the run, not each file (no pruning)
@@ -129,14 +134,23 @@ def load_files(paths: Iterable[str], empty_ok: bool = False) -> Loaded:
         try:
             records = [(source, text) for source, text in read_records(f) if text.strip()]
         except InputError as exc:
-            if f in named:
+            if f in named and (isinstance(exc, Unreadable) or not lapsed_ok):
                 raise
             why = f"{UNREADABLE}: {exc}" if isinstance(exc, Unreadable) else str(exc)
-            out.skipped.append(Skipped(str(f), why))
+            why = why.removesuffix(f": {f}")  # the entry names the path already
+            if f in named:
+                out.lapsed.append((Skipped(str(f), why), exc))
+            else:
+                out.skipped.append(Skipped(str(f), why))
             continue
         if not records:
             if f in named:
-                raise InputError(f"no text in {f}")
+                if not lapsed_ok:
+                    raise InputError(f"no text in {f}")
+                out.lapsed.append(
+                    (Skipped(str(f), "empty (no text)"), InputError(f"no text in {f}"))
+                )
+                continue
             out.skipped.append(Skipped(str(f), "empty (no text)"))
             continue
         out.records.extend(records)
@@ -144,6 +158,24 @@ def load_files(paths: Iterable[str], empty_ok: bool = False) -> Loaded:
     if not out.records and not empty_ok:
         raise no_text(out.skipped)
     return out
+
+
+def lapsed_sources(loaded: Loaded, held: set[str]) -> tuple[list[str], list[Skipped]]:
+    """What the index (``held``: its sources) holds of ``loaded``'s lapsed named files.
+
+    Returns the entries to remove (:func:`forget_entries`: the file's source, a PDF's pages)
+    and a skipped entry per file saying so. A lapsed file the index holds nothing of is its
+    own error (``not a text file``, ``no text in``), as before: a file named by mistake.
+    """
+    gone: list[str] = []
+    skipped: list[Skipped] = []
+    for entry, error in loaded.lapsed:
+        try:
+            gone += forget_entries([entry.path], held)
+        except InputError:
+            raise error from None
+        skipped.append(Skipped(entry.path, f"{entry.reason}: removed from the index"))
+    return gone, skipped
 
 
 def no_text(skipped: list[Skipped]) -> InputError:
