@@ -361,3 +361,14 @@ def test_a_step_ending_with_the_stop_and_the_end_token_keeps_the_stop_tokens_log
     ]
     assert logprobs == [-0.1, -0.2]
     assert final.message.usage_metadata["output_tokens"] == 2
+
+
+def test_an_invented_evidence_block_ends_the_answer():
+    """An answer went on into '<evidence id="4" source="...">' quoting another file under a
+    made-up source, and was marked verified (a new user, 2026-12-06)."""
+    from specrag.graph.context import SpecRagContext
+
+    words = ["Flies", " avoid", " them", ".\n", "<ev", 'idence id="4">', " Penguins", "</evidence>"]
+    model = Words(steps=len(words), step_s=0.0, words=words)
+    stops = list(SpecRagContext().stop_sequences())
+    assert model.invoke("q", stop=stops).content == "Flies avoid them.\n"

@@ -111,7 +111,10 @@ SYSTEMS = ["serial_plain", "serial_lookup", "serial_hf_assisted", "spec_verify"]
 # proposes when nothing else does; ``proposer_rules`` marks bf16 and GPU setups' keys ``~ng1``,
 # so their records made before that (2026-12-02 17:44) are not resumed; and since weak
 # proposals stop at a timed width there too (2026-12-04 19:23), every key carries ``~wc``,
-# and ``~op`` since the draft's start is verified in the prefill pass (2026-12-05).
+# and ``~op`` since the draft's start is verified in the prefill pass (2026-12-05). Nor is it
+# one that since 2026-12-06 an answer also stops at an invented '<evidence' block
+# (``prompts.INVENTED_TURNS``): no answer of the committed runs (docs/bench/*/runs*.jsonl)
+# held one.
 PROTOCOL = {"squad": 17, "hotpot": 17, "long": 18}
 TOP_K = {"squad": 5, "hotpot": 5, "long": 3}
 LONG_ANSWER_TIMEOUT_S = 300.0

@@ -101,7 +101,7 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # the run's start (the prompt's encoding included), draft_ttft_s counts from the run's
 # origin as ttft_s does, the draft's seed is fixed (``SEED``), and the answer settings run
 # beside serial_plain in the 0 s pass; 9: ``no_rag`` is the draft node's decoding - its user
-# message and stop sequences).
+# message and stop sequences - and every answer stops at an invented '<evidence' block too).
 PROTOCOL = 9
 
 

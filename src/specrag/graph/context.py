@@ -193,7 +193,7 @@ class SpecRagContext:
     stop_at_invented_turns: bool = _f(
         True,
         "End draft and answer text before an invented next turn ('\\nQuestion:', "
-        "'\\nUser:', ...; see prompts.INVENTED_TURNS).",
+        "'\\nUser:', ...) or evidence block ('<evidence'; see prompts.INVENTED_TURNS).",
     )
     answer_timeout_s: float = _f(
         60.0,
