@@ -985,3 +985,29 @@ def test_a_file_named_again_that_is_no_longer_text_is_removed_from_the_index(
     assert main(["index", str(page)]) == 2
     assert f"no text in {page.resolve()}" in capsys.readouterr().err
     assert indexed_sources(tmp_path, capsys, keep) == [str(keep.resolve())]
+
+
+def test_a_folder_reports_the_pipes_and_devices_it_skips(tmp_path, monkeypatch, capsys):
+    """A FIFO or a link to /dev/zero in a folder was left out and named nowhere, though a
+    folder's summary reports all it leaves out (a new user, 2026-12-06)."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "llama.txt").write_text("Llamas live in the Andes.")
+    os.mkfifo(odd / "fifo.txt")
+    (odd / "zero.txt").symlink_to("/dev/zero")
+    assert main(["index", str(odd), "--json"]) == 0
+    skipped = {s["path"]: s["reason"] for s in json.loads(capsys.readouterr().out)["skipped"]}
+    reason = "not a regular file (a device, pipe or socket)"
+    assert skipped == {str(odd / "fifo.txt"): reason, str(odd / "zero.txt"): reason}
+
+
+def test_overlapping_folders_report_a_skipped_entry_once(tmp_path):
+    """`index docs docs/sub` listed docs/sub/logo.png twice (a new user, 2026-12-06)."""
+    sub = tmp_path / "docs" / "sub"
+    sub.mkdir(parents=True)
+    (sub / "a.md").write_text("Text.")
+    (sub / "logo.png").write_bytes(b"png")
+    (tmp_path / "docs" / ".hidden").write_text("x")
+    loaded = load_files([str(tmp_path / "docs"), str(sub), str(tmp_path / "docs")])
+    assert sorted(s.path.split("/")[-1] for s in loaded.skipped) == [".hidden", "logo.png"]

@@ -77,13 +77,16 @@ def check_size(path: Path) -> None:
     too_large(path, st.st_size)
 
 
+NOT_REGULAR = "not a regular file (a device, pipe or socket)"
+
+
 def check_regular(path: Path, st: os.stat_result) -> None:
     """One-line ``Unreadable`` unless ``st`` is a regular file's (a device, pipe or socket).
 
     /dev/zero never ends, a pipe waits for a writer: neither is read.
     """
     if not stat.S_ISREG(st.st_mode):
-        raise Unreadable(f"not a regular file (a device, pipe or socket): {path}")
+        raise Unreadable(f"{NOT_REGULAR}: {path}")
 
 
 def too_large(path: Path, size: int, cut: bool = False) -> None:
@@ -393,6 +396,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
             require_supported(path, item)
             files.append(path)
             reach.setdefault(source_name(path.resolve()), [])
+    skipped = list(dict.fromkeys(skipped))  # once, where two named folders overlap
     return Collected(_one_per_file(files), skipped, list(dict.fromkeys(folders)), reach, incomplete)
 
 
@@ -462,8 +466,8 @@ def _walk(folder: Path) -> tuple[list[Path], list[Skipped], list[str]]:
                 continue
             if dangling:
                 skipped.append(Skipped(str(p.absolute()), BROKEN_LINK))
-            elif not regular:
-                continue
+            elif not regular:  # a pipe, socket or device (or a link to one: /dev/zero)
+                skipped.append(Skipped(str(p.absolute()), NOT_REGULAR))
             elif p.suffix.lower() in SUPPORTED_SUFFIXES:
                 files.append(p)
             else:
