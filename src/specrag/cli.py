@@ -598,6 +598,10 @@ def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the context fields with defaults and descriptions."""
     ctx = make_context(args, answers=False)
+    from specrag.indexing.store import check_local
+
+    # a collection name or --index-url index and ask refuse: refused here too, not shown
+    check_local(index_dir_of(ctx), ctx.collection, ctx.index_url, create=True)
     allowed = ctx.allowed()
     rows = [
         {"name": n, "value": v, "allowed": allowed[n], "description": d}

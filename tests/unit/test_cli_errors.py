@@ -932,3 +932,21 @@ def test_a_draft_model_that_cannot_load_is_one_error_not_a_warning_first(
     doc.write_text("Rollo led the Norse settlers of Normandy.")
     line = one_line_error(capsys, main(["ask", "Who?", "--document", str(doc), "--set", spec]))
     assert "somemodel-xyz" in line and "left out" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--set", "collection="], "bad collection name ''"),
+        (["--index-url", "notaurl"], "bad --index-url 'notaurl'"),
+        (["--set", f"collection={'b' * 300}"], "(300 characters): at most 200 in a local index"),
+    ],
+)
+def test_config_refuses_what_index_and_ask_refuse(capsys, tmp_path, monkeypatch, argv, said):
+    """`specrag config` showed an empty collection name or a malformed --index-url with exit
+    status 0, which index and ask refuse; and a 300-character name passed every check, then
+    failed to save the files named after it ("File name too long") (a new user, 2026-12-06)."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    assert said in one_line_error(capsys, main(["config", *argv]))
+    if "300" in said:
+        assert said in one_line_error(capsys, main(["index", str(tmp_path), *argv]))

@@ -102,7 +102,10 @@ class SpecRagContext:
         "A Chroma server (http://HOST:PORT of `chroma run --path DIR --port N`) holding the "
         "index instead of index_dir: one index shared by processes and hosts.",
     )
-    collection: str = _f("specrag", "Chroma collection name.")
+    collection: str = _f(
+        "specrag",
+        "Chroma collection name: 3-512 letters, digits, '.', '_' or '-', starting and ending with a letter or digit (at most 200 in a local index, whose files beside it are named after it).",
+    )
     # --- retrieval ------------------------------------------------------------------------
     top_k: int = _f(3, "Chunks retrieved per question.", ge=1, le=10_000)
     retrieval: Literal["dense", "bm25", "hybrid"] = _f(

@@ -168,6 +168,9 @@ class IndexReport:
 
 
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")  # Chroma's rule
+# A local index keeps reach-<name>.json and bm25-<name>.tmp<pid>.<thread id> beside it: a
+# file name holds at most 255 bytes
+LOCAL_NAME_MAX = 200
 
 
 def _require_collection(client: Any, collection: str, where: str, option: str) -> None:
@@ -225,6 +228,11 @@ def check_local(directory: Path, collection: str, url: str | None, create: bool 
         raise IndexError_(
             f"bad collection name {collection!r}: 3-512 letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit"
+        )
+    if not url and len(collection) > LOCAL_NAME_MAX:  # Chroma takes 512; the file system not
+        raise IndexError_(
+            f"bad collection name {collection[:20]}... ({len(collection)} characters): at most "
+            f"{LOCAL_NAME_MAX} in a local index, whose files beside it are named after it"
         )
     if url:
         parse_url(url)  # its form; whether a server answers is told when it is opened
