@@ -104,7 +104,9 @@ class SpecRagContext:
     )
     collection: str = _f(
         "specrag",
-        "Chroma collection name: 3-512 letters, digits, '.', '_' or '-', starting and ending with a letter or digit (at most 200 in a local index, whose files beside it are named after it).",
+        "Chroma collection name: 3-512 letters, digits, '.', '_' or '-', starting and ending "
+        "with a letter or digit (at most 200 in a local index, whose files beside it are named "
+        "after it).",
     )
     # --- retrieval ------------------------------------------------------------------------
     top_k: int = _f(3, "Chunks retrieved per question.", ge=1, le=10_000)
