@@ -270,11 +270,13 @@ def preload(
     if isinstance(ctx, dict):  # as graph.ainvoke(..., context={...}) takes it
         ctx = SpecRagContext(**ctx)
     started = time.perf_counter() if started is None else started
-    services = Services()
     # the draft model first: one that cannot load is the run's error, said before the answer
     # model's warm-up leaves it out as that model's drafter (a warning, then the error)
-    specs = ([ctx.draft_spec] if ctx.drafter_runs else []) + [ctx.answer_spec]
-    for spec in dict.fromkeys(specs):
+    specs = dict.fromkeys(([ctx.draft_spec] if ctx.drafter_runs else []) + [ctx.answer_spec])
+    # said first: a new cache converts the weights (~20 s and more) before the line below
+    err.print(f"[dim]loading models ({escape(', '.join(specs))}) ...[/dim]")
+    services = Services()
+    for spec in specs:
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)
     if document is None if index is None else index:

@@ -215,7 +215,7 @@ def test_a_thread_answered_before_question_taken_existed_asks_its_new_message():
     assert asked(old) == "When did he die?"
 
 
-def test_a_draft_model_that_rewrites_follow_ups_loads_before_the_run(monkeypatch):
+def test_a_draft_model_that_rewrites_follow_ups_loads_before_the_run(monkeypatch, capsys):
     """`query_rewrite="model"` with drafting off: nothing loaded the draft model before the
     run, so a follow-up's rewrite loaded it inside the retrieval budget (a graph review)."""
     import dataclasses
@@ -238,6 +238,9 @@ def test_a_draft_model_that_rewrites_follow_ups_loads_before_the_run(monkeypatch
     monkeypatch.setattr(module.Services, "warm_retriever", lambda self, c, d: None)
     preload(settings, None, index=False)
     assert loaded == ["fake:draft", "fake:answer"]  # the draft model first
+    # said before the load (a new cache converts for ~20 s), not only when it is done
+    said = capsys.readouterr().err
+    assert said.index("loading models (fake:draft, fake:answer) ...") < said.index("models ready")
     loaded.clear()  # a dict of settings, as a graph run takes them (was an AttributeError)
     preload(dataclasses.asdict(settings), None, index=False)
     assert loaded == ["fake:draft", "fake:answer"]
