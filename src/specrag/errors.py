@@ -30,14 +30,27 @@ def short_number(value: float) -> str:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type's name when it has none."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else short_type(exc)
+    """The first line of an exception's message, or its type's name when it has none.
+
+    An exception without a message that was raised from (or during) another says that one's:
+    chromadb's bare ``ValueError`` over a connect timeout read "ValueError" alone.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        lines = str(cause).strip().splitlines()
+        if lines:
+            return (
+                lines[0] if cause is exc else f"{short_type(exc)} ({short_type(cause)}: {lines[0]})"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return short_type(exc)
 
 
 def short_error(exc: BaseException) -> str:
     """``Type: first line`` of an exception (``IndexError_`` shown as ``IndexError``)."""
-    return f"{short_type(exc)}: {first_line(exc)}" if str(exc).strip() else short_type(exc)
+    return f"{short_type(exc)}: {first_line(exc)}" if str(exc).strip() else first_line(exc)
 
 
 def short_type(exc: BaseException) -> str:

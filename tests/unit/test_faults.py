@@ -524,6 +524,21 @@ def test_an_error_is_named_without_the_internal_underscore():
     assert short_error(IndexError_("no index at x\nmore")) == "IndexError: no index at x"
 
 
+def test_an_error_without_a_message_says_the_one_it_was_raised_from():
+    """`--index-url http://10.255.255.1:8000` said "cannot reach the Chroma server at ...:
+    ValueError": chromadb raises a bare ValueError over the connect timeout (a new user)."""
+    from specrag.errors import first_line, short_error
+
+    try:
+        try:
+            raise TimeoutError("timed out")
+        except TimeoutError as exc:
+            raise ValueError() from exc
+    except ValueError as exc:
+        assert first_line(exc) == short_error(exc) == "ValueError (TimeoutError: timed out)"
+    assert first_line(ValueError()) == short_error(ValueError()) == "ValueError"
+
+
 def test_a_model_that_failed_to_load_is_not_tried_again_within_a_minute(monkeypatch):
     """One graph run loads its answer model twice (prepare's warm-up, then the node): a hub
     id not in the cache without a network cost ~46 s of retries each time (102 s a run)."""
