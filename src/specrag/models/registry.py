@@ -38,6 +38,16 @@ def is_known_spec(spec: str) -> bool:
     return local_model_name(spec) is not None or ":" in spec
 
 
+def _has_module(name: str) -> bool:
+    """Whether module ``name`` can be imported (its parent packages are, to find it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package missing
+        return False
+
+
 def check_remote_spec(spec: str) -> None:
     """Raise :class:`ModelLoadError` now where ``init_chat_model`` could not build ``spec``.
 
@@ -57,7 +67,8 @@ def check_remote_spec(spec: str) -> None:
         raise ModelLoadError(f"cannot create chat model {spec!r}: {first}") from None
     except (ImportError, AttributeError, KeyError, TypeError):
         return
-    community = provider == "ollama" and importlib.util.find_spec("langchain_community")
+    # LangChain falls back to langchain-community's ChatOllama, which community 0.4 removed
+    community = provider == "ollama" and _has_module("langchain_community.chat_models.ollama")
     if importlib.util.find_spec(package) is None and not community:
         raise ModelLoadError(
             f"chat model {spec!r} needs the {package.replace('_', '-')} package "
