@@ -839,7 +839,8 @@ def build_parser() -> argparse.ArgumentParser:
         "which",
         choices=["rag", "rapid", "load", "followup", "retrieval"],
         help="rag: speculative vs serial RAG; rapid: RAPID vs target-only on long contexts; "
-        "load: model load times; followup: query rewriting; retrieval: dense/BM25/hybrid",
+        "load: many questions at once (throughput, latency, cross-talk at concurrency 1/4/16); "
+        "followup: query rewriting; retrieval: dense/BM25/hybrid",
     )
     p.add_argument(
         "--quick",
