@@ -904,10 +904,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe is found here, not by Python's flush at exit
         if cache := sys.modules.get("specrag.decoding.prefix_cache"):  # a RAPID run's prefix
             cache.DEFAULT_PREFIX_CACHE.flush()  # written before exit; Ctrl-C: "interrupted"
+        send_traces()
         return code
     except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
         line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print_error(line)
+        send_traces()
         return _json_error(args, line, 2)
     except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
         with contextlib.suppress(OSError):  # nor one more when Python flushes stdout at exit
@@ -926,6 +928,24 @@ def main(argv: list[str] | None = None) -> int:
         line = short_error(exc)
         print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
         return _json_error(args, line, 1)
+
+
+def send_traces() -> None:
+    """Send the run's LangSmith trace before exit, saying so first.
+
+    langsmith sends it in the background, and at exit waits for it: with its endpoint down
+    (or slow) the process sat ~10 s after the answer, silent. The wait is langsmith's own
+    (its timeouts and retries); this line explains it. Nothing when no trace is pending.
+    """
+    run_trees = sys.modules.get("langsmith.run_trees")
+    client = getattr(run_trees, "_CLIENT", None)  # the client tracing made, if any
+    queue = getattr(client, "tracing_queue", None)
+    if client is None or queue is None or not getattr(queue, "unfinished_tasks", 0):
+        return
+    endpoint = getattr(client, "api_url", "") or "LangSmith"
+    err.print(f"[dim]sending the trace to {escape(str(endpoint))} ...[/dim]")
+    with contextlib.suppress(Exception):  # tracing never fails a run
+        client.flush()
 
 
 def print_error(line: str) -> None:

@@ -150,3 +150,32 @@ async def test_later_batches_are_traced_on_the_answer_node_as_a_list(langsmith_s
     node = result["route"]
     assert [b["source"] for b in meta[node]["batch_events"]] == ["hybrid"]  # the later one
     assert meta["retrieve"]["batches"] == 1 and "arrival_s" not in meta["retrieve"]
+
+
+def test_the_cli_says_it_sends_a_pending_trace_before_the_exit_waits(monkeypatch, capsys):
+    """With the endpoint down the process sat ~10 s after the answer, silent, while
+    langsmith's exit handler retried (a new user, 2026-12-06): the CLI now says why first."""
+    import queue
+
+    from langsmith import run_trees
+
+    from specrag import cli
+
+    assert hasattr(run_trees, "_CLIENT")  # where langsmith keeps the client tracing made
+    flushed = []
+
+    class Client:
+        api_url = "http://127.0.0.1:9"
+        tracing_queue = queue.Queue()
+
+        def flush(self):
+            flushed.append(True)
+            raise ConnectionError("down")  # tracing never fails a run
+
+    monkeypatch.setattr(run_trees, "_CLIENT", Client())
+    cli.send_traces()
+    assert flushed == [] and capsys.readouterr().err == ""  # nothing pending: no line
+    Client.tracing_queue.put("a run")
+    cli.send_traces()
+    assert flushed == [True]
+    assert "sending the trace to http://127.0.0.1:9 ..." in capsys.readouterr().err
