@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import BaseModel, Field
 from transformers import LlamaConfig
@@ -327,3 +328,12 @@ def test_models_that_answer_differently_have_different_cache_keys():
     rapid = ChatRapid()._identifying_params
     for other in (dict(temperature=0.9), dict(max_new_tokens=8), dict(dtype="bfloat16")):
         assert ChatRapid(**other)._identifying_params != rapid, other
+    # a timed-out answer was served to a model without the limit, and a sampled answer's
+    # draws depend on the candidates and drafter settings (a review, 2026-12-06): every
+    # field of the model's own is in the key, but caches and their budgets
+    for field in ChatLocalLM.model_fields:
+        assert field in base or field in BaseChatModel.model_fields, field
+    assert ChatLocalLM(max_time=0.0)._identifying_params != base
+    assert ChatLocalLM(wide_candidates=4)._identifying_params != base
+    assert "prefix_cache" not in rapid and "prefix_cache_bytes" not in rapid
+    assert ChatRapid(prefix_cache_bytes=1)._identifying_params == rapid

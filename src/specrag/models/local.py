@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -202,6 +202,8 @@ class LocalChatBase(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     max_time: float | None = None
     stop: list[str] | None = None  # stop sequences of every call that names none
+    # fields that shape no answer (caches and their budgets), left out of the cache key
+    _not_identity: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
@@ -243,13 +245,16 @@ class LocalChatBase(BaseChatModel):
         return _result([c async for c in self._astream(messages, stop, run_manager, **kwargs)])
 
     def _decode_identity(self) -> dict[str, Any]:
-        """The decode settings both local models share, for ``_identifying_params``.
+        """Every field of the local model's own, for ``_identifying_params``.
 
         LangChain's cache keys a call by those params: every setting that shapes an answer
-        must be among them, or two models with other settings share one entry.
+        must be among them, or two models with other settings share one entry - ``max_time``
+        (a timed-out answer was served to a model without the limit), and what a sampled
+        answer's draws depend on (the candidates and drafter settings). All of them, so a new
+        field cannot be left out; LangChain's own (callbacks, tags) are not.
         """
-        names = ("device", "dtype", "temperature", "top_p", "max_new_tokens", "seed", "stop")
-        return {name: getattr(self, name, None) for name in names}
+        skip = {*BaseChatModel.model_fields, *self._not_identity}
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
 
     def _max_new(self, options: DecodeOptions) -> int:
         """The call's answer limit in tokens: its own (0: none), else the model's."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import AliasChoices, Field
@@ -183,6 +183,9 @@ class ChatRapid(LocalChatBase):
     embedding_model: str = EMBEDDED_LM
     drafter_retriever: DrafterRetriever | None = None  # None: document search, embedding_model
     use_prefix_cache: bool = True
+    _not_identity: ClassVar[frozenset[str]] = frozenset(
+        {"prefix_cache", "prefix_cache_bytes", "prefix_cache_disk_bytes"}
+    )
     seed: int | None = None
     prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
     # the process-wide default's budgets (a given prefix_cache keeps its own)
