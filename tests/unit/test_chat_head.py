@@ -219,6 +219,24 @@ def test_a_follow_up_about_a_long_document_reads_the_earlier_turns_after_it():
     assert alone[3] == () and layout(loaded, RAPID_INSTRUCTIONS, doc, alone[2]) == first
 
 
+def test_a_document_message_is_never_an_instruction():
+    """A system message named 'document' beside `document=` (or a second one) was joined to
+    the instructions: the target read the document twice, and the answer changed (a review,
+    2026-12-06)."""
+    from specrag.models.rapid_chat import RAPID_INSTRUCTIONS, split_messages
+
+    doc_a, doc_b, ask = "Rollo led the Norse.", "He died around 930.", HumanMessage("Who?")
+    given = [SystemMessage("Be brief."), SystemMessage(doc_a, name="document"), ask]
+    assert split_messages(given, "The keyword's text.") == (
+        "Be brief.",
+        "The keyword's text.",
+        "Who?",
+        (),
+    )
+    two = [SystemMessage(doc_a, name="document"), SystemMessage(doc_b, name="document"), ask]
+    assert split_messages(two, None) == (RAPID_INSTRUCTIONS, f"{doc_a}\n\n{doc_b}", "Who?", ())
+
+
 def test_a_drafter_that_cannot_load_is_left_out(tmp_path, monkeypatch, caplog):
     """A draft model that could not be loaded failed the answer model too (it loads its
     drafter first): every answer fell back, even with the draft off."""

@@ -76,15 +76,15 @@ def split_messages(
     """(instructions, document, question, earlier turns) from chat messages.
 
     The question is the last human message; the human and AI messages before it are the
-    conversation so far (a follow-up about the document reads them).
+    conversation so far (a follow-up about the document reads them). The document is
+    ``document``, else the system messages named ``document`` (several: joined by a blank
+    line); such a message is never an instruction (one beside ``document=`` was, and the
+    target read the document twice).
     """
-    doc = document
-    instructions = []
-    for m in messages:
-        if isinstance(m, SystemMessage) and m.name == "document" and doc is None:
-            doc = str(m.text)
-        elif isinstance(m, SystemMessage):
-            instructions.append(str(m.text))
+    system = [m for m in messages if isinstance(m, SystemMessage)]
+    named = [str(m.text) for m in system if m.name == "document"]
+    instructions = [str(m.text) for m in system if m.name != "document"]
+    doc = document if document is not None else ("\n\n".join(named) if named else None)
     humans = [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
     if not humans:
         raise InputError("ChatRapid needs a human message with the question")
