@@ -526,9 +526,9 @@ class _Run:
         if self.first_token_s is None:
             self.first_token_s = time.monotonic() - self.started
         if self.stops:  # where each token's text starts, to cut at a stop sequence later
-            ids = list(self.text.ids)
-            for token in step:
-                self.starts.append(len(decode_text(self.job.tokenizer, ids)))
+            ids = list(self.text.ids)  # (a character split over tokens: from its start, not
+            for token in step:  # one past it, where the broken character's U+FFFD ends)
+                self.starts.append(len(stable_text(self.job.tokenizer, ids)))
                 if token.id not in self.text.skip:
                     ids.append(token.id)
         shown_before = len(self.text.emitted) - len(self.held)
