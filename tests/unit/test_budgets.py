@@ -250,3 +250,17 @@ async def test_loading_the_model_is_not_part_of_the_decode_budget():
         text += chunk.content
         meta.update(chunk.response_metadata or {})
     assert meta["finish_reason"] == "stop" and text.startswith("t0")
+
+
+def test_a_nan_time_limit_on_the_model_is_refused_as_a_calls_is():
+    """`ChatLocalLM(max_time=nan)` was accepted and decoded without any limit (its deadline
+    never came), while a call's NaN is refused (a review, 2026-12-06)."""
+    import math
+
+    import pydantic
+
+    from specrag.models.chat import ChatLocalLM
+
+    with pytest.raises(pydantic.ValidationError, match="max_time must be a number, got NaN"):
+        ChatLocalLM(max_time=math.nan)
+    assert ChatLocalLM(max_time=math.inf).max_time == math.inf  # inf: no limit, as a call's

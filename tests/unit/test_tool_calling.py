@@ -147,6 +147,14 @@ def test_a_tool_call_block_becomes_tool_calls(scripted):
     assert msg.response_metadata["finish_reason"] == "tool_calls"
 
 
+def test_text_held_for_a_stop_sequence_keeps_its_place_with_tools_bound(scripted):
+    """With tools bound and a stop sequence, the end held for the stop came out before the
+    tool-call capture's own held text: "Use a<\n" read "Use a\n<" (a review, 2026-12-06)."""
+    bound = scripted("Use a<\n").bind_tools([search_docs])
+    assert bound.invoke([HumanMessage("q")]).content == "Use a<\n"
+    assert bound.invoke([HumanMessage("q")], stop=["\nQ"]).content == "Use a<\n"
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -29,7 +29,7 @@ from langchain_core.language_models.chat_models import BaseChatModel, generate_f
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Revise, Step, Token
@@ -202,6 +202,15 @@ class LocalChatBase(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     max_time: float | None = None
     stop: list[str] | None = None  # stop sequences of every call that names none
+
+    @field_validator("max_time")
+    @classmethod
+    def _a_number(cls, value: float | None) -> float | None:
+        """NaN is refused as a call's is (its deadline never came: no limit at all)."""
+        if value is not None:
+            DecodeOptions(max_time=value)  # the per-call check: one ValueError line
+        return value
+
     # fields that shape no answer (caches and their budgets), left out of the cache key
     _not_identity: ClassVar[frozenset[str]] = frozenset()
 
@@ -563,13 +572,14 @@ class _Run:
         if self.stop_hit:
             finish = "stop_sequence"
         tail, self.held = ("" if self.stop_hit else self.held), ""
-        self.shown += tail
         calls: list[Any] = []
-        if self.capture is not None:
+        if self.capture is not None:  # the text held for a stop sequence goes through it
+            tail = self.capture.feed(tail)  # too, before its own held text (was after it)
             rest, calls = self.capture.finish()
             tail += rest
             if calls:
                 finish = "tool_calls"
+        self.shown += tail
         decoding = {**job.metadata(), "new_tokens": self.n_tokens}
         if self.retracted:  # consumers drop the last N log-probs they were sent
             decoding["retracted_tokens"] = self.retracted
