@@ -323,6 +323,8 @@ async def test_an_answer_cut_by_its_budget_says_so():
     assert result["route"] == "generate" and result["answer"].startswith("w0 w1")
     assert not result["answer"].endswith("w199")
     assert any("cut after" in e and "answer_timeout_s=0.5" in e for e in result["errors"])
+    # and where a reader looks: the reason (it named only the gate's, 2026-12-06)
+    assert result["reason"].endswith("; the answer budget cut the answer"), result["reason"]
 
 
 async def test_a_stores_own_timeout_error_is_reported_as_it_is():

@@ -380,6 +380,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         if result.ttft_s is not None:  # from the answer call's start (ttft_s: the run's)
             timings["answer_ttft_s"] = round(result.ttft_s, 4)
         reason = final_reason(dict(state), node)
+        if result.timed_out:  # said where a reader looks, not only in errors
+            reason = f"{reason}; the answer budget cut the answer"
         # the final route and why on this node's trace run too (the gate's says what it chose)
         emit(
             {
@@ -424,7 +426,7 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
             )
         if errors:
             update["errors"] = errors
-        if state.get("answer_error"):
+        if state.get("answer_error") or result.timed_out:
             update["reason"] = reason
         return {**update, **answer_message(state, update)}
 
