@@ -401,3 +401,30 @@ def test_a_character_split_over_tokens_counts_its_tokens_before_a_stop():
     msg = model.invoke("q", stop=["\nQuestion:"])
     assert msg.content == "Hi 你好"
     assert msg.usage_metadata["output_tokens"] == 6  # Hi, space, and two per character
+
+
+def test_invoke_callbacks_see_the_text_held_until_the_end():
+    """The last chunk's text (held back as a possible stop sequence) never reached
+    on_llm_new_token: a callback streaming an invoke lost the answer's end (a review)."""
+    import asyncio
+
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    words = ["A", " B", "\nQue"]  # "\nQue" is held (it may begin "\nQuestion:") to the end
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self):
+            self.seen = []
+
+        def on_llm_new_token(self, token, **kwargs):
+            self.seen.append(token)
+
+    for call in ("invoke", "ainvoke"):
+        model = Words(steps=len(words), step_s=0.0, words=words, disable_streaming=True)
+        handler = Tokens()  # disable_streaming: LangChain calls _generate, not _stream
+        config = {"callbacks": [handler]}
+        if call == "invoke":
+            msg = model.invoke("q", config=config, stop=["\nQuestion:"])
+        else:
+            msg = asyncio.run(model.ainvoke("q", config=config, stop=["\nQuestion:"]))
+        assert msg.content == "A B\nQue" == "".join(handler.seen), (call, handler.seen)

@@ -320,7 +320,10 @@ class LocalChatBase(BaseChatModel):
                 yield chunk
         finally:
             run.cancel.set()
-        yield run.final_chunk()
+        last = run.final_chunk()  # its text: what was held for a stop sequence or a tool call
+        if run_manager and last.text:
+            run_manager.on_llm_new_token(last.text, chunk=last)
+        yield last
 
     async def _astream(
         self,
@@ -359,7 +362,10 @@ class LocalChatBase(BaseChatModel):
                 yield chunk
         finally:
             run.cancel.set()
-        yield run.final_chunk()
+        last = run.final_chunk()
+        if run_manager and last.text:
+            await run_manager.on_llm_new_token(last.text, chunk=last)
+        yield last
 
 
 def first_stop(text: str, stops: Sequence[str]) -> int | None:

@@ -8,7 +8,8 @@ loading - runs here.
 How: tasks are callables in a FIFO. A decode job is a generator; each turn runs ONE step
 (``next``) and puts the job back at the end of the queue, so concurrent runs interleave
 fairly and a quick task (embedding a question) waits at most one step of each active decode
-(``max_active`` steps). At most ``max_active`` decode jobs hold KV caches at once; the rest wait their turn (bounded memory).
+(``max_active`` steps). At most ``max_active`` decode jobs hold KV caches at once; the rest
+wait their turn (bounded memory).
 """
 
 from __future__ import annotations
