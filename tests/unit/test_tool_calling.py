@@ -147,6 +147,13 @@ def test_a_tool_call_block_becomes_tool_calls(scripted):
     assert msg.response_metadata["finish_reason"] == "tool_calls"
 
 
+def test_an_unknown_bind_tools_keyword_fails_at_bind_time(scripted):
+    """`bind_tools(tools, strict=True)` was accepted, then every call failed (a review)."""
+    with pytest.raises(TypeError, match="unknown decode option 'strict'"):
+        scripted(CALL).bind_tools([search_docs], strict=True)
+    scripted(CALL).bind_tools([search_docs], max_new_tokens=8)  # a decode option binds
+
+
 def test_text_held_for_a_stop_sequence_keeps_its_place_with_tools_bound(scripted):
     """With tools bound and a stop sequence, the end held for the stop came out before the
     tool-call capture's own held text: "Use a<\n" read "Use a\n<" (a review, 2026-12-06)."""

@@ -180,6 +180,7 @@ class ChatLocalLM(LocalChatBase):
             raise ValueError(no_tools_message(loaded.name))
         schemas = tuple(convert_to_openai_tool(t) for t in tools)
         tool_choice_name(tool_choice, schemas)  # an unknown tool name fails here, not later
+        DecodeOptions.from_call(dict(kwargs))  # and an unknown keyword (strict=True) too
         return self.bind(tools=schemas, tool_choice=tool_choice, **kwargs)
 
     def _drafter_dtype(self) -> str:
