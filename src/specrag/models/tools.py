@@ -122,10 +122,25 @@ def defuse_dicts(dicts: list[dict[str, Any]], specials: tuple[str, ...]) -> list
 
     Assistant turns too: with the chat interface they come back from the caller's history.
     """
-    return [
-        d if d["role"] == "system" else {**d, "content": defuse(d["content"], specials)}
-        for d in dicts
-    ]
+    out = []
+    for d in dicts:
+        if d["role"] != "system":
+            d = {**d, "content": defuse(d["content"], specials)}
+        if "tool_calls" in d:  # their names and arguments are rendered as text too
+            d["tool_calls"] = _defuse_values(d["tool_calls"], specials)
+        out.append(d)
+    return out
+
+
+def _defuse_values(value: Any, specials: tuple[str, ...]) -> Any:
+    """``value`` with every string in it (dict keys too) defused, nested lists and dicts."""
+    if isinstance(value, str):
+        return defuse(value, specials)
+    if isinstance(value, dict):
+        return {_defuse_values(k, specials): _defuse_values(v, specials) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_defuse_values(v, specials) for v in value]
+    return value
 
 
 # Where a tool call starts. The chat template asks for <tool_call> blocks; small models also
