@@ -244,14 +244,21 @@ def index_with_progress(
     index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
     if announce:
         err.print(announce)
-    with progress_bar(err) as bar:
-        task = bar.add_task(label, total=len(records))
+    # no bar without records (--forget, a re-index that only prunes): "0/0" said nothing
+    with progress_bar(err) if records else contextlib.nullcontext() as bar:
+        progress = None
+        if bar is not None:
+            task = bar.add_task(label, total=len(records))
+
+            def progress(done: float) -> None:
+                bar.update(task, completed=done)
+
         return index_records(
             records,
             directory,
             collection=ctx.collection,
             embedding_model=ctx.embedding_model,
-            progress=lambda n: bar.advance(task, n),
+            progress=progress,
             prune_roots=prune_roots or (),
             keep=keep or (),
             url=ctx.index_url,

@@ -1011,3 +1011,19 @@ def test_overlapping_folders_report_a_skipped_entry_once(tmp_path):
     (tmp_path / "docs" / ".hidden").write_text("x")
     loaded = load_files([str(tmp_path / "docs"), str(sub), str(tmp_path / "docs")])
     assert sorted(s.path.split("/")[-1] for s in loaded.skipped) == [".hidden", "logo.png"]
+
+
+def test_a_long_files_progress_moves_while_it_is_embedded(tmp_path, monkeypatch):
+    """One large file (750 chunks, 15 s) showed 0/1 the whole time: the bar counted files
+    only (a new user, 2026-12-06). It moves per embedded batch, and each file ends on a whole
+    number (the count column reads it)."""
+    from specrag.indexing import store
+    from specrag.indexing.pipeline import index_records
+
+    monkeypatch.setattr(store, "EMBED_BATCH", 2)
+    told = []
+    text = " ".join(f"Sentence {n} about the quokkas of Rottnest Island." for n in range(150))
+    records = [("long.md", text), ("short.md", "Rollo led the Norse.")]
+    index_records(records, tmp_path / "idx", progress=told.append)
+    assert told == sorted(told) and told[-1] == 2 and 1 in told
+    assert any(0 < done < 1 for done in told)  # within the long file

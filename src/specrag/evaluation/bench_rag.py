@@ -116,7 +116,10 @@ def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Pat
     with progress_bar(log, transient=True) as bar:
         task = bar.add_task(f"indexing {collection}", total=len(records))
         index_records(
-            records, directory, collection=collection, progress=lambda n: bar.advance(task, n)
+            records,
+            directory,
+            collection=collection,
+            progress=lambda n: bar.update(task, completed=n),
         )
     return directory
 

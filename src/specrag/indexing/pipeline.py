@@ -343,7 +343,7 @@ def index_records(
     *,
     collection: str = "specrag",
     embedding_model: str = EMBEDDED_LM,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[float], None] | None = None,
     prune_roots: Iterable[str] = (),
     keep: Iterable[str] = (),
     url: str = "",

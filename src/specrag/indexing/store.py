@@ -146,7 +146,7 @@ def check_recorded_model(
     check_embedding_stamp(recorded, embedding_stamp(embedding_model), collection, where)
 
 
-Progress = Callable[[int], None]
+Progress = Callable[[float], None]  # the documents done so far (a share of the current one)
 
 
 def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
@@ -380,11 +380,14 @@ class VectorIndex:
         """All sources present in the index."""
         return _sources_in(self._collection.get(include=["metadatas"]))
 
-    def upsert_source(self, source: str, chunks: Sequence[Chunk]) -> tuple[int, int]:
+    def upsert_source(
+        self, source: str, chunks: Sequence[Chunk], progress: Progress | None = None
+    ) -> tuple[int, int]:
         """Make the stored chunks of ``source`` exactly ``chunks``. Returns (added, removed).
 
         A chunk kept from before (same text, same id) takes its new position in the source:
-        text inserted above it moves it down.
+        text inserted above it moves it down. ``progress`` is told each embedded batch's share
+        of the new chunks (a long file's bar moves while it is embedded).
         """
         wanted = {c.id: c for c in chunks}
         got = self._collection.get(where={"source": source}, include=["metadatas"])
@@ -400,6 +403,8 @@ class VectorIndex:
                 metadatas=[{"source": c.source, "position": c.position} for c in batch],
                 ids=[c.id for c in batch],
             )
+            if progress:
+                progress(len(batch) / len(missing))
         moved = [
             c
             for c in chunks
@@ -617,11 +622,19 @@ def index_documents(
     report = IndexReport()
     for source, text in documents:
         chunks = split_document(source, text, splitter)
-        added, removed = index.upsert_source(source, chunks)
+        share = 0.0  # of this document: its embedded batches' shares
+
+        def tell(part: float, done: int = report.files) -> None:
+            nonlocal share
+            share += part
+            if progress:
+                progress(done + min(share, 1.0))
+
+        added, removed = index.upsert_source(source, chunks, tell)
         report.files += 1
         report.chunks_total += len(chunks)
         report.chunks_added += added
         report.chunks_removed += removed
         if progress:
-            progress(1)
+            progress(report.files)  # a whole number: the bar's count reads it
     return report
