@@ -186,3 +186,20 @@ def test_a_draft_stopped_by_retrieval_before_its_first_token_says_so():
     one = {**state, "draft_tokens": 1, "draft_truncated": True}
     _, reason = decide(one, ctx(draft_policy="until_retrieval"))
     assert reason.startswith("draft stopped after 1 token, before its first text"), reason
+
+
+async def test_an_unverified_draft_cut_by_its_budget_says_so():
+    """A fallback answer from a draft its budget cut mid-sentence ("...It is approximately
+    5,838") read as a whole one (a new user, 2026-12-06)."""
+    words = " ".join(f"w{i}" for i in range(60))
+    slow = FakeLogprobChat(reply=words, delay_s=0.02, calls=[])
+    result = await run(
+        services(draft=slow, retrieve_error=OSError("disk gone")),
+        draft_timeout_s=0.3,
+        min_draft_tokens=1,
+    )
+    assert result["route"] == "fallback", result["reason"]
+    assert result["answer"].startswith(prompts.UNVERIFIED_PREFIX + "w0 w1")
+    assert result["answer"].endswith(prompts.DRAFT_CUT_SUFFIX)
+    whole = await run(services(retrieve_error=OSError("disk gone")))
+    assert not whole["answer"].endswith(prompts.DRAFT_CUT_SUFFIX)

@@ -19,6 +19,8 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
     ctx = runtime.context or SpecRagContext()
     usable, _ = draft_usable(dict(state), ctx)
     draft = (state.get("draft") or "").strip()
+    if draft and state.get("draft_truncated"):  # "It is approximately 5,838" read as whole
+        draft += prompts.DRAFT_CUT_SUFFIX
     evidence_found = state.get("retrieval_status") == "ok"
     if evidence_found and state.get("answer_error"):  # no answer model could use the evidence
         answer = prompts.UNCHECKED_PREFIX + draft if usable else prompts.ANSWER_FAILED

@@ -88,6 +88,8 @@ UNCHECKED_PREFIX = (
 DOCUMENT_UNCHECKED_PREFIX = (
     "Unverified (the answer model could not check this draft against the given document): "
 )
+# after an unverified draft its budget (or the evidence's arrival) stopped mid-way
+DRAFT_CUT_SUFFIX = " [... the draft was cut short]"
 
 # a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2" is
 # prose, whose "<" the fragment rule defuses, keeping its words
