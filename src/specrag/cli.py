@@ -934,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         line = short_error(exc)
         print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
+        send_traces()  # (not after Ctrl-C: the user asked to stop now)
         return _json_error(args, line, 1)
 
 

@@ -44,7 +44,8 @@ def first_line(exc: BaseException) -> str:
             return (
                 lines[0] if cause is exc else f"{short_type(exc)} ({short_type(cause)}: {lines[0]})"
             )
-        cause = cause.__cause__ or cause.__context__
+        # `raise ... from None` hides the context: so does this
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
     return short_type(exc)
 
 

@@ -283,8 +283,13 @@ def preload(
         from specrag.graph.services import open_index
 
         opened = open_index(ctx)  # a corrupt index is reported here, as one line
-        if ctx.retrieval != "dense":
-            opened.refresh_lexical()  # read (or built) once, here, not in the first search
+        if ctx.retrieval != "dense":  # read (or built) once, here, not in the first search;
+            try:  # one that fails here is the search's to retry, and its route's to take
+                opened.refresh_lexical()
+            except Exception as exc:  # noqa: BLE001
+                from specrag.errors import short_error
+
+                log.warning("could not read the index's BM25 side: %s", short_error(exc))
     seconds = time.perf_counter() - started
     err.print(f"[dim]models ready in {seconds:.1f}s[/dim]")
     return seconds

@@ -684,6 +684,10 @@ def test_hf_answers_count_their_tokens_up_to_the_stop_sequence_as_the_graph_does
     tail = tok("\nQuestion: who?", add_special_tokens=False)["input_ids"]
     assert tokens_before_stop(tok, answer + tail, ["\nQuestion:"]) == len(answer)
     assert tokens_before_stop(tok, answer, ["\nQuestion:"]) == len(answer)  # no stop
+    # a character split over byte tokens counts from its start, as the graph's count does
+    cjk = tok("Hi 你好", add_special_tokens=False)["input_ids"]
+    assert len(tok.decode(cjk[:-1])) > len("Hi 你")  # ends in a broken character (U+FFFD)
+    assert tokens_before_stop(tok, cjk + tail, ["\nQuestion:"]) == len(cjk)
 
 
 def test_warm_up_tries_the_next_question_when_one_warms_no_model(monkeypatch):

@@ -732,8 +732,10 @@ def test_a_tiny_temperature_samples_the_top_token_not_nan():
     from specrag.decoding.rapid import RapidConfig, transfer_distribution
     from specrag.decoding.sampling import Sampler
 
-    sampler = Sampler(temperature=1e-40)
     logits = torch.tensor([[10.0, 5.0, 1.0]])
+    for tiny in (1e-46, 5e-324):  # below float32's smallest: 0 there
+        assert torch.equal(Sampler(temperature=tiny).probs(logits), torch.tensor([[1.0, 0, 0]]))
+    sampler = Sampler(temperature=1e-40)
     probs = sampler.probs(logits)
     assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0]]))
     assert sampler.pick(probs[0], torch.Generator().manual_seed(0)) == 0

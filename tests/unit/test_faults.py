@@ -539,6 +539,13 @@ def test_an_error_without_a_message_says_the_one_it_was_raised_from():
     except ValueError as exc:
         assert first_line(exc) == short_error(exc) == "ValueError (TimeoutError: timed out)"
     assert first_line(ValueError()) == short_error(ValueError()) == "ValueError"
+    try:  # `from None` hides what it was raised during: so does the line
+        try:
+            raise KeyError("secret-key")
+        except KeyError:
+            raise RuntimeError() from None
+    except RuntimeError as exc:
+        assert first_line(exc) == "RuntimeError"
 
 
 def test_a_model_that_failed_to_load_is_not_tried_again_within_a_minute(monkeypatch):

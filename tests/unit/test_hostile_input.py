@@ -51,6 +51,9 @@ def test_a_question_keeps_its_spaces_and_joiners(question, kept):
     together ("Whowas"), and a zero-width joiner split emoji and Persian words (a review,
     2026-12-06)."""
     assert validate_question(question, 2000) == (question if kept is None else kept)
+    for invisible in ("\u200d", "\u200c \u200d\n"):  # joiners alone: still empty
+        with pytest.raises(InputError, match="the question is empty"):
+            validate_question(invisible, 2000)
 
 
 @settings(max_examples=60, deadline=None)

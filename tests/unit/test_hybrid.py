@@ -205,3 +205,11 @@ def test_preload_reads_the_bm25_side_before_the_first_search(monkeypatch, tmp_pa
     assert open_index(dense)._lexical is None  # dense retrieval reads no BM25
     preload(SpecRagContext(index_dir=str(directory), retrieval="hybrid"))
     assert open_index(dense)._lexical is not None
+    # one that cannot be read here is left to the search (its retry, its route), not an error
+    from specrag.indexing.store import VectorIndex
+
+    def broken(self):
+        raise OSError("bm25 folder unreadable")
+
+    monkeypatch.setattr(VectorIndex, "refresh_lexical", broken)
+    preload(SpecRagContext(index_dir=str(directory), retrieval="bm25"))

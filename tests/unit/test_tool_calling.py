@@ -368,7 +368,9 @@ def test_models_that_answer_differently_have_different_cache_keys():
     # draws depend on the candidates and drafter settings (a review, 2026-12-06): every
     # field of the model's own is in the key, but caches and their budgets
     for field in ChatLocalLM.model_fields:
-        assert field in base or field in BaseChatModel.model_fields, field
+        assert field in base or field in BaseChatModel.model_fields or field == "stop", field
+    # the key LangChain builds (it sets "stop" to the call's own, over a field of that name)
+    assert ChatLocalLM(stop=["\nQ"])._get_llm_string() != ChatLocalLM()._get_llm_string()
     assert ChatLocalLM(max_time=0.0)._identifying_params != base
     assert ChatLocalLM(wide_candidates=4)._identifying_params != base
     assert "prefix_cache" not in rapid and "prefix_cache_bytes" not in rapid

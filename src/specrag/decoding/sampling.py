@@ -31,9 +31,11 @@ class Sampler:
         """``logits`` over the temperature, the top one at 0 first (what softmax reads).
 
         The same distribution; without the shift a tiny temperature (1e-40) turned the logits
-        into infinities and the softmax into NaN.
+        into infinities and the softmax into NaN (and one below float32's smallest, 0/0).
         """
-        return (logits - logits.max(dim=-1, keepdim=True).values) / self.temperature
+        tiny = torch.finfo(logits.dtype).tiny  # 1e-46 rounds to 0 in float32: 0/0 is NaN
+        top = logits.max(dim=-1, keepdim=True).values
+        return (logits - top) / max(self.temperature, tiny)
 
     def nucleus(self, probs: torch.Tensor) -> torch.Tensor:
         """``probs [..., vocab]`` cut to the top-p nucleus and renormalised (as is at top_p 1)."""

@@ -101,7 +101,8 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # the run's start (the prompt's encoding included), draft_ttft_s counts from the run's
 # origin as ttft_s does, the draft's seed is fixed (``SEED``), and the answer settings run
 # beside serial_plain in the 0 s pass; 9: ``no_rag`` is the draft node's decoding - its user
-# message and stop sequences - and every answer stops at an invented '<evidence' block too).
+# message and stop sequences - every answer stops at an invented '<evidence' block too, and
+# an HF answer's tokens before a stop count a character split over tokens as the graph does).
 PROTOCOL = 9
 
 
@@ -204,7 +205,11 @@ def tokens_before_stop(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> 
     cut = first_stop(tokenizer.decode(ids, skip_special_tokens=True), stops)
     if cut is None:
         return len(ids)
-    starts = [len(tokenizer.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+    # a character split over tokens starts where it starts (not past its U+FFFD), as the graph
+    starts = [
+        len(tokenizer.decode(ids[:i], skip_special_tokens=True).rstrip("\ufffd"))
+        for i in range(len(ids))
+    ]
     return sum(1 for start in starts if start < cut)
 
 

@@ -508,7 +508,7 @@ def validate_question(question: str, max_chars: int) -> str:
     if question is not None and not isinstance(question, str):  # a graph input of JSON
         raise InputError(f"the question must be text, not {type(question).__name__}")
     cleaned = "".join(_question_char(ch) for ch in question or "").strip()
-    if not cleaned:
+    if not cleaned.strip(JOINERS + " \n\t"):  # joiners alone are no question either
         raise InputError("the question is empty")
     if len(cleaned) > max_chars:
         raise InputError(f"the question is {len(cleaned)} characters long (max {max_chars})")

@@ -82,18 +82,21 @@ class LoadedLM:
         """:attr:`key` and what else a KV cache written to disk depends on.
 
         The torch and transformers versions (a fix to a model's attention or rotary
-        embedding changes its KV), the GPU's or CPU's name (another instruction set rounds
-        fp32 sums differently) and the weight layout the passes read now
-        (:func:`specrag.models.layout.state`): a cache dir shared between machines (an NFS
-        home) or kept across an upgrade must not serve KV another stack computed.
+        embedding changes its KV) and the GPU's, or the CPU's name and the instruction set
+        torch uses on it (another rounds fp32 sums differently): a cache dir shared between
+        machines (an NFS home) or kept across an upgrade must not serve KV another stack
+        computed. Not the weight layout (:func:`specrag.models.layout.state`): a verdict too
+        close to call is timed again at each load, so the key would change between processes
+        and a repeated document would miss; only a last prefill chunk under 128 tokens reads
+        the second layout, whose sums may round differently.
         """
         import transformers
 
         software = f"torch {torch.__version__}|transformers {transformers.__version__}"
         where = gpu_suffix(self.device)
         if self.device.type == "cpu":
-            where = f"|{weight_layout.cpu_name()}"
-        return f"{self.key}|{software}{where}|{weight_layout.state(self.model)}"
+            where = f"|{weight_layout.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}"
+        return f"{self.key}|{software}{where}"
 
     @property
     def output_rows(self) -> int:

@@ -263,7 +263,10 @@ class LocalChatBase(BaseChatModel):
         field cannot be left out; LangChain's own (callbacks, tags) are not.
         """
         skip = {*BaseChatModel.model_fields, *self._not_identity}
-        return {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
+        own = {name: getattr(self, name) for name in type(self).model_fields if name not in skip}
+        # LangChain sets "stop" to the call's own (None when it names none) over this one's
+        own["model_stop"] = own.pop("stop", None)
+        return own
 
     def _max_new(self, options: DecodeOptions) -> int:
         """The call's answer limit in tokens: its own (0: none), else the model's."""
