@@ -7,17 +7,21 @@ from tests.unit.test_budgets import SlowLocal
 
 
 class Words(SlowLocal):
-    """Decodes a fixed text, one word per step, ignoring stop requests for a while."""
+    """Decodes a fixed text, one word per step, ignoring stop requests for a while.
 
-    words: list[str] = []
+    A word may be bytes, as a byte-level BPE's token is: part of a character decodes as
+    U+FFFD until the rest comes.
+    """
+
+    words: list[str | bytes] = []
 
     def _job(self, messages, options):
         job = super()._job(messages, options)
-        words = self.words
+        words = [w.encode() if isinstance(w, str) else w for w in self.words]
 
         class Tok:
             def decode(self, ids, skip_special_tokens=True, **_):
-                return "".join(words[i] for i in ids)
+                return b"".join(words[i] for i in ids).decode("utf-8", errors="replace")
 
         job.tokenizer = Tok()
         return job
@@ -374,30 +378,13 @@ def test_an_invented_evidence_block_ends_the_answer():
     assert model.invoke("q", stop=stops).content == "Flies avoid them.\n"
 
 
-class Bytes(SlowLocal):
-    """Decodes byte pieces, as a byte-level BPE does: a CJK character spans two tokens."""
-
-    pieces: list[bytes] = []
-
-    def _job(self, messages, options):
-        job = super()._job(messages, options)
-        pieces = self.pieces
-
-        class Tok:
-            def decode(self, ids, skip_special_tokens=True, **_):
-                return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
-
-        job.tokenizer = Tok()
-        return job
-
-
 def test_a_character_split_over_tokens_counts_its_tokens_before_a_stop():
     """The token that completes a character was placed one past its start (where the broken
     character's U+FFFD ended): before a stop sequence it was counted as after it, so a CJK
     draft was a token short (the gate's "too short") (a review, 2026-12-06)."""
     ni, hao = "你".encode(), "好".encode()
     pieces = [b"Hi", b" ", ni[:2], ni[2:], hao[:1], hao[1:], b"\n", b"Question:", b" what?"]
-    model = Bytes(steps=len(pieces), step_s=0.0, pieces=pieces)
+    model = Words(steps=len(pieces), step_s=0.0, words=pieces)  # a CJK character: 2 tokens
     msg = model.invoke("q", stop=["\nQuestion:"])
     assert msg.content == "Hi 你好"
     assert msg.usage_metadata["output_tokens"] == 6  # Hi, space, and two per character

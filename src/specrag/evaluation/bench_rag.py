@@ -60,7 +60,7 @@ from specrag.graph.services import open_index
 from specrag.indexing.pipeline import index_records
 from specrag.models.chat import ChatLocalLM, encode_chat
 from specrag.models.loading import load_lm
-from specrag.models.local import first_stop
+from specrag.models.local import decode_text, first_stop, stable_text
 from specrag.models.registry import local_model_name
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
@@ -202,14 +202,11 @@ def tokens_before_stop(tokenizer: Any, ids: list[int], stops: Sequence[str]) -> 
     the cut is not the answer's. HF stops only once the stop text is written, so its raw
     count holds the stop sequence's tokens, which the graph's does not.
     """
-    cut = first_stop(tokenizer.decode(ids, skip_special_tokens=True), stops)
+    cut = first_stop(decode_text(tokenizer, ids), stops)
     if cut is None:
         return len(ids)
-    # a character split over tokens starts where it starts (not past its U+FFFD), as the graph
-    starts = [
-        len(tokenizer.decode(ids[:i], skip_special_tokens=True).rstrip("\ufffd"))
-        for i in range(len(ids))
-    ]
+    # the graph's own text functions: a character split over tokens starts where it starts
+    starts = [len(stable_text(tokenizer, ids[:i])) for i in range(len(ids))]
     return sum(1 for start in starts if start < cut)
 
 

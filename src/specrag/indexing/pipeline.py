@@ -145,11 +145,10 @@ def load_files(paths: Iterable[str], empty_ok: bool = False, lapsed_ok: bool = F
             continue
         if not records:
             if f in named:
+                error = InputError(f"no text in {f}")
                 if not lapsed_ok:
-                    raise InputError(f"no text in {f}")
-                out.lapsed.append(
-                    (Skipped(str(f), "empty (no text)"), InputError(f"no text in {f}"))
-                )
+                    raise error
+                out.lapsed.append((Skipped(str(f), "empty (no text)"), error))
                 continue
             out.skipped.append(Skipped(str(f), "empty (no text)"))
             continue

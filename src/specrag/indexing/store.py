@@ -386,8 +386,8 @@ class VectorIndex:
         """Make the stored chunks of ``source`` exactly ``chunks``. Returns (added, removed).
 
         A chunk kept from before (same text, same id) takes its new position in the source:
-        text inserted above it moves it down. ``progress`` is told each embedded batch's share
-        of the new chunks (a long file's bar moves while it is embedded).
+        text inserted above it moves it down. ``progress`` is told the share of the new chunks
+        embedded so far after each batch (a long file's bar moves while it is embedded).
         """
         wanted = {c.id: c for c in chunks}
         got = self._collection.get(where={"source": source}, include=["metadatas"])
@@ -397,14 +397,16 @@ class VectorIndex:
         # disk, an embedding error) leaves the source's old chunks beside some new ones, never
         # a source half gone; the next run finishes the job.
         missing = [c for c in chunks if c.id not in existing]
+        embedded = 0
         for batch in _batches(missing, EMBED_BATCH):
             self.store.add_texts(
                 texts=[c.text for c in batch],
                 metadatas=[{"source": c.source, "position": c.position} for c in batch],
                 ids=[c.id for c in batch],
             )
+            embedded += len(batch)
             if progress:
-                progress(len(batch) / len(missing))
+                progress(embedded / len(missing))
         moved = [
             c
             for c in chunks
@@ -622,15 +624,9 @@ def index_documents(
     report = IndexReport()
     for source, text in documents:
         chunks = split_document(source, text, splitter)
-        share = 0.0  # of this document: its embedded batches' shares
-
-        def tell(part: float, done: int = report.files) -> None:
-            nonlocal share
-            share += part
-            if progress:
-                progress(done + min(share, 1.0))
-
-        added, removed = index.upsert_source(source, chunks, tell)
+        done = report.files
+        within = None if progress is None else lambda share: progress(done + share)
+        added, removed = index.upsert_source(source, chunks, within)
         report.files += 1
         report.chunks_total += len(chunks)
         report.chunks_added += added
