@@ -725,6 +725,24 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(line)
 
 
+class VersionAction(argparse.Action):
+    """``--version``: ``specrag X`` on stdout, or ``{"version": "X"}`` where ``--json`` is given."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print the version")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        """Print the version and leave (exit 0)."""
+        argv = getattr(parser, "argv", [])
+        if any(tok == "--json" or tok.startswith("--json=") for tok in argv):
+            print_json({"version": package_version()})
+        else:
+            print(f"specrag {package_version()}")
+        sys.stdout.flush()
+        parser.exit(0)
+
+
 class UsageError(SystemExit):
     """A usage error :meth:`Parser.error` printed; its line, for ``--json``'s document."""
 
@@ -756,7 +774,9 @@ def build_parser() -> argparse.ArgumentParser:
             "`specrag config` lists every setting you can change with --set KEY=VALUE."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"specrag {package_version()}")
+    parser.add_argument(
+        "--version", action=VersionAction, help="print the version (with --json: as JSON)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, models: bool = True) -> None:

@@ -1,5 +1,6 @@
 """The readable CLI output prints model and user text as it is (never as Rich markup)."""
 
+import json
 from types import SimpleNamespace
 
 from specrag.cli import main, print_demo_summary
@@ -51,3 +52,13 @@ def test_version(capsys):
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"specrag {version('specrag')}"
+
+
+def test_version_as_json(capsys):
+    """`--json` makes `--version` one JSON document too, on either side of it."""
+    from importlib.metadata import version
+
+    for argv in (["--json", "--version"], ["--version", "--json"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert json.loads(out) == {"version": version("specrag")}
