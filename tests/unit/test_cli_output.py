@@ -38,6 +38,10 @@ def test_config_lists_what_each_setting_accepts(capsys):
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["top_k"]["value"] == 5 and rows["top_k"]["allowed"] == ">= 1 and <= 10000"
     assert rows["retrieval"]["allowed"] == "dense, bm25, hybrid"
+    # text settings whose type takes any string name their values too (they listed none)
+    assert rows["device"]["allowed"] == "auto, cpu, cuda, cuda:N, mps"
+    assert "bf16" in rows["dtype"]["allowed"] and "int8" not in rows["dtype"]["allowed"]
+    assert rows["drafter_dtype"]["allowed"].endswith("int8, qint8")
     assert main(["config"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "top_k = 3" in lines

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from specrag import prompts
 from specrag.errors import InputError
-from specrag.models.options import check_placement
+from specrag.models.options import DEVICE_TEXT, FLOAT_NAMES, INT8_NAMES, check_placement
 
 COUNT_MAX = 2**24  # the most any count setting may be (tokens, chunks, MiB, characters)
 DAY_S = 86400.0  # the most any duration may be: longer waits overflow the OS's timers
@@ -27,8 +27,11 @@ def _f(
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
+    allowed: str = "",
 ) -> Any:
     """A field with its description (Studio's form) and its allowed numeric range.
+
+    ``allowed`` names the values a text field takes where its type does not (``device``).
 
     A whole-number setting with no upper bound of its own gets :data:`COUNT_MAX`: a count
     past what any store or tensor library takes (2**31 failed every search as an
@@ -37,7 +40,8 @@ def _f(
     if le is None and isinstance(default, int) and not isinstance(default, bool):
         le = COUNT_MAX
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
-    return field(default=default, metadata={"description": description, **bounds})
+    named = {"allowed": allowed} if allowed else {}
+    return field(default=default, metadata={"description": description, **bounds, **named})
 
 
 def _range_text(meta: Any) -> str:
@@ -79,12 +83,17 @@ class SpecRagContext:
     answer_model: str = _f(
         "", "Answer (target) model: empty = from `models`; same forms as draft_model."
     )
-    device: str = _f("auto", "Device for local models: auto, cpu, cuda, cuda:N, mps.")
+    device: str = _f(
+        "auto",
+        "Device for local models: auto = the current CUDA GPU where there is one, else the CPU.",
+        allowed=DEVICE_TEXT,
+    )
     dtype: str = _f(
         "auto",
         "dtype for local models: auto (fp32 on CPU, bf16 on a GPU with native bf16, else fp32), "
         "float32, bfloat16, float16 "
         "(or fp32, bf16, fp16).",
+        allowed=", ".join(FLOAT_NAMES),
     )
     drafter_dtype: str = _f(
         "auto",
@@ -92,6 +101,7 @@ class SpecRagContext:
         "runs fp32 or bf16 on an x86 CPU - it only proposes, the answer model verifies - else "
         "dtype), "
         "float32, bfloat16, float16 (or fp32, bf16, fp16), int8 or qint8 (CPU only).",
+        allowed=", ".join(FLOAT_NAMES + INT8_NAMES),
     )
     embedding_model: str = _f(
         "embedded", "Embeddings: 'embedded' (all-MiniLM-L6-v2) or a sentence-transformers path/id."
@@ -479,6 +489,8 @@ class SpecRagContext:
                 out[f.name] = ", ".join(map(str, typing.get_args(hint)))
             elif hint is bool:
                 out[f.name] = "true, false"
+            elif "allowed" in f.metadata:
+                out[f.name] = f.metadata["allowed"]
             else:
                 out[f.name] = _range_text(f.metadata)
         return out

@@ -31,6 +31,7 @@ FLOAT_DTYPES = {
 }
 FLOAT_NAMES = ("auto", *FLOAT_DTYPES)
 DEVICE_FORMS = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # where it may run
+DEVICE_TEXT = "auto, cpu, cuda, cuda:N, mps"  # DEVICE_FORMS, as its errors and docs name them
 
 
 def check_placement(device: str, dtype: str, drafter_dtype: str, prefix: str = "") -> None:
@@ -39,7 +40,7 @@ def check_placement(device: str, dtype: str, drafter_dtype: str, prefix: str = "
     Whether that device exists here (CUDA available) is checked when a model loads.
     """
     if not DEVICE_FORMS.fullmatch(device):
-        raise InputError(f"{prefix}device={device!r} (allowed: auto, cpu, cuda, cuda:N, mps)")
+        raise InputError(f"{prefix}device={device!r} (allowed: {DEVICE_TEXT})")
     refuse_int8_answer(dtype, "dtype", prefix)
     for setting, value, names in (
         ("dtype", dtype, FLOAT_NAMES),
