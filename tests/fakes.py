@@ -28,6 +28,7 @@ class FakeLogprobChat(BaseChatModel):
     delay_s: float = 0.0  # per word
     hold: Any = None  # a threading.Event: the reply waits for it (a hung model, released later)
     fail: bool = False
+    finish_reason: str = ""  # on the last chunk, as chat APIs report it ("length": its limit)
     calls: list[list[BaseMessage]] = []
 
     @property
@@ -49,13 +50,16 @@ class FakeLogprobChat(BaseChatModel):
             raise RuntimeError("model exploded")
         if self.hold is not None:
             self.hold.wait(HANG_S)
-        for i, word in enumerate(self.reply.split(" ")):
+        words = self.reply.split(" ")
+        for i, word in enumerate(words):
             if self.delay_s:
                 time.sleep(self.delay_s)
             text = word if i == 0 else " " + word
-            meta = {}
+            meta: dict[str, Any] = {}
             if self.logprob is not None:
                 meta = {"logprobs": {"content": [{"token": text, "logprob": self.logprob}]}}
+            if self.finish_reason and i == len(words) - 1:
+                meta["finish_reason"] = self.finish_reason
             chunk = ChatGenerationChunk(
                 message=AIMessageChunk(content=text, response_metadata=meta)
             )

@@ -203,3 +203,19 @@ async def test_an_unverified_draft_cut_by_its_budget_says_so():
     assert result["answer"].endswith(prompts.DRAFT_CUT_SUFFIX)
     whole = await run(services(retrieve_error=OSError("disk gone")))
     assert not whole["answer"].endswith(prompts.DRAFT_CUT_SUFFIX)
+
+
+async def test_an_unverified_draft_cut_by_its_token_limit_says_so():
+    """A draft that ended at draft_max_tokens (finish_reason "length") is cut short too: it got
+    no suffix, since only a budget or retrieval marked a draft truncated."""
+    cut = FakeLogprobChat(reply="It is approximately 5,838", finish_reason="length", calls=[])
+    result = await run(services(draft=cut, retrieve_error=OSError("disk gone")), min_draft_tokens=1)
+    assert result["route"] == "fallback", result["reason"]
+    assert result["answer"].endswith("5,838" + prompts.DRAFT_CUT_SUFFIX)
+    ended = FakeLogprobChat(reply="It is 5,838.", finish_reason="stop", calls=[])
+    whole = await run(
+        services(draft=ended, retrieve_error=OSError("disk gone")), min_draft_tokens=1
+    )
+    assert whole["answer"].startswith(prompts.UNVERIFIED_PREFIX) and not whole["answer"].endswith(
+        prompts.DRAFT_CUT_SUFFIX
+    )

@@ -104,7 +104,8 @@ class State(InputState, OutputState, total=False):
     input key, so the next question on the same thread does not inherit it."""
     draft_status: DraftStatus
     draft_truncated: bool
-    """True when the draft was cut short (by its time budget or by retrieval finishing)."""
+    """True when the draft was cut short (by its time budget, by retrieval finishing or by
+    ``draft_max_tokens``)."""
     draft_tokens: int
     """Number of draft tokens produced."""
     retrieval_status: RetrievalStatus

@@ -64,7 +64,10 @@ def make_draft(services: Services):  # noqa: ANN201
             )
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
             return _no_draft("failed", errors=[f"draft: {short_error(exc)}"])
-        truncated = result.timed_out or result.stopped
+        # cut by its budget, by retrieval, or by its token limit ("length": mid-sentence too)
+        truncated = (
+            result.timed_out or result.stopped or result.metadata.get("finish_reason") == "length"
+        )
         if not result.text:
             status = "timeout" if result.timed_out else "empty"
         else:
