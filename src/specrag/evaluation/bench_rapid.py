@@ -27,7 +27,7 @@ Two speeds, both from the same run:
 (first-question vs repeat-question end-to-end latency). Before anything is timed, one short
 case runs through every method (untimed, unrecorded) so model loading, the embedding model
 (MiniLM), HF's generation paths and the RAPID path are warm. Every ratio comes with a 95%
-bootstrap interval over questions (``*_ci95``; one question gives ``[x, x]``). Forward passes
+bootstrap interval over questions (``*_ci95``; null from one question, as in a ``--quick`` run). Forward passes
 are counted per model: ``target_passes_per_token`` and ``draft_passes_per_token`` (RAPID's
 drafter, or HF's assistant - the same model object, counted apart).
 """
