@@ -219,3 +219,29 @@ async def test_an_unverified_draft_cut_by_its_token_limit_says_so():
     assert whole["answer"].startswith(prompts.UNVERIFIED_PREFIX) and not whole["answer"].endswith(
         prompts.DRAFT_CUT_SUFFIX
     )
+
+
+async def test_a_remote_model_is_cut_at_its_budget_without_a_grace():
+    """The 0.5 s grace is for a hung local decode thread; a remote call ran 0.5 s past every
+    budget (answer_timeout_s=1 took 1.55 s). Words at 0.2, 0.4, 0.6, ... s; budget 0.3 s."""
+    from specrag.nodes.streaming import stream_model
+
+    slow = FakeLogprobChat(reply="one two three four five six", delay_s=0.2, calls=[])
+    out = await stream_model(slow, "q", budget_s=0.3, tags=["draft"])
+    assert out.timed_out and out.text == "one", out.text
+
+
+async def test_a_models_own_timeout_error_is_its_error_not_the_budget():
+    """A socket's read timeout is a TimeoutError too: it read as the budget ending ("no answer
+    within 60s" after 27 ms; the draft 'timeout' with no error listed)."""
+
+    class Times(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            raise TimeoutError("read timed out")
+            yield  # a generator
+
+    result = await run(services(draft=Times(calls=[]), answer=Times(calls=[])))
+    assert result["route"] == "fallback"
+    errors = " ".join(result["errors"])
+    assert "draft: TimeoutError: read timed out" in errors, errors
+    assert "within" not in errors, errors

@@ -415,3 +415,49 @@ def test_invoke_callbacks_see_the_text_held_until_the_end():
         else:
             msg = asyncio.run(model.ainvoke("q", config=config, stop=["\nQuestion:"]))
         assert msg.content == "A B\nQue" == "".join(handler.seen), (call, handler.seen)
+
+
+async def test_a_remote_models_stop_sequences_are_cut_here_not_sent():
+    """OpenAI, Azure and Bedrock refuse more than 4 stop sequences (HTTP 400), and the graph
+    sends 6: every call of a remote model failed. They are cut on this side instead - a stop
+    split over two chunks too -, the stream is closed at the stop and the shown text retracted."""
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+    from specrag.prompts import INVENTED_TURNS
+    from tests.fakes import FakeLogprobChat
+
+    sent: list = []
+    given = ["Rollo", " led them.", "\nQues", "tion: What", " next?", " And more."]
+
+    class Remote(FakeLogprobChat):
+        def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+            sent.append(stop)
+            for text in given:
+                sent.append(text)  # what the stream gave before it was closed
+                yield ChatGenerationChunk(message=AIMessageChunk(content=text))
+
+    class S(TypedDict, total=False):
+        text: str
+        reason: str
+
+    async def node(state: S) -> S:
+        options = DecodeOptions(stop=INVENTED_TURNS)
+        out = await stream_model(Remote(calls=[]), "q", budget_s=5.0, tags=["a"], options=options)
+        return {"text": out.text, "reason": out.metadata["finish_reason"]}
+
+    graph = StateGraph(S).add_node("a", node).add_edge(START, "a").add_edge("a", END).compile()
+    payloads = [p async for _, p in graph.astream({}, stream_mode=["custom", "values"])]
+    assert payloads[-1] == {"text": "Rollo led them.", "reason": "stop"}
+    assert sent == [None, *given[:4]]  # no stop sent; closed at the chunk that ended the stop
+    revise = next(p for p in payloads if p.get("event") == "revise")
+    assert revise["keep"] == len("Rollo led them.") and revise["dropped_text"] == "\nQuestion: What"
+
+    from specrag.nodes.streaming import first_stop
+
+    assert first_stop("ab\nQ: x\nUser:", INVENTED_TURNS) == 2  # the earliest of them
+    assert first_stop("no stop here", INVENTED_TURNS) is None and first_stop("x", ()) is None

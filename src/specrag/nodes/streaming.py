@@ -21,8 +21,9 @@ from langgraph.config import get_stream_writer
 from specrag.graph.services import is_local
 from specrag.models.options import DecodeOptions
 
-# Extra wall-clock allowed past a budget before an unresponsive model call is abandoned
-# (local models stop themselves at the budget; this only catches hung remote calls).
+# Extra wall-clock allowed past a budget before an unresponsive local model call is abandoned
+# (local models stop themselves at the budget; this only catches a hung decode thread). A
+# remote call has no loop of its own that stops it: it is cut at its budget exactly.
 GRACE_S = 0.5
 
 
@@ -190,6 +191,19 @@ def with_remote_settings(model: BaseChatModel, options: DecodeOptions) -> BaseCh
     return model.model_copy(update=update) if update else model
 
 
+def first_stop(text: str, stops: tuple[str, ...], since: int = 0) -> int | None:
+    """Where the first of ``stops`` starts in ``text`` (None: nowhere).
+
+    Only a match that ends at or after ``since`` (the text before it was looked at already)
+    is searched for, so a stream costs one look per chunk.
+    """
+    if not stops:
+        return None
+    start = max(0, since - max(map(len, stops)) + 1)
+    found = [i for i in (text.find(stop, start) for stop in stops if stop) if i >= 0]
+    return min(found) if found else None
+
+
 STOP_POLL_S = 0.02  # how often a remote stream's stop event is looked at between chunks
 
 
@@ -245,10 +259,10 @@ async def stream_model(
             stop_event=stop_event,
             min_tokens=min_tokens,
         )
-    elif options is not None:
+    elif options is not None:  # its stop sequences are cut here, not sent: OpenAI, Azure and
+        # Bedrock refuse more than 4 (HTTP 400: every call failed), some models any
         model = with_remote_settings(model, options)
-        if options.stop:
-            kwargs["stop"] = list(options.stop)
+    stops = tuple(options.stop) if options is not None and not local else ()
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
     event = None if local else stop_event  # a local decode polls the event itself
 
@@ -268,6 +282,7 @@ async def stream_model(
             if text and out.ttft_s is None:
                 out.ttft_s = now() - start
             out.text += text
+            cut = first_stop(out.text, stops, len(out.text) - len(text)) if text else None
             lps = (meta.get("logprobs") or {}).get("content") or []
             out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
             # local models report a log-prob per token; others count text chunks
@@ -277,17 +292,34 @@ async def stream_model(
                     out.metadata[key] = value
             if chunk.usage_metadata:
                 out.metadata["usage"] = dict(chunk.usage_metadata)
+            if cut is not None:  # a remote model's stop sequence: the text ends before it
+                dropped, out.text = out.text[cut:], out.text[:cut]
+                out.metadata["finish_reason"] = "stop"
+                emit(
+                    {
+                        "event": "revise",
+                        "keep": cut,
+                        "kept_tokens": out.tokens,
+                        "dropped_text": dropped,
+                        "why": "stop sequence",
+                        "at_s": round(now() - start, 4),
+                    }
+                )
+                break
             if stopping():  # at once after the chunk that came (no wait for the next poll)
                 out.stopped = True
                 break
 
+    budget = asyncio.timeout(budget_s + GRACE_S if local else budget_s)
     try:
-        async with asyncio.timeout(budget_s + GRACE_S):
+        async with budget:
             if event is None:
                 await consume()
             else:  # a remote stream may send nothing for a while: stop it between chunks
                 out.stopped = await until_stopped(consume(), stopping) or out.stopped
     except TimeoutError:
+        if not budget.expired():  # the model's own (a socket's read timeout): its error
+            raise
         out.timed_out = True
     retracted = int((out.metadata.get("decoding") or {}).get("retracted_tokens") or 0)
     if retracted:  # streamed before a stop sequence was recognised: not part of the text
