@@ -6,8 +6,9 @@ tokens (seeded; the gold position varies). Every method decodes greedily from th
 prompt (instructions + document + question) with the same model:
 
 * ``target_only`` - HF ``generate`` (no speculation);
-* ``hf_assisted`` - HF assisted generation, the same model as assistant (it reads the same long
-  prompt: HF has no separate drafter context);
+* ``hf_assisted`` - HF assisted generation with RAPID's drafter as assistant (the same model on
+  ``embedded``, the int8 0.5B on ``--models pair``; it reads the same long prompt: HF has no
+  separate drafter context);
 * ``hf_prompt_lookup`` - HF ``prompt_lookup_num_tokens=10``;
 * ``rapid_eta0`` - RAPID without knowledge transfer (lossless);
 * ``rapid_kt`` - RAPID with knowledge transfer (``transfer=shift``, ``eta`` as configured).
@@ -27,9 +28,9 @@ Two speeds, both from the same run:
 (first-question vs repeat-question end-to-end latency). Before anything is timed, one short
 case runs through every method (untimed, unrecorded) so model loading, the embedding model
 (MiniLM), HF's generation paths and the RAPID path are warm. Every ratio comes with a 95%
-bootstrap interval over questions (``*_ci95``; null from one question, as in a ``--quick`` run). Forward passes
-are counted per model: ``target_passes_per_token`` and ``draft_passes_per_token`` (RAPID's
-drafter, or HF's assistant - the same model object, counted apart).
+bootstrap interval over questions (``*_ci95``; null from one question, as in a ``--quick``
+run). Forward passes are counted per model: ``target_passes_per_token`` and
+``draft_passes_per_token`` (RAPID's drafter, or HF's assistant, counted apart).
 """
 
 from __future__ import annotations
