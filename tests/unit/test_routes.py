@@ -220,6 +220,11 @@ async def test_an_unverified_draft_cut_by_its_token_limit_says_so():
         prompts.DRAFT_CUT_SUFFIX
     )
 
+    # a limit reached before any text: an empty draft, not one retrieval stopped
+    nothing = FakeLogprobChat(reply="", finish_reason="length", calls=[])
+    empty = await run(services(draft=nothing), draft_policy="complete")
+    assert empty["reason"].startswith("draft empty: serial RAG"), empty["reason"]
+
 
 async def test_a_remote_model_is_cut_at_its_budget_without_a_grace():
     """The 0.5 s grace is for a hung local decode thread; a remote call ran 0.5 s past every

@@ -14,7 +14,8 @@ from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict  # pydantic reads it on 3.11 (Studio's schemas)
 
 DraftStatus = Literal["ok", "truncated", "timeout", "failed", "off", "empty"]
-"""ok: finished; truncated: cut by its budget or by retrieval; the rest: no usable text."""
+"""ok: finished; truncated: cut by its budget, by retrieval or by ``draft_max_tokens``; the rest:
+no usable text."""
 RetrievalStatus = Literal["ok", "timeout", "failed", "empty", "irrelevant"]
 """ok: evidence found; otherwise why not (the run then takes the fallback route)."""
 

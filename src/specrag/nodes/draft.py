@@ -64,10 +64,10 @@ def make_draft(services: Services):  # noqa: ANN201
             )
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
             return _no_draft("failed", errors=[f"draft: {short_error(exc)}"])
-        # cut by its budget, by retrieval, or by its token limit ("length": mid-sentence too)
-        truncated = (
-            result.timed_out or result.stopped or result.metadata.get("finish_reason") == "length"
-        )
+        # cut by its budget, by retrieval, or - text it wrote - by its token limit ("length":
+        # mid-sentence too; a limit before any text is an empty draft, not one retrieval cut)
+        at_limit = result.metadata.get("finish_reason") == "length" and bool(result.text)
+        truncated = result.timed_out or result.stopped or at_limit
         if not result.text:
             status = "timeout" if result.timed_out else "empty"
         else:
