@@ -582,3 +582,26 @@ def test_a_model_that_failed_to_load_is_not_tried_again_within_a_minute(monkeypa
     with pytest.raises(ModelLoadError):
         loading.load_lm("nosuch/model", "cpu", "float32")
     assert len(tries) == 4
+
+
+@pytest.mark.parametrize("policy", ["wait", "incremental"])
+async def test_evidence_from_before_a_failed_later_batch_is_incomplete_in_both_policies(policy):
+    """State.evidence_complete is False when later batches failed and the run answers from the
+    evidence before them: a wait-mode run said so, an incremental one said True (and its error
+    left out what it answered from)."""
+
+    def failing(query, document, ctx):
+        yield Batch("dense", [chunk("Paris is the capital of France.", n=0)])
+        time.sleep(0.05)  # the incremental answer has started from batch 1
+        raise RuntimeError("store down")
+
+    svc = dataclasses.replace(services(), batch_retriever=failing)
+    question = {"question": "capital of France?"}
+    context = ctx(answer_policy=policy, incremental_grace_s=0.0, draft_policy="off")
+    state: dict = {}
+    async for state in build_graph(svc).astream(question, context=context, stream_mode="values"):
+        pass
+    assert state["answer"] == "Paris." and state["evidence_complete"] is False, policy
+    later = [e for e in state["errors"] if "later batches" in e]
+    assert len(later) == 1 and "failed: RuntimeError: store down" in later[0], later
+    assert "answering from the 1 relevant chunk(s) found before" in later[0], later

@@ -82,6 +82,7 @@ class EvidenceStream:
     errors: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     ended: bool = False
+    partial: bool = False  # later batches failed, missed the budget or ranked nothing relevant
 
     async def next(self) -> list[dict[str, Any]] | None:
         """The next batch's evidence; None once the stream ended (then at every call)."""

@@ -212,7 +212,7 @@ def evidence(
     return {
         "chunks": list(chunks),
         "batches": [dict(r) for r in stream.records],
-        "evidence_complete": stream.ended and not unread,
+        "evidence_complete": stream.ended and not unread and not stream.partial,
     }
 
 

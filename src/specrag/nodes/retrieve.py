@@ -270,7 +270,8 @@ def stream_rest(
                         if relevant := got.relevant(got.found):
                             await stream.queue.put(relevant)
                         elif not emptied:  # a fused re-ranking dropped every relevant
-                            emptied = True  # chunk: the answer keeps the evidence it was given
+                            emptied = stream.partial = True  # chunk: the answer keeps the
+                            # evidence it was given
                             stream.errors.append(
                                 f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
                                 f"{ctx.relevance_threshold}; answering from the {len(before)} "
@@ -281,7 +282,11 @@ def stream_rest(
                 why = f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
             else:  # the store's own error
                 why = f"failed: {short_error(exc)}"
-            stream.errors.append(f"{LATER_BATCHES} {why}")
+            stream.partial = True  # as a wait-mode run says it: not all the evidence there was
+            kept = len(got.relevant(got.found))
+            stream.errors.append(
+                f"{LATER_BATCHES} {why}; answering from the {kept} relevant chunk(s) found before"
+            )
         finally:
             stream.queue.put_nowait(None)
 
