@@ -250,3 +250,27 @@ async def test_a_models_own_timeout_error_is_its_error_not_the_budget():
     errors = " ".join(result["errors"])
     assert "draft: TimeoutError: read timed out" in errors, errors
     assert "within" not in errors, errors
+
+
+async def test_a_remote_drafts_tokens_are_its_usage_count_not_its_chunks():
+    """A provider sends several tokens per chunk: counted by chunks, a 6-token draft in 2
+    chunks was "too short (2 < 6 tokens)" and never refined. The usage's output tokens count
+    (its hidden reasoning tokens left out)."""
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    class Chunky(FakeLogprobChat):
+        usage: dict = {}
+
+        def _stream(self, *a, **k):
+            yield ChatGenerationChunk(message=AIMessageChunk(content="Paris is"))
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(content=" the capital.", usage_metadata=self.usage)
+            )
+
+    usage = {"input_tokens": 9, "output_tokens": 6, "total_tokens": 15}
+    result = await run(services(draft=Chunky(usage=usage, calls=[])), min_draft_tokens=6)
+    assert result["route"] == "refine", result["reason"]
+    thinking = {**usage, "output_tokens": 40, "output_token_details": {"reasoning": 35}}
+    result = await run(services(draft=Chunky(usage=thinking, calls=[])), min_draft_tokens=6)
+    assert result["reason"].startswith("draft too short (5 < 6 tokens)"), result["reason"]

@@ -191,6 +191,19 @@ def with_remote_settings(model: BaseChatModel, options: DecodeOptions) -> BaseCh
     return model.model_copy(update=update) if update else model
 
 
+def answer_tokens(usage: dict[str, Any]) -> int:
+    """The text tokens a remote call's usage counts (its hidden reasoning tokens left out).
+
+    A provider sends several tokens per chunk: counted by chunks, a good remote draft read
+    as "too short" for ``min_draft_tokens``. 0 where the usage has no count.
+    """
+    total = usage.get("output_tokens")
+    if not isinstance(total, int) or isinstance(total, bool):
+        return 0
+    reasoning = (usage.get("output_token_details") or {}).get("reasoning") or 0
+    return max(0, total - (reasoning if isinstance(reasoning, int) else 0))
+
+
 def first_stop(text: str, stops: tuple[str, ...], since: int = 0) -> int | None:
     """Where the first of ``stops`` starts in ``text`` (None: nowhere).
 
@@ -269,7 +282,10 @@ async def stream_model(
     def stopping() -> bool:
         return event is not None and event.is_set() and out.tokens >= min_tokens
 
+    stop_cut = False  # a remote model's stop sequence ended the text here
+
     async def consume() -> None:
+        nonlocal stop_cut
         async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
             text = chunk.text if isinstance(chunk.text, str) else str(chunk.content)
             meta = chunk.response_metadata or {}
@@ -295,6 +311,7 @@ async def stream_model(
             if cut is not None:  # a remote model's stop sequence: the text ends before it
                 dropped, out.text = out.text[cut:], out.text[:cut]
                 out.metadata["finish_reason"] = "stop"
+                stop_cut = True
                 emit(
                     {
                         "event": "revise",
@@ -321,6 +338,8 @@ async def stream_model(
         if not budget.expired():  # the model's own (a socket's read timeout): its error
             raise
         out.timed_out = True
+    if not local and not out.logprobs and not stop_cut:  # a usage count of the whole text
+        out.tokens = max(out.tokens, answer_tokens(out.metadata.get("usage") or {}))
     retracted = int((out.metadata.get("decoding") or {}).get("retracted_tokens") or 0)
     if retracted:  # streamed before a stop sequence was recognised: not part of the text
         out.logprobs = out.logprobs[: len(out.logprobs) - retracted]
