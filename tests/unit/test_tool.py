@@ -159,7 +159,8 @@ def test_a_context_stays_as_checked():
 
 async def test_a_remote_model_gets_the_stages_temperature_limit_seed_and_stops():
     """`provider:model` models streamed with their construction defaults: draft_temperature,
-    answer_max_tokens, seed and the stop sequences reached only local models."""
+    answer_max_tokens, seed and the stop sequences reached only local models. The stops are
+    applied here, not sent (OpenAI takes at most 4; test_stop_sequences)."""
     from typing import Any
 
     from langchain_core.messages import HumanMessage
@@ -181,11 +182,11 @@ async def test_a_remote_model_gets_the_stages_temperature_limit_seed_and_stops()
             )
             yield from super()._stream(messages, stop, run_manager, **kwargs)
 
-    model = Remote(reply="Paris.")
+    model = Remote(reply="Paris.\n\nQuestion: more?")
     opts = DecodeOptions(temperature=0.0, max_new_tokens=12, seed=7, stop=("\n\n",))
     out = await stream_model(model, [HumanMessage("q")], budget_s=5, tags=["draft"], options=opts)
-    assert out.text.strip() == "Paris."
-    assert seen == [{"t": 0.0, "n": 12, "seed": 7, "stop": ["\n\n"]}]
+    assert out.text == "Paris."
+    assert seen == [{"t": 0.0, "n": 12, "seed": 7, "stop": None}]
     assert model.temperature == 0.7  # a copy carries them: the shared model is unchanged
     await stream_model(
         FakeLogprobChat(reply="x"), [HumanMessage("q")], budget_s=5, tags=["a"], options=opts
