@@ -3,7 +3,8 @@
 ```
 START ─► prepare ─┬─► retrieve ─┐
                   └─► draft ────┴─► gate ─┬─► refine ──────────► END   (error ─► generate)
-                                          ├─► rapid_generate ──► END   (error ─► generate)
+                                          ├─► rapid_generate ──► END   (error ─► generate;
+                                          │                             no evidence: fallback)
                                           ├─► generate ────────► END   (error ─► fallback)
                                           └─► fallback ────────► END
 ```

@@ -1,7 +1,7 @@
 """Graph state: one TypedDict, with narrow input and output schemas.
 
 Keys written by the two parallel branches (``retrieve`` and ``draft``) are disjoint, except
-``timings``, ``stats`` and ``errors``, which have merging reducers.
+``timings``, ``stats``, ``errors`` and ``marks``, which have merging reducers.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ class OutputState(TypedDict, total=False):
     stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``."""
     timings: Annotated[dict[str, float], merge_dicts]
     """Seconds: load_s (model loading, before the run's origin), document_index_s, retrieve_s
-    and answer_s (the search's and the answering node's own time, each from its node's start;
-    a failed answer's too),
+    and answer_s (the search's and the last answering node's own time, each from its node's
+    start; a failed answer's where no later answer node ran: refine's time is replaced by
+    generate's when generate takes over),
     and from the origin: draft_s, draft_ttft_s, ttft_s, total_s."""
     seed: int
     """Sampling seed of this run (the ``seed`` setting reproduces a sampled answer given the same

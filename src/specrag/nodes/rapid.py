@@ -16,7 +16,7 @@ from specrag.nodes.answer import AnswerCall, make_answer_node
 
 
 def make_rapid_generate(services: Services):  # noqa: ANN201
-    """Build the rapid_generate node (an error routes to ``generate``)."""
+    """Build the rapid_generate node (an error: ``generate``, or ``fallback`` without evidence)."""
 
     def build(state: State, ctx: SpecRagContext) -> AnswerCall:
         chunks = state.get("chunks") or []
