@@ -83,6 +83,25 @@ class HashEmbeddings:
         return self._vec(text)
 
 
+def test_a_documents_chunks_are_cached_per_tokenizer():
+    """The chunk cache was keyed by document and embeddings only: a second model's counter (the
+    pair after the embedded model in one server) got the first one's chunks, 529 of its
+    "tokens" for 128 - and the drafter's budget held 1 chunk instead of 6."""
+    document = " ".join(f"w{i}" for i in range(600))
+    words = lambda t: len(t.split())  # noqa: E731
+    chars = lambda t: len(t)  # noqa: E731
+    emb = HashEmbeddings()
+    kw = dict(embeddings=emb, chunk_tokens=32, token_budget=10_000)
+    by_words = search_document(document, "q", token_length=words, tokenizer_key="a", **kw)
+    by_chars = search_document(document, "q", token_length=chars, tokenizer_key="b", **kw)
+    assert max(words(c.text) for c in by_words) <= 32
+    assert max(chars(c.text) for c in by_chars) <= 32  # its own chunks, not the first's
+    assert len(by_chars) > 3 * len(by_words)
+    # no key: cached under that counter itself, never under another's
+    again = search_document(document, "q", token_length=chars, **kw)
+    assert max(chars(c.text) for c in again) <= 32
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.text(max_size=4000), st.text(max_size=200))
 def test_any_document_is_searchable(document, question):

@@ -116,6 +116,11 @@ def answer_token_length(ctx: SpecRagContext) -> Callable[[str], int]:
     return lambda text: len(text.split())
 
 
+def answer_tokenizer_key(ctx: SpecRagContext) -> str:
+    """What :func:`answer_token_length` counts with: a document's chunks are cached under it."""
+    return local_model_name(ctx.answer_spec) or "whitespace words"
+
+
 def default_retriever(question: str, document: str | None, ctx: SpecRagContext) -> list[Chunk]:
     """Search the document when one is given, else the persistent index."""
     if document:
@@ -126,6 +131,7 @@ def default_retriever(question: str, document: str | None, ctx: SpecRagContext) 
             token_length=answer_token_length(ctx),
             chunk_tokens=ctx.rapid_chunk_tokens,
             token_budget=ctx.rapid_drafter_tokens,
+            tokenizer_key=answer_tokenizer_key(ctx),
         )
     return open_index(ctx).search(question, ctx.top_k, ctx.retrieval)
 
@@ -142,6 +148,7 @@ def default_index_document(ctx: SpecRagContext, document: str) -> None:
         embeddings=load_embeddings(ctx.embedding_model),
         token_length=answer_token_length(ctx),
         chunk_tokens=ctx.rapid_chunk_tokens,
+        tokenizer_key=answer_tokenizer_key(ctx),
     )
 
 

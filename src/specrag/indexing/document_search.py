@@ -35,9 +35,16 @@ def document_hash(text: str) -> str:
 
 
 def _embedded_chunks(
-    text: str, embeddings: Any, token_length: Callable[[str], int], chunk_tokens: int
+    text: str,
+    embeddings: Any,
+    token_length: Callable[[str], int],
+    chunk_tokens: int,
+    tokenizer_key: str = "",
 ) -> tuple[list[Chunk], np.ndarray]:
-    key = f"{document_hash(text)}:{chunk_tokens}:{id(embeddings)}"
+    # chunk sizes are counted by ``token_length``: another model's tokenizer (the pair after
+    # the embedded model in one process) got the first one's chunks, 529 "tokens" for 128
+    counter = tokenizer_key or f"counter {id(token_length)}"
+    key = f"{document_hash(text)}:{chunk_tokens}:{id(embeddings)}:{counter}"
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
@@ -60,9 +67,15 @@ def search_document(
     token_length: Callable[[str], int],
     chunk_tokens: int = 128,
     token_budget: int = 768,
+    tokenizer_key: str = "",
 ) -> list[Chunk]:
-    """Most similar chunks within ``token_budget`` tokens, in document order, with scores."""
-    chunks, vectors = _embedded_chunks(text, embeddings, token_length, chunk_tokens)
+    """Most similar chunks within ``token_budget`` tokens, in document order, with scores.
+
+    The best chunk is kept even where it alone is longer than the budget. ``tokenizer_key``
+    names what ``token_length`` counts with (a model's name): the document's chunks are
+    cached under it (without one, under this very counter object).
+    """
+    chunks, vectors = _embedded_chunks(text, embeddings, token_length, chunk_tokens, tokenizer_key)
     if not chunks:
         return []
     query = np.asarray(embeddings.embed_query(question), dtype=np.float32)
@@ -91,6 +104,7 @@ def drafter_context(
     token_length: Callable[[str], int],
     chunk_tokens: int = 128,
     token_budget: int = 768,
+    tokenizer_key: str = "",
 ) -> str:
     """The RAPID drafter's context: the best chunks within the budget, in document order."""
     chunks = search_document(
@@ -100,13 +114,19 @@ def drafter_context(
         token_length=token_length,
         chunk_tokens=chunk_tokens,
         token_budget=token_budget,
+        tokenizer_key=tokenizer_key,
     )
     return "\n\n".join(c.text for c in chunks)
 
 
 def index_document(
-    text: str, *, embeddings: Any, token_length: Callable[[str], int], chunk_tokens: int = 128
+    text: str,
+    *,
+    embeddings: Any,
+    token_length: Callable[[str], int],
+    chunk_tokens: int = 128,
+    tokenizer_key: str = "",
 ) -> int:
     """Chunk and embed ``text`` now (cached by content), so a later search is fast; chunks."""
-    chunks, _ = _embedded_chunks(text, embeddings, token_length, chunk_tokens)
+    chunks, _ = _embedded_chunks(text, embeddings, token_length, chunk_tokens, tokenizer_key)
     return len(chunks)

@@ -265,7 +265,9 @@ class ChatRapid(LocalChatBase):
         def retrieve(
             document: str, question: str, count: Any, chunk_tokens: int, budget: int
         ) -> str:
-            return drafter_context(document, question, embeddings, count, chunk_tokens, budget)
+            return drafter_context(  # chunks cached per tokenizer: the target's counts them
+                document, question, embeddings, count, chunk_tokens, budget, self.target_model
+            )
 
         return retrieve
 
