@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[identity {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+    def fail(line: str) -> int:
+        """One error line on stderr (with --json also ``{"error": line}`` on stdout); 2."""
+        print(f"gpu_identity: error: {line}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": line}))
+        return 2
+
     def prepared(*a: object) -> dict[str, object] | None:
         """The prompts, or None after a one-line error (e.g. the pair is not installed)."""
         from specrag.errors import SpecRagError
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return prepare(*a)  # type: ignore[arg-type]
         except SpecRagError as exc:
-            print(f"gpu_identity: error: {exc}", file=sys.stderr)
+            fail(str(exc))
             return None
 
     if args.command == "prepare":
@@ -95,43 +102,46 @@ def main(argv: list[str] | None = None) -> int:
     from specrag.evaluation.identity import DTYPES, markdown, run, sources
 
     aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
-    dtypes = [aliases.get(d.strip(), d.strip()) for d in args.dtypes.split(",") if d.strip()]
+    # once each: "bf16,bfloat16" ran twice and compared the second run with itself
+    named = [aliases.get(d.strip(), d.strip()) for d in args.dtypes.split(",") if d.strip()]
+    dtypes = list(dict.fromkeys(named))
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or not dtypes:
-        print(
-            f"gpu_identity: error: unknown dtype {unknown} (use {', '.join(DTYPES)})",
-            file=sys.stderr,
-        )
-        return 2
+        return fail(f"unknown dtype {unknown} (use {', '.join(DTYPES)})")
     missing = [p for p in (args.prompts, args.target, args.drafter) if p and not found(p)]
     if missing:
-        print(f"gpu_identity: error: not found: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return fail(f"not found: {', '.join(missing)}")
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"gpu_identity: error: --device {args.device}: no CUDA here", file=sys.stderr)
-        return 2
+        return fail(f"--device {args.device}: no CUDA here")
     if args.prompts:
-        spec = json.loads(Path(args.prompts).read_text())
+        try:  # a cut or foreign file: one line, not a traceback
+            spec = json.loads(Path(args.prompts).read_text(encoding="utf-8"))
+            if not isinstance(spec, dict) or not {"target", "drafter", "eos_ids", "cases"} <= set(
+                spec
+            ):
+                raise ValueError("not a prompts file of `gpu_identity.py prepare`")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return fail(f"--prompts {args.prompts}: {exc}")
     elif (spec := prepared(args.models)) is None:
         return 2
     models = sources(spec, args.target, args.drafter)
     if missing := [m for m in dict.fromkeys(models) if not found(m)]:
-        print(
-            f"gpu_identity: error: model not found here: {', '.join(missing)} "
-            "(name the files with --target/--drafter)",
-            file=sys.stderr,
+        return fail(
+            f"model not found here: {', '.join(missing)} (name the files with --target/--drafter)"
         )
-        return 2
     result = run(spec, args.device, dtypes, *models, progress=log)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "table.md").write_text(markdown(result))
     log(f"wrote {out / 'results.json'} and {out / 'table.md'}")
-    if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "tokens"}))
+    if args.json:  # one valid JSON document (NaN: null)
+        from specrag.evaluation.metrics import json_ready
+
+        summary = json_ready({k: v for k, v in result.items() if k != "tokens"})
+        print(json.dumps(summary, allow_nan=False))
     else:
         print(markdown(result))
     return 0

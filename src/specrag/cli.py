@@ -878,8 +878,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fresh",
         action="store_true",
-        help="rag and rapid: ignore the recorded runs of an interrupted run (no resume); "
-        "load, followup and retrieval always start over",
+        help="rag and rapid: run every unit again instead of resuming the recorded ones "
+        "(runs.jsonl keeps them); load, followup and retrieval always start over",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument(
@@ -893,7 +893,7 @@ def build_parser() -> argparse.ArgumentParser:
         "float32, bfloat16, float16; default auto: fp32 on CPU, bf16 on a GPU with native "
         "bf16; the drafter follows it, except int8 beside an fp32 or bf16 answer model on an "
         "x86 CPU); runs of "
-        "a dtype other than auto are recorded apart",
+        "a dtype other than auto are recorded apart (summary-<dtype>.json, table-<dtype>.md)",
     )
     models_flag(p, "; not for retrieval: it runs no language model")
     p.set_defaults(func=cmd_bench)

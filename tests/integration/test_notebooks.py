@@ -37,3 +37,21 @@ def test_notebook_runs(path, tmp_path, monkeypatch, smol):
         o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"
     ]
     assert not errors
+
+
+def test_committed_notebooks_hold_the_generators_cells(tmp_path):
+    """The .ipynb files are written by notebooks/_make_notebooks.py: a cell edited in one and
+    not the other would be lost (or kept stale) at the next regeneration."""
+    import os
+    import subprocess
+    import sys
+
+    script = NOTEBOOKS[0].parent / "_make_notebooks.py"
+    env = {**os.environ, "SPECRAG_NOTEBOOKS_OUT": str(tmp_path)}
+    subprocess.run([sys.executable, str(script)], check=True, env=env, capture_output=True)
+    for path in NOTEBOOKS:
+        made = nbformat.read(tmp_path / path.name, as_version=4)
+        committed = nbformat.read(path, as_version=4)
+        assert [(c.cell_type, c.source) for c in committed.cells] == [
+            (c.cell_type, c.source) for c in made.cells
+        ], path.name

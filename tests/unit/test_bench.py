@@ -753,3 +753,66 @@ def test_no_rag_decodes_as_the_draft_node_does(monkeypatch):
     asyncio.run(bench_rag.run_one(item, "no_rag", 0.0, None, ctx))
     assert seen["kwargs"]["stop"] == list(ctx.stop_sequences()) and seen["kwargs"]["stop"]
     assert seen["messages"] == prompts.draft_messages(item["question"], ctx.draft_prompt)
+
+
+def test_a_fresh_run_resumes_nothing_and_keeps_the_log(tmp_path):
+    """--fresh deleted runs.jsonl: a plain run's --fresh lost hours of another dtype's records."""
+    from specrag.evaluation.store import RunLog
+
+    path = tmp_path / "runs.jsonl"
+    RunLog(path).add("q1|cpu:bfloat16", {"e2e_s": 1.0})
+    fresh = RunLog(path, fresh=True)
+    assert not fresh.done("q1|cpu:bfloat16")  # nothing resumed
+    fresh.add("q1|cpu:float32", {"e2e_s": 2.0})
+    later = RunLog(path)
+    assert later.done("q1|cpu:bfloat16") and later.done("q1|cpu:float32")
+
+
+def test_result_files_of_a_dtype_and_of_a_quick_run_are_apart_and_whole(tmp_path):
+    from specrag.evaluation.store import dtype_variant, out_path, write_results
+
+    assert out_path(tmp_path, "summary.json", False) == tmp_path / "summary.json"
+    assert out_path(tmp_path, "table.md", True, "bfloat16") == tmp_path / "table-bfloat16-quick.md"
+    assert dtype_variant("auto") == "" and dtype_variant("bf16") == "bfloat16"
+    files = write_results(tmp_path, False, {"summary.json": "{}"}, "float16")
+    assert files == [str(tmp_path / "summary-float16.json")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary-float16.json"]  # no tmp left
+
+
+def test_rapid_kt_records_name_their_eta():
+    """A Python-API run with another eta resumed rapid_kt's records as its own."""
+    a = bench_rapid.case_key("q", 2048, "rapid_kt", "cpu:float32", 5.0)
+    assert a != bench_rapid.case_key("q", 2048, "rapid_kt", "cpu:float32", 2.0)
+    eta0 = bench_rapid.case_key("q", 2048, "rapid_eta0", "cpu:float32", 2.0)
+    assert eta0 == bench_rapid.case_key("q", 2048, "rapid_eta0", "cpu:float32", 5.0)
+
+
+def test_an_interrupted_retrieval_bench_keeps_the_last_whole_log(monkeypatch, tmp_path):
+    """runs.jsonl was opened for writing before the work: a run stopped half-way left half a
+    log beside the last whole run's summary."""
+    from specrag.evaluation import bench_retrieval
+
+    paragraphs = [Paragraph(f"squad:T:{i}", "T", f"text {i}") for i in range(4)]
+    questions = [QAExample(f"q{i}", f"question {i}", ("a",), (f"squad:T:{i}",)) for i in range(4)]
+    stop_at = [None]
+
+    class Index:
+        def refresh_lexical(self):
+            pass
+
+        def search(self, text, k, mode):
+            if text == stop_at[0]:
+                raise KeyboardInterrupt
+            return [types.SimpleNamespace(source="squad:T:0")]
+
+    monkeypatch.setattr(bench_retrieval, "squad_paragraphs", lambda: paragraphs)
+    monkeypatch.setattr(bench_retrieval, "squad_questions", lambda: questions)
+    monkeypatch.setattr(bench_retrieval, "_index", lambda *a: tmp_path / "index")
+    monkeypatch.setattr(bench_retrieval, "open_for_writing", lambda *a: Index())
+    bench_retrieval.run(quick=False, out_dir=tmp_path, log=_quiet())
+    runs = tmp_path / "bench_retrieval" / "runs.jsonl"
+    whole = runs.read_text()
+    stop_at[0] = "question 2"
+    with pytest.raises(KeyboardInterrupt):
+        bench_retrieval.run(quick=False, out_dir=tmp_path, log=_quiet())
+    assert runs.read_text() == whole and len(whole.splitlines()) == 4

@@ -132,3 +132,24 @@ def test_an_output_cut_short_is_reported_as_a_prefix(spec, monkeypatch):
     assert rows["ngram"]["identical"] == "0/2"
     assert {(d["position"], tuple(d["lengths"])) for d in rows["divergences"]} == {(10, (40, 10))}
     assert "prefix of the other" in identity.markdown(result)
+
+
+def test_the_gpu_script_refuses_a_bad_prompts_file_in_one_line(tmp_path, capsys):
+    """A cut or foreign prompts file gave a JSONDecodeError / KeyError traceback and no JSON."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_identity.py"
+    spec = importlib.util.spec_from_file_location("gpu_identity_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cut, foreign = tmp_path / "cut.json", tmp_path / "foreign.json"
+    cut.write_text('{"target": ')
+    foreign.write_text("{}")
+    for bad in (cut, foreign):
+        argv = ["run", "--prompts", str(bad), "--device", "cpu", "--json"]
+        assert script.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert json.loads(out)["error"].startswith(f"--prompts {bad}")
+        assert err.startswith("gpu_identity: error: --prompts") and err.count("\n") == 1

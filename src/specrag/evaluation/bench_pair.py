@@ -45,6 +45,7 @@ from specrag.evaluation.bench_rag import (
 )
 from specrag.evaluation.store import (
     RunLog,
+    dtype_variant,
     out_path,
     proposer_rules,
     setup_tag,
@@ -335,7 +336,8 @@ def run(
     records = [r for k, r in runlog.records.items() if k in keys]
     summary = metrics.json_ready(summarize(records))
     texts = {"summary.json": json.dumps(summary, indent=2), "table.md": markdown(summary)}
-    files = [*write_results(out_dir, quick, texts), str(runlog.path)]
+    # a dtype's summary apart: a later auto run replaced a bf16 run's (the log keeps both)
+    files = [*write_results(out_dir, quick, texts, dtype_variant(dtype)), str(runlog.path)]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
     return {

@@ -49,7 +49,7 @@ from specrag.data.datasets import QAExample, hotpot_questions, sample
 from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
-from specrag.evaluation.store import RunLog, out_path, setup_tag, write_results
+from specrag.evaluation.store import RunLog, dtype_variant, out_path, setup_tag, write_results
 from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
 from specrag.models.loading import LoadedLM, drafter_dtype, dtype_name, load_lm
@@ -96,9 +96,13 @@ def rapid_tokens_per_s(new_tokens: int, decode_s: float) -> float | None:
     return (new_tokens - 1) / decode_s if decode_s and new_tokens > 1 else None
 
 
-def case_key(qid: str, length: int, method: str, setup: str) -> str:
-    """Run-log key of one method on one (question, context length), models as loaded."""
-    return f"{qid}|{length}|{method}|p{PROTOCOL}|{setup}"
+def case_key(qid: str, length: int, method: str, setup: str, eta: float = 5.0) -> str:
+    """Run-log key of one method on one (question, context length), models as loaded.
+
+    ``rapid_kt``'s names its ``eta``: a run with another one resumed its records as its own.
+    """
+    knob = f"|eta={eta:g}" if method == "rapid_kt" else ""
+    return f"{qid}|{length}|{method}{knob}|p{PROTOCOL}|{setup}"
 
 
 def build_document(
@@ -434,9 +438,9 @@ def run(
     runlog = RunLog(out_path(out_dir, "runs.jsonl", quick), fresh=fresh)
     work = [(ex, length) for length in lengths for ex in picked]
     setup = setup_tag(loaded, drafter)
-    keys = {case_key(ex.id, length, m, setup) for ex, length in work for m in METHODS}
+    keys = {case_key(ex.id, length, m, setup, eta) for ex, length in work for m in METHODS}
     # one (question, length)'s methods run side by side: a part-run one is run again whole
-    groups = [[case_key(ex.id, length, m, setup) for m in METHODS] for ex, length in work]
+    groups = [[case_key(ex.id, length, m, setup, eta) for m in METHODS] for ex, length in work]
     if redo := runlog.keep_whole(groups):
         log.print(f"bench rapid: {redo} records of part-run cases will be run again")
     if any(not runlog.done(k) for k in keys):
@@ -449,7 +453,7 @@ def run(
             document = build_document(ex, distractor_pool, length, loaded, rng)
             n_tokens = len(loaded.tokenizer(document, add_special_tokens=False)["input_ids"])
             for method in ORDER:
-                key = case_key(ex.id, length, method, setup)
+                key = case_key(ex.id, length, method, setup, eta)
                 bar.update(task, description=f"{length} tokens: {method}")
                 if not runlog.done(key):
                     rec = run_case(ex, document, loaded, eta, method, drafter=drafter)
@@ -465,7 +469,8 @@ def run(
                 bar.advance(task)
     summary = metrics.json_ready(summarize([r for k, r in runlog.records.items() if k in keys]))
     texts = {"summary.json": json.dumps(summary, indent=2), "table.md": markdown(summary)}
-    files = [*write_results(out_dir, quick, texts), str(runlog.path)]
+    # a dtype's summary apart: a later auto run replaced a bf16 run's (the log keeps both)
+    files = [*write_results(out_dir, quick, texts, dtype_variant(dtype)), str(runlog.path)]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
     return {

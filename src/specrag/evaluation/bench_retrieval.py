@@ -43,7 +43,8 @@ def run(
     hits: dict[str, list[float]] = {m: [] for m in MODES}
     seconds: dict[str, float] = dict.fromkeys(MODES, 0.0)
     runs = out_path(out_dir, "runs.jsonl", quick)
-    with progress_bar(log) as bar, runs.open("w", encoding="utf-8") as records:
+    partial = runs.with_name(f".{runs.name}.part")  # the last whole run's stays until this ends
+    with progress_bar(log) as bar, partial.open("w", encoding="utf-8") as records:
         task = bar.add_task("bench retrieval", total=len(questions))
         for q in questions:
             record: dict[str, Any] = {"qid": q.id, "question": q.question, "gold": q.gold_ids}
@@ -56,6 +57,7 @@ def run(
                 record[mode] = {"found": found, "hit": hit}
             records.write(json.dumps(record) + "\n")
             bar.advance(task)
+    partial.replace(runs)
     summary: dict[str, Any] = {"n": len(questions), "k": 3}
     for mode in MODES:
         row = {

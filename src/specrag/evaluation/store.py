@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterable
@@ -19,15 +20,15 @@ class RunLog:
 
     Each record names the ``session`` (process) that made it. :meth:`keep_whole` makes a
     resumed run redo every group of keys (one question's systems) it finds part-recorded, so
-    the systems a ratio compares always ran side by side, in one session.
+    the systems a ratio compares always ran side by side, in one session. ``fresh``: the
+    records already there are not resumed (every unit runs again), but kept in the file - a
+    run of another dtype's records among them (the file was deleted: hours of them lost).
     """
 
     def __init__(self, path: Path, fresh: bool = False) -> None:
         self.path = path
         self.session = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        if fresh and path.exists():
-            path.unlink()
         self.records: dict[str, dict[str, Any]] = {}
         if path.exists():
             # bytes, decoded line by line: a line cut by a kill (mid-character, too) or
@@ -41,7 +42,7 @@ class RunLog:
                     rec = json.loads(raw.decode("utf-8"))
                 except (UnicodeDecodeError, json.JSONDecodeError):
                     continue
-                if isinstance(rec, dict) and isinstance(rec.get("key"), str):
+                if isinstance(rec, dict) and isinstance(rec.get("key"), str) and not fresh:
                     self.records[rec["key"]] = rec
 
     def done(self, key: str) -> bool:
@@ -73,24 +74,43 @@ class RunLog:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
-def out_path(out_dir: Path, name: str, quick: bool) -> Path:
-    """``out_dir / name``; for a ``--quick`` run with ``-quick`` before the suffix.
+def out_path(out_dir: Path, name: str, quick: bool, variant: str = "") -> Path:
+    """``out_dir / name``; ``-variant`` and, for a ``--quick`` run, ``-quick`` before the suffix.
 
     A quick run and a full run share one ``--out`` folder without overwriting each other's
-    files (``summary.json`` / ``summary-quick.json``), as their run logs do.
+    files (``summary.json`` / ``summary-quick.json``), as their run logs do; so do runs of
+    another ``variant`` (a dtype: ``summary-bfloat16.json``).
     """
-    if not quick:
-        return out_dir / name
     path = Path(name)
-    return out_dir / f"{path.stem}-quick{path.suffix}"
+    tags = (f"-{variant}" if variant else "") + ("-quick" if quick else "")
+    return out_dir / f"{path.stem}{tags}{path.suffix}" if tags else out_dir / name
 
 
-def write_results(out_dir: Path, quick: bool, texts: dict[str, str]) -> list[str]:
+def dtype_variant(dtype: str) -> str:
+    """The file-name tag of a run in ``dtype``: none for ``auto``, else its canonical name."""
+    from specrag.models.options import FLOAT_DTYPES
+
+    return "" if dtype == "auto" else FLOAT_DTYPES.get(dtype, dtype)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` with ``text``, whole or not at all (a kill mid-write leaves the old file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_results(
+    out_dir: Path, quick: bool, texts: dict[str, str], variant: str = ""
+) -> list[str]:
     """Write each ``name: text`` of ``texts`` to :func:`out_path`; returns the paths written."""
     written = []
     for name, text in texts.items():
-        path = out_path(out_dir, name, quick)
-        path.write_text(text, encoding="utf-8")
+        path = out_path(out_dir, name, quick, variant)
+        write_atomically(path, text)
         written.append(str(path))
     return written
 
