@@ -15,7 +15,10 @@ import tempfile
 import nbformat as nbf
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent  # regenerate: python notebooks/_make_notebooks.py
+# regenerate: python notebooks/_make_notebooks.py --execute (without --execute the notebooks are
+# written without their outputs, which tests/integration/test_notebooks.py requires);
+# SPECRAG_NOTEBOOKS_OUT writes them elsewhere (the test that the committed cells are these)
+OUT = Path(os.environ.get("SPECRAG_NOTEBOOKS_OUT") or Path(__file__).resolve().parent)
 SETUP = """import atexit, os, shutil, tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # a data dir of the notebook's own (not your SPECRAG_DATA_DIR: the notebook's documents stay
@@ -108,7 +111,7 @@ nb(
     [
         (
             "md",
-            "# Speculative RAG vs serial RAG\nThe same questions through serial RAG (retrieve, then generate with plain decoding) and speculative RAG in `verify` mode (draft while retrieving; the draft and the evidence become speculative candidates). Greedy answers are identical; we compare latency and forward passes per output token, with an injected retrieval delay modelling a remote store.",
+            "# Speculative RAG vs serial RAG\nThe same questions through three systems: serial RAG (retrieve, then generate with plain decoding), serial RAG whose answer model verifies n-grams of the evidence as speculative candidates (`speculation='prompt'`, no draft), and speculative RAG in `verify` mode (a greedy draft written while retrieval runs; the draft and the evidence become candidates). The middle one shows what the evidence alone saves, so the draft's own share is the gap between it and `verify`. Greedy answers are identical; we compare latency and forward passes per output token, with an injected retrieval delay modelling a remote store. Without a delay the local index answers before the draft has `min_draft_tokens`, so those runs take `generate` (the route says why).",
         ),
         ("code", SETUP),
         (
@@ -128,7 +131,9 @@ questions = ["Who was the Norse leader?", "When was the Duchy of Normandy founde
              "When was the Battle of Hastings?"]
 systems = {
     "serial": dict(draft_policy="off", speculation="none"),
-    "speculative (verify)": dict(refine_mode="verify"),
+    "serial + evidence n-grams": dict(draft_policy="off", speculation="prompt"),
+    # a greedy draft: a sampled one's confidence (draft_temperature=0.8) varies run to run
+    "speculative (verify)": dict(refine_mode="verify", draft_temperature=0.0),
 }
 for name, overrides in systems.items():  # warm-up, untimed: models, index, first-call paths
     await graph.ainvoke({"question": questions[0]}, context=SpecRagContext(**overrides))
@@ -146,7 +151,7 @@ for delay in (0.0, 1.0):
                              answer=r["answer"]))
 for row in rows:  # passes/token is "-" when a run had no decoding statistics (e.g. budget ran out)
     passes = f"{row['passes']:.2f}" if row["passes"] is not None else "-"
-    print(f"{row['system']:22} delay={row['delay']} e2e={row['e2e']:.2f}s passes/token={passes} {row['route']:8} {row['answer'][:60]}")""",
+    print(f"{row['system']:26} delay={row['delay']} e2e={row['e2e']:.2f}s passes/token={passes} {row['route']:8} {row['answer'][:60]}")""",
         ),
         (
             "code",
@@ -176,7 +181,7 @@ nb(
     [
         (
             "md",
-            "# Long documents with RAPID\nThe target reads a ~2K-token HotpotQA document (gold paragraphs hidden among distractors); the drafter reads only the retrieved chunks. On the embedded preset both are SmolLM2-135M (the same weights, different inputs: acceptance measures how far the retrieved chunks lead it to the target's tokens); `models='pair'` makes the 0.5B the drafter of the 1.5B. We compare target-only decoding with RAPID (`eta=0`, lossless) and RAPID with knowledge transfer, and show the document prefix cache on a repeated question.",
+            "# Long documents with RAPID\nThe target reads a ~2K-token HotpotQA document (gold paragraphs hidden among distractors); the drafter reads only the retrieved chunks. On the embedded preset both are SmolLM2-135M (the same weights, different inputs: acceptance measures how far the retrieved chunks lead it to the target's tokens); on the pair, `ChatRapid(target_model='qwen2.5-coder-1.5b', drafter_model='qwen2.5-coder-0.5b')` makes the 0.5B the drafter of the 1.5B (and `load_lm('qwen2.5-coder-1.5b')` is the baseline's target). We compare target-only decoding with RAPID (`eta=0`, lossless) and RAPID with knowledge transfer, and show the document prefix cache on a repeated question.",
         ),
         ("code", SETUP),
         (
@@ -225,7 +230,7 @@ ax[0].bar(range(3), tps); ax[0].set_xticks(range(3), names); ax[0].set_ylabel("d
 ax[1].bar(range(3), [results[n]["acceptance_rate"] for n in names]); ax[1].set_xticks(range(3), names); ax[1].set_ylabel("acceptance rate")
 plt.tight_layout(); plt.show()""",
         ),
-        ("md", "A second question on the same document reuses the cached document prefix:"),
+        ("md", "Asking again on the same document (the same question here; any question would do) reuses the cached document prefix:"),
         (
             "code",
             """model = ChatRapid(max_new_tokens=24, prefix_cache=PrefixCache())
@@ -307,7 +312,7 @@ else:
         ),
         (
             "md",
-            "## specrag as a node of a chat graph\nThe graph also takes `{\"messages\": [...]}`: the last human message is the question, earlier turns are history (a follow-up is rewritten into a self-contained search query first), and the answer comes back as an `AIMessage` with its citations. So it drops into a `MessagesState` graph unchanged:",
+            "## specrag as a node of a chat graph\nThe graph also takes `{\"messages\": [...]}`: the last human message is the question, earlier turns are history (a follow-up searches with the previous question prepended, `query_rewrite=\"concat\"`; `\"model\"` asks the draft model to rewrite it into a self-contained query), and the answer comes back as an `AIMessage` with its citations. So it drops into a `MessagesState` graph unchanged:",
         ),
         (
             "code",
