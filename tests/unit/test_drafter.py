@@ -994,3 +994,35 @@ def test_a_drafter_asked_for_no_tokens_proposes_none_and_runs_no_step(pair):
     proposer = DrafterProposer(LMState(drafter), list(range(7, 40)), Sampler(0.0))
     assert proposer.propose([], 0).tokens == []
     assert proposer.stats.proposed == 0 and proposer.lm.forward_passes == 0
+
+
+def test_the_drafters_reading_of_its_prompt_keeps_to_the_budget(pair):
+    """The drafter read its whole prompt (first, and after an incremental rebuild) without
+    asking the budget: a 4,000-token prompt's reading ran 0.76 s past the answer's deadline.
+    Told to stop, it reads no further slice and proposes nothing; the decode ends at once."""
+    target, drafter = pair
+    prompt = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    spent = [None]
+    told = DrafterProposer(LMState(drafter), prompt, Sampler(0.0), should_stop=lambda: spent[0])
+    spent[0] = "time"
+    assert told.propose([], 4).tokens == [] and len(told.lm) == 0 and told.stats.passes == 0
+    spent[0] = None
+    assert len(told.propose([], 4).tokens) == 4  # it goes on once allowed (nothing lost)
+
+    class SpendsTheBudget:  # the budget ends while the drafter reads its prompt
+        def __init__(self, inner):
+            self.inner, self.stats = inner, inner.stats
+
+        def propose(self, generated, k, min_confidence=0.0):
+            spent[0] = "time"
+            return self.inner.propose(generated, k, min_confidence)
+
+    proposer = merged(drafter, prompt, {"prompt": prompt}, Sampler(0.0))
+    proposer.drafter = SpendsTheBudget(
+        DrafterProposer(LMState(drafter), prompt, Sampler(0.0), should_stop=lambda: spent[0])
+    )
+    proposer.ngrams = NgramProposer({})  # no n-gram candidate: the drafter's turn each step
+    spent[0] = None
+    out, stats = greedy_run(target, prompt, proposer, should_stop=lambda n: spent[0])
+    assert stats.finish_reason == "time" and proposer.drafter.inner.stats.passes == 0
+    assert stats.forward_passes == 0 and len(out) == 1  # the prefill's token; no step after

@@ -31,7 +31,7 @@ import torch
 
 from specrag.decoding.candidates import NgramProposer, Proposal
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.state import LMState, sync
+from specrag.decoding.state import LMState, Stopped, sync
 from specrag.decoding.vocab import fit_rows
 
 NARROW = (1, 2, 3)  # candidates per narrow verify pass measured against a wide one
@@ -156,13 +156,18 @@ class DrafterProposer:
         usable: int | None = None,
         eos_ids: tuple[int, ...] = (),
         vocab_first: int = 0,
+        should_stop: Callable[[], str | None] | None = None,
     ) -> None:
         """A proposer over ``drafter`` reading ``prompt``.
 
         ``vocab_first`` > 0: the drafter scores only the first ``vocab_first`` token ids plus
         its prompt's ids and the end tokens (:mod:`specrag.decoding.vocab`), from its first
         proposal on (a drafter that never joins does not pay for the subset's copy).
+        ``should_stop``: asked between the slices of the drafter's reading of its prompt (its
+        first one, and new evidence after an incremental rebuild); told to stop, it proposes
+        nothing (a 4,000-token prompt's reading ran 0.76 s past the answer budget).
         """
+        self.should_stop = should_stop
         self.lm = drafter
         self.eos_ids = eos_ids  # a proposal ends at an end token: nothing follows it
         self.prompt = prompt
@@ -200,12 +205,18 @@ class DrafterProposer:
             )
             self._restricted = True
         context = self.prompt + generated
-        self.lm.sync(context)
-        if len(self.lm) == len(context):  # fully cached: recompute the last position
-            self.lm.crop(len(context) - 1)
-        first_fill = len(self.lm) < len(self.prompt)
-        missing = context[len(self.lm) :]
-        logits = self._fit(self.lm.extend(missing, all_logits=False)[-1])
+        try:
+            self.lm.sync(context, self.should_stop)
+            if len(self.lm) == len(context):  # fully cached: recompute the last position
+                self.lm.crop(len(context) - 1)
+            first_fill = len(self.lm) < len(self.prompt)
+            missing = context[len(self.lm) :]
+            last = self.lm.extend(missing, all_logits=False, should_stop=self.should_stop)[-1]
+        except Stopped:  # what it read stays cached: a later call goes on from there
+            self.stats.passes = self.lm.forward_passes
+            self.stats.draft_s += time.perf_counter() - t0
+            return Proposal([], "drafter")
+        logits = self._fit(last)
         if first_fill:
             sync(self.lm.device)  # a GPU runs ahead of the clock
             self.stats.prefill_tokens += len(missing)

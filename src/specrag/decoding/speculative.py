@@ -318,6 +318,9 @@ def decode(
         out = proposer.propose(generated, min(k, room)) if proposer and room > 0 else ([], "")
         prop = out if isinstance(out, Proposal) else Proposal(*out)
         cands, source, q = prop.tokens, prop.source, prop.q
+        # a proposer that spent the budget (a drafter reading its prompt) proposes nothing
+        if not cands and should_stop is not None and (reason := should_stop(len(generated))):
+            return finish(reason)
         t_pass = time.perf_counter()
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
         step, n_accepted, hit_eos = _verify(

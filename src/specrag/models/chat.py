@@ -37,7 +37,7 @@ from specrag.decoding.drafter import (
 )
 from specrag.decoding.incremental import decode_incremental
 from specrag.decoding.sampling import Sampler
-from specrag.decoding.speculative import DecodeStats, Step, decode
+from specrag.decoding.speculative import DecodeStats, Step, decode, prefill_stop
 from specrag.decoding.state import VERIFIER_MARKS, LMState
 from specrag.errors import short_error
 from specrag.models.loading import (
@@ -428,6 +428,7 @@ class ChatLocalLM(LocalChatBase):
                         usable=len(loaded.tokenizer),
                         eos_ids=loaded.eos_token_ids,
                         vocab_first=self.drafter_vocab,
+                        should_stop=prefill_stop(should_stop),
                     ),
                     self._policy(),
                     costs=pair_costs(drafter, loaded),
