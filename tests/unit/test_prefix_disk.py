@@ -406,3 +406,30 @@ def test_a_device_without_room_for_a_copy_never_fails_the_run(monkeypatch, tmp_p
     monkeypatch.setattr(LMState, "clone", real_clone)
     cache.put(key, prefilled(model, prefix))
     assert cache.get(key, model).tokens == prefix
+
+
+def test_two_writers_of_one_entry_leave_the_longer_prefix(tmp_path, monkeypatch):
+    """A partial prefix's slow write and the whole prefix's write both checked the file, then
+    replaced it in either order: the 20-token partial replaced the 59-token whole one."""
+    import time
+
+    from specrag.decoding import prefix_cache
+
+    real_save = torch.save
+
+    def slow_for_the_partial(obj, path, *a, **k):
+        if len(obj["tokens"]) == 20:
+            time.sleep(0.5)  # the whole prefix's writer comes meanwhile
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(prefix_cache.torch, "save", slow_for_the_partial)
+    model = tiny_llama()
+    prefix = [t % 60 + 1 for t in range(59)]
+    key = prefix_key("m", prefix)
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(key, prefilled(model, prefix[:20]))
+    time.sleep(0.1)  # the partial's writer is inside its save
+    cache.put(key, prefilled(model, prefix))
+    cache.flush()
+    state = PrefixCache(disk_dir=tmp_path).get(key, model)
+    assert state is not None and len(state) == 59

@@ -35,6 +35,21 @@ log = logging.getLogger(__name__)
 
 
 TMP = ".tmp"  # a file being written is <entry>.kv.tmp<pid>.<thread>
+# one disk write at a time in a process: two writers of one entry (a partial prefix, then the
+# whole one) checked the file's length, then replaced it in either order - the shorter one
+# could win
+_DISK_WRITES = threading.Lock()
+
+
+def _holds_at_least(path: Path, n_tokens: int) -> bool:
+    """Whether the entry at ``path`` holds ``n_tokens`` tokens or more (unreadable: no)."""
+    if not path.is_file():
+        return False
+    try:  # mmap: only the token list is read, not the (hundreds of MB of) tensors
+        old = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return len(old["tokens"]) >= n_tokens
+    except Exception:  # noqa: BLE001 - unreadable: overwrite it
+        return False
 
 
 def prefix_key(model_key: str, prefix: list[int]) -> str:
@@ -216,25 +231,23 @@ class PrefixCache:
         try:
             path = self._path(key)
             path.parent.mkdir(parents=True, exist_ok=True)
-            if path.is_file():  # written before; a longer partial prefix replaces a shorter one
-                try:
-                    # mmap: only the token list is read, not the (hundreds of MB of) tensors
-                    old = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-                    if len(old["tokens"]) >= len(tokens):
-                        os.utime(path)
-                        return
-                except Exception:  # noqa: BLE001 - unreadable: overwrite it
-                    pass
-            kv = [(k.cpu(), v.cpu()) for k, v in kv]
-            tmp = path.with_name(f"{path.name}{TMP}{os.getpid()}.{threading.get_ident()}")
-            try:
-                crc = kv_checksum(tokens, kv)
-                torch.save({"key": key, "tokens": tokens, "kv": kv, "crc": crc}, tmp)
-                if tmp.stat().st_size > self.disk_max_bytes:  # the file's own bytes: no room
+            with _DISK_WRITES:
+                # written before: only a longer partial prefix replaces a shorter one
+                if _holds_at_least(path, len(tokens)):
+                    os.utime(path)
                     return
-                os.replace(tmp, path)  # atomic: a reader never sees half a file
-            finally:
-                tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
+                kv = [(k.cpu(), v.cpu()) for k, v in kv]
+                tmp = path.with_name(f"{path.name}{TMP}{os.getpid()}.{threading.get_ident()}")
+                try:
+                    crc = kv_checksum(tokens, kv)
+                    torch.save({"key": key, "tokens": tokens, "kv": kv, "crc": crc}, tmp)
+                    if tmp.stat().st_size > self.disk_max_bytes:  # the file's own bytes: no room
+                        return
+                    if _holds_at_least(path, len(tokens)):  # another process's, meanwhile
+                        return
+                    os.replace(tmp, path)  # atomic: a reader never sees half a file
+                finally:
+                    tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing
             self._prune_disk()
         except Exception as exc:  # noqa: BLE001 - a cache must never fail a run
             log.warning("prefix cache: could not write to %s: %s", self.disk_dir, exc)
