@@ -137,5 +137,21 @@ def test_a_cache_holding_more_than_keys_and_values_is_not_saved_to_disk(arch, sa
         for t in (layer.keys, layer.values)
         if isinstance(t, torch.Tensor)
     )
-    # the prefix cache's memory budget counts the indexer's keys too
-    assert (lm.nbytes() > kv_bytes) == (arch == "deepseek_v32")
+    # the prefix cache's memory budget counts the indexer's keys and MiniMax's states too
+    assert lm.nbytes() > kv_bytes
+
+
+@pytest.mark.parametrize("arch", ["llama", *sorted(RESTORED)])
+def test_a_caches_size_counts_every_state_it_holds(arch):
+    """A hybrid model's linear-attention states were left out of nbytes (the prefix cache's
+    memory budget): only keys and values were counted."""
+    lm = LMState(tiny(arch))
+    lm.extend(prompt_of(20), all_logits=False)
+    kv_bytes = sum(
+        t.numel() * t.element_size()
+        for layer in lm.cache.layers
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+        if isinstance(t, torch.Tensor)
+    )
+    assert (lm.nbytes() > kv_bytes) == (arch != "llama"), (arch, lm.nbytes(), kv_bytes)
+    assert lm.nbytes() >= kv_bytes

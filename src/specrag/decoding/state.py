@@ -378,11 +378,30 @@ class LMState:
                 raise ValueError(f"{keys.shape[1]} cached KV heads for a model of {heads}")
 
     def nbytes(self) -> int:
-        """Memory held by the KV cache (a sparse-attention layer's indexer keys too)."""
+        """Memory held by the cache: every tensor it holds.
+
+        Keys, values, a sparse-attention layer's indexer keys, a linear-attention layer's
+        states and MiniMax's lightning states. Only keys and values were counted: a hybrid
+        model's states were left out of the prefix cache's memory budget.
+        """
+        seen: set[int] = set()
         total = 0
+
+        def count(value: Any) -> None:
+            nonlocal total
+            if isinstance(value, torch.Tensor):
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    total += value.numel() * value.element_size()
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    count(item)
+            elif isinstance(value, dict):  # a linear-attention layer's states, by kind
+                for item in value.values():
+                    count(item)
+
         for layer in getattr(self.cache, "layers", []):
-            for name in ("keys", "values", "indexer_keys"):
-                tensor = getattr(layer, name, None)
-                if isinstance(tensor, torch.Tensor):
-                    total += tensor.numel() * tensor.element_size()
+            for value in vars(layer).values():
+                count(value)
+        count(minimax_states(self.cache) or [])
         return total
