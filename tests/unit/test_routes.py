@@ -274,3 +274,16 @@ async def test_a_remote_drafts_tokens_are_its_usage_count_not_its_chunks():
     thinking = {**usage, "output_tokens": 40, "output_token_details": {"reasoning": 35}}
     result = await run(services(draft=Chunky(usage=thinking, calls=[])), min_draft_tokens=6)
     assert result["reason"].startswith("draft too short (5 < 6 tokens)"), result["reason"]
+
+
+async def test_an_unknown_setting_is_one_input_error_line_everywhere():
+    """SpecRagContext(nosuch=1) and a run's context={"nosuch": 1} raised Python's TypeError,
+    unlike every other bad setting (a review's leftover, 2026-12-05)."""
+    from specrag.errors import InputError
+    from specrag.graph.context import SpecRagContext
+
+    with pytest.raises(InputError, match=r"unknown config key 'top_kk'; did you mean 'top_k'\?"):
+        SpecRagContext(top_kk=1)
+    with pytest.raises(InputError, match="unknown config key 'nosuch' \\(see `specrag config`\\)"):
+        await build_graph(services()).ainvoke({"question": "q?"}, context={"nosuch": 1})
+    assert SpecRagContext(top_k=4).top_k == 4  # known ones as before

@@ -7,6 +7,8 @@ that runs fully offline on the embedded models.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -413,7 +415,7 @@ class SpecRagContext:
         kwargs: dict[str, Any] = {}
         for key, value in overrides.items():
             if key not in fields:
-                raise InputError(f"unknown config key {key!r} (see `specrag config`)")
+                raise InputError(unknown_key(key, fields))
             default = fields[key].default
             if isinstance(value, str) and not isinstance(default, str):
                 try:
@@ -494,6 +496,33 @@ class SpecRagContext:
             else:
                 out[f.name] = _range_text(f.metadata)
         return out
+
+
+def unknown_key(key: str, names: typing.Iterable[str]) -> str:
+    """The error line of a setting no context has, with the closest name if one is close."""
+    close = difflib.get_close_matches(key, list(names), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown config key {key!r}{hint} (see `specrag config`)"
+
+
+def _refusing_unknown_keys(init: typing.Callable[..., None]) -> typing.Callable[..., None]:
+    """``init`` that refuses an unknown keyword in one :class:`InputError` line.
+
+    ``SpecRagContext(nosuch=1)`` and a graph run's ``context={"nosuch": 1}`` (LangGraph builds
+    the context from the dict) raised Python's TypeError, unlike every other bad setting.
+    """
+    names = frozenset(f.name for f in dataclasses.fields(SpecRagContext))
+
+    @functools.wraps(init)
+    def checked(self: SpecRagContext, *args: Any, **kwargs: Any) -> None:
+        if unknown := sorted(set(kwargs) - names):
+            raise InputError(unknown_key(unknown[0], names))
+        init(self, *args, **kwargs)
+
+    return checked
+
+
+SpecRagContext.__init__ = _refusing_unknown_keys(SpecRagContext.__init__)  # type: ignore[method-assign]
 
 
 # Kept although not "printable": the joiners inside Persian and Indic words and emoji sequences
