@@ -348,3 +348,28 @@ def test_a_drafter_with_recurrent_state_restores_after_its_single_steps():
     stats, lm = drafter_run(target, drafter, prompt_of(24, seed=9), 30)
     assert stats.cache_refills == lm.refills == 0
     assert stats.cache_restores > 0 and lm.restores > 0
+
+
+@pytest.mark.parametrize("build_model", [tiny_lfm2, tiny_qwen3_next, tiny_minimax])
+def test_a_rejected_opening_restores_a_snapshot_after_the_prompt(build_model):
+    """The prompt and an opening draft are fed in one pass; a cache that cannot crop kept its
+    one snapshot from before the prompt, so a rejected opening token re-read the whole prompt
+    (unbudgeted). A snapshot before the verified tokens makes it a restore."""
+    from specrag.decoding.state import VERIFIER_MARKS
+
+    model = build_model()
+    prompt = prompt_of(40, seed=4)
+    ref = [
+        t.id
+        for s in decode(LMState(model), prompt, max_new_tokens=6, sampler=Sampler(0.0))
+        for t in s
+    ]
+    wrong = [ref[0], (ref[1] + 1) % 64, ref[2]]  # the second one is rejected
+    lm = LMState(model, marks=VERIFIER_MARKS)
+    out = [
+        t.id
+        for s in decode(lm, prompt, max_new_tokens=6, sampler=Sampler(0.0), opening=wrong)
+        for t in s
+    ]
+    assert out == ref
+    assert lm.refills == 0 and lm.restores >= 1, (lm.refills, lm.restores)

@@ -252,11 +252,18 @@ class LMState:
         out: torch.Tensor | None = None
         step = len(ids) if all_logits else PREFILL_CHUNK
         starts = list(range(0, len(ids), step))
-        if not all_logits and len(ids) - starts[-1] < keep:  # the last slice holds them all
+        # a cache that cannot crop gets a snapshot before the tokens verified with a prompt
+        # (an opening draft, an incremental answer): a rejected one restores it, where the
+        # one snapshot before the whole prompt made it read the prompt again
+        split = not all_logits and keep > 1 and not croppable(self.cache) and len(ids) > keep
+        if not all_logits and (split or len(ids) - starts[-1] < keep):  # last slice: them all
             starts = [s for s in starts if s < len(ids) - keep] + [len(ids) - keep]
         for start, end in zip(starts, [*starts[1:], len(ids)], strict=True):
             if should_stop is not None and (reason := should_stop()):
                 raise Stopped(reason)
+            if split and end == len(ids) and start > 0:
+                if mark := Mark.take(self.cache, len(self.tokens)):
+                    self.marks = [*self.marks, mark][-self.keep_marks :]
             piece = ids[start:end]
             input_ids = torch.tensor([piece], dtype=torch.long, device=self.device)
             kwargs = {self._kw: self.cache, "use_cache": True}
