@@ -816,3 +816,27 @@ def test_an_interrupted_retrieval_bench_keeps_the_last_whole_log(monkeypatch, tm
     with pytest.raises(KeyboardInterrupt):
         bench_retrieval.run(quick=False, out_dir=tmp_path, log=_quiet())
     assert runs.read_text() == whole and len(whole.splitlines()) == 4
+
+
+def test_bench_load_warms_up_on_a_question_that_reaches_an_answer_model(monkeypatch):
+    """Its warm-up ran the first question only: one that fell back warmed no model."""
+    from specrag.evaluation import bench_load
+
+    warmed: list[list[str]] = []
+
+    async def run_level(graph, questions, ctx, concurrency):
+        warmed.append(list(questions))
+        outs = [
+            {"question": q, "answer": "a", "sources": [], "latency_s": 0.1}
+            | {"route": "fallback" if q == "q0" else "generate"}
+            for q in questions
+        ]
+        return {"outputs": outs, "wall_s": 0.1}
+
+    monkeypatch.setattr(bench_load, "load_lm", lambda *a: None)
+    monkeypatch.setattr(bench_load, "build_graph", lambda: None)
+    monkeypatch.setattr(bench_load, "run_level", run_level)
+    from specrag.graph.context import SpecRagContext
+
+    bench_load.measure(["q0", "q1", "q2"], SpecRagContext(), [1])
+    assert warmed[:2] == [["q0"], ["q1"]] and warmed[2] == ["q0", "q1", "q2"]
