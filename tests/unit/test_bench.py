@@ -840,3 +840,18 @@ def test_bench_load_warms_up_on_a_question_that_reaches_an_answer_model(monkeypa
 
     bench_load.measure(["q0", "q1", "q2"], SpecRagContext(), [1])
     assert warmed[:2] == [["q0"], ["q1"]] and warmed[2] == ["q0", "q1", "q2"]
+
+
+def test_bench_followup_tells_a_model_rewrite_that_fell_back_to_concat():
+    """A late or failed model rewrite searches concat's query: it is counted apart, by the
+    same query the retrieve node falls back to."""
+    from specrag.evaluation import bench_followup
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import Services
+    from specrag.nodes.retrieve import followup_query
+
+    case = {"followup": "When did he die?", "history": [{"role": "user", "content": "Who?"}]}
+    case["history"].append({"role": "assistant", "content": "Rollo."})
+    ctx = SpecRagContext(query_rewrite="concat")
+    concat = asyncio.run(followup_query(case["followup"], case["history"], ctx, Services()))
+    assert bench_followup.concat_query(case) == concat == "Who? When did he die?"

@@ -62,6 +62,12 @@ def build_cases(n: int) -> list[dict[str, Any]]:
     return sample(pool, min(n, len(pool)), SEED)
 
 
+def concat_query(case: dict[str, Any]) -> str:
+    """The query ``query_rewrite="concat"`` searches for ``case`` (the model's fallback)."""
+    previous = [t["content"] for t in case["history"] if t["role"] == "user"]
+    return f"{previous[-1]} {case['followup']}" if previous else case["followup"]
+
+
 def run(
     *, quick: bool, out_dir: Path, log: Console, fresh: bool = False, models: str = "embedded"
 ) -> dict[str, Any]:
@@ -99,9 +105,13 @@ def run(
                     "hit_at_3": float(bool(set(case["gold"]) & set(found))),
                     "rewrite_s": round(rewrite_s, 4),
                 }
+                if mode == "model":  # a late, empty or failed rewrite searches concat's query
+                    row[mode]["fell_back"] = query == concat_query(case)
                 bar.advance(task)
             rows.append(row)
     summary: dict[str, Any] = {"n": len(rows)}
+    # how many "model" rows measured concat's query (the rewrite was late, empty or failed)
+    summary["model_fell_back"] = sum(bool(r["model"].get("fell_back")) for r in rows)
     for mode in MODES:
         hits = [r[mode]["hit_at_3"] for r in rows]
         summary[mode] = {
@@ -124,6 +134,10 @@ def run(
             f"| {mode} | {s['recall_at_3']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | {dtext} | "
             f"{s['rewrite_s_mean']:.3f} |"
         )
+    lines.append(
+        f"\n`model` rewrites that fell back to concat's query (late, empty or failed): "
+        f"{summary['model_fell_back']} of {len(rows)}"
+    )
     table = "\n".join(lines) + "\n"
     results = json.dumps({"summary": summary, "cases": rows}, indent=2)
     files = write_results(out_dir, quick, {"summary.json": results, "table.md": table})
