@@ -536,7 +536,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         err.print(
             f"\n[bold]{escape(scenario.name)}:[/bold] {escape(scenario.question)}", soft_wrap=True
         )
-        run_ctx = scenario_context(ctx, scenario)
+        run_ctx = scenario_context(ctx, scenario, cli_overrides(args))
         if scenario.intro:
             err.print(f"[dim]{escape(scenario.describe(run_ctx))}[/dim]", soft_wrap=True)
         doc = document if scenario.long_document else None

@@ -8,6 +8,7 @@ elsewhere says so, it is not forced).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +80,17 @@ def normans_document(min_words: int = 1500) -> str:
     return "\n\n".join(text)
 
 
-def scenario_context(base: SpecRagContext, scenario: Scenario) -> SpecRagContext:
-    """The base settings with the scenario's overrides."""
-    return dataclasses.replace(base, **scenario.overrides)
+def scenario_context(
+    base: SpecRagContext, scenario: Scenario, given: Iterable[str] = ()
+) -> SpecRagContext:
+    """The base settings with the scenario's overrides, but not over those ``given``.
+
+    A user's ``--set draft_temperature=0.8`` was replaced by the scenario's 0.0 unseen.
+    """
+    kept = set(given)
+    return dataclasses.replace(
+        base, **{k: v for k, v in scenario.overrides.items() if k not in kept}
+    )
 
 
 def savings(result: dict[str, Any]) -> str:

@@ -12,3 +12,13 @@ def test_every_intro_fills_in_and_names_the_settings_in_use():
     texts = {s.name: s.describe(scenario_context(base, s)) for s in SCENARIOS}
     assert all(texts.values()) and not any("{" in t for t in texts.values())
     assert "relevance_threshold 0.35 or more" in texts["no evidence"]
+
+
+def test_a_setting_the_user_gave_wins_over_the_scenarios():
+    """The remote-store scenario set draft_temperature=0.0 over a user's --set unseen."""
+    remote = next(s for s in SCENARIOS if "draft_temperature" in s.overrides)
+    base = dataclasses.replace(SpecRagContext(), draft_temperature=0.8)
+    assert scenario_context(base, remote).draft_temperature == 0.0  # not given: the scenario's
+    kept = scenario_context(base, remote, {"draft_temperature": 0.8})
+    assert kept.draft_temperature == 0.8
+    assert kept.added_retrieval_latency_s == remote.overrides["added_retrieval_latency_s"]
