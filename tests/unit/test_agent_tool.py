@@ -76,3 +76,11 @@ async def test_compiled_graph_works_as_a_subgraph_node():
     parent.add_edge(START, "specrag")
     out = await parent.compile().ainvoke({"messages": [("user", "capital of France?")]})
     assert out["messages"][-1].content == "Paris."
+
+
+def test_the_agent_prompt_names_the_tool_it_is_for():
+    """AGENT_PROMPT named search_documents whatever name= the tool was given."""
+    from specrag.tools import AGENT_PROMPT, agent_prompt
+
+    assert AGENT_PROMPT == agent_prompt() and "search_documents tool" in AGENT_PROMPT
+    assert "Answer with the ask_notes tool," in agent_prompt("ask_notes")

@@ -133,9 +133,17 @@ def make_specrag_tool(
     )
 
 
-AGENT_PROMPT = (
-    "Answer with the search_documents tool, then give its answer and cite its sources in "
-    "square brackets."
-)
-"""A system prompt for an agent around the tool (with ``output="text"``): measured to make the
-pair's 1.5B call the tool and cite its sources (tests/pair/test_agent.py)."""
+def agent_prompt(name: str = "search_documents") -> str:
+    """A system prompt for an agent around the tool named ``name`` (with ``output="text"``).
+
+    Measured to make the pair's 1.5B call the tool and cite its sources
+    (tests/pair/test_agent.py); a tool made with another ``name=`` needs its own name here.
+    """
+    return (
+        f"Answer with the {name} tool, then give its answer and cite its sources in "
+        "square brackets."
+    )
+
+
+AGENT_PROMPT = agent_prompt()
+"""The prompt of :func:`agent_prompt` for the tool's default name (``search_documents``)."""
