@@ -83,6 +83,26 @@ async def test_rapid_generate_route_through_the_graph():
     assert result["timings"]["document_index_s"] >= 0
 
 
+async def test_a_long_document_without_a_local_answer_model_takes_serial_rag_and_says_why():
+    """A remote answer model cannot run RAPID: every long --document run went to
+    rapid_generate, failed there ("RAPID needs a local answer model") and recorded the error."""
+    import dataclasses
+
+    answer = FakeLogprobChat(reply="Rollo.", calls=[])
+
+    def no_rapid(ctx):
+        raise ValueError("RAPID needs a local answer model, not 'openai:gpt-4o-mini'")
+
+    svc = dataclasses.replace(services(answer=answer), rapid_model=no_rapid)
+    document = "Rollo led the Norse. " * 400
+    result = await run(svc, "Who led the Norse?", inputs={"document": document})
+    assert result["route"] in ("refine", "generate") and result["answer"] == "Rollo."
+    assert result["reason"].startswith(
+        "long document, but no RAPID (ValueError: RAPID needs a local answer model"
+    ), result["reason"]
+    assert not any("rapid_generate" in e for e in result["errors"]), result["errors"]
+
+
 async def test_a_long_document_whose_search_failed_is_still_read_by_rapid():
     """A failed search routed a long document to fallback ("not ... in the indexed
     documents"), although RAPID's target reads the whole document; its drafter then picks

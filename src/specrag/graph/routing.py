@@ -44,12 +44,16 @@ def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
         "irrelevant": f"no chunk scored {ctx.relevance_threshold} or more",
     }.get(retrieval, f"retrieval status {retrieval}")
     doc_tokens = int(state.get("document_tokens") or 0)
-    if doc_tokens > ctx.long_document_tokens:  # the target reads the whole document anyway
+    long = doc_tokens > ctx.long_document_tokens
+    if long and not (cannot := state.get("rapid_unavailable")):  # the target reads it whole
         without = "" if retrieval == "ok" else f" ({detail}: the drafter picks its own chunks)"
         return "rapid_generate", (
             f"long document ({doc_tokens} tokens > {ctx.long_document_tokens}): RAPID decoding"
             + without
         )
+    if long:  # said first: the routes below read the retrieved chunks instead
+        route, why = decide({**state, "document_tokens": 0}, ctx)
+        return route, f"long document, but no RAPID ({cannot}); {why}"
     if retrieval != "ok":
         return "fallback", detail
     usable, why = draft_usable(state, ctx)

@@ -124,6 +124,7 @@ def make_prepare(services: Services):  # noqa: ANN201
         origin = now()
         timings = {"load_s": round(origin - t0, 4)}
         document_tokens = 0
+        rapid_unavailable = ""
         errors: list[str] = []
         if document:
             n_tokens = await quietly(lambda: services.document_tokens(ctx, document), errors)
@@ -131,7 +132,12 @@ def make_prepare(services: Services):  # noqa: ANN201
                 errors[-1] += " (the document's length is unknown: RAPID not considered)"
             document_tokens = int(n_tokens or 0)
             if document_tokens > ctx.long_document_tokens:
-                await quietly(lambda: services.warm(services.rapid_model(ctx)))
+                try:  # a remote answer model cannot read the document token by token
+                    rapid = services.rapid_model(ctx)
+                except ValueError as exc:  # the gate says why and takes serial RAG's routes
+                    rapid_unavailable = short_error(exc)
+                else:
+                    await quietly(lambda: services.warm(rapid))
                 origin = now()
                 timings["load_s"] = round(origin - t0, 4)
             start = now()
@@ -156,6 +162,7 @@ def make_prepare(services: Services):  # noqa: ANN201
             "document": "",
             "run_document": document,
             "document_tokens": document_tokens,
+            "rapid_unavailable": rapid_unavailable,
             "seed": seed,
             "marks": Overwrite({"origin": origin, "clock": clock()}),
             "timings": Overwrite(timings),
