@@ -62,6 +62,7 @@ async def test_draft_failure_goes_to_generate():
     assert result["route"] == "generate"
     assert "draft failed" in result["reason"]
     assert any("model exploded" in e for e in result["errors"])
+    assert result["timings"]["draft_s"] >= 0  # what the failed attempt took (it had none)
 
 
 async def test_retrieval_failure_falls_back_to_unverified_draft():
@@ -287,3 +288,52 @@ async def test_an_unknown_setting_is_one_input_error_line_everywhere():
     with pytest.raises(InputError, match="unknown config key 'nosuch' \\(see `specrag config`\\)"):
         await build_graph(services()).ainvoke({"question": "q?"}, context={"nosuch": 1})
     assert SpecRagContext(top_k=4).top_k == 4  # known ones as before
+
+
+async def test_a_remote_draft_without_a_usage_count_is_counted_by_its_words():
+    """A stopped stream (or a provider whose usage is off) sends no usage: its 9-word draft
+    in 3 chunks read as 3 tokens, "too short", and was never refined."""
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    class Chunky(FakeLogprobChat):
+        def _stream(self, *a, **k):
+            for text in ("Paris is the", " capital city of", " France, I think."):
+                yield ChatGenerationChunk(message=AIMessageChunk(content=text))
+
+    result = await run(services(draft=Chunky(calls=[])), min_draft_tokens=6)
+    assert result["route"] == "refine", result["reason"]
+
+
+async def test_a_remote_draft_asks_for_log_probs_and_a_model_that_refuses_them_still_drafts():
+    """Remote drafts never asked for log-probabilities, so confidence_threshold never applied
+    to them; a model that refuses them is asked again without (once per process)."""
+    from specrag.nodes import streaming
+
+    asked: list = []
+
+    class Remote(FakeLogprobChat):
+        logprobs: bool | None = None
+        max_retries: int = 2
+        model_name: str = "remote-1"
+
+        def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+            asked.append((self.logprobs, self.max_retries))
+            if self.logprobs and self.model_name == "refuses":
+                raise ValueError("logprobs is not supported with this model")
+            self.logprob = -2.5 if self.logprobs else None  # an unsure draft, when asked
+            yield from super()._stream(messages, stop, run_manager, **kwargs)
+
+    unsure = Remote(reply="Lyon is the capital of France today.", calls=[])
+    result = await run(services(draft=unsure), min_draft_tokens=1)
+    assert asked == [(True, 0)]  # asked for them, and no SDK retries
+    assert result["route"] == "generate" and "confidence 0.08 < " in result["reason"]
+    asked.clear()
+    refuses = Remote(reply="Paris is the capital of France.", model_name="refuses", calls=[])
+    result = await run(services(draft=refuses), min_draft_tokens=1)
+    assert asked == [(True, 0), (None, 0)] and result["route"] == "refine", result["reason"]
+    assert "draft" not in " ".join(result["errors"])
+    asked.clear()
+    await run(services(draft=refuses), min_draft_tokens=1)
+    assert asked == [(None, 0)]  # not asked again in this process
+    streaming._NO_LOGPROBS.discard("Remote:refuses")

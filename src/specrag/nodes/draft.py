@@ -61,9 +61,17 @@ def make_draft(services: Services):  # noqa: ANN201
                 ),
                 # stops within one token of retrieval delivering evidence
                 stop_event=retrieval_signal(dict(state)) if until_retrieval else None,
+                confidence=True,  # a remote model's log-probabilities too: the gate reads them
             )
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
-            return _no_draft("failed", errors=[f"draft: {short_error(exc)}"])
+            # what the failed attempt took (retries of a remote call held the gate up)
+            origin = live_marks(dict(state)).get("origin", start)
+            return _no_draft(
+                "failed",
+                errors=[f"draft: {short_error(exc)}"],
+                timings={"draft_s": round(now() - origin, 4)},
+                **resumed_origin(dict(state), start),
+            )
         # cut by its budget, by retrieval, or - text it wrote - by its token limit ("length":
         # mid-sentence too; a limit before any text is an empty draft, not one retrieval cut)
         at_limit = result.metadata.get("finish_reason") == "length" and bool(result.text)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 import math
 import random
+import re
 import threading
 import time
 import uuid
@@ -20,6 +22,8 @@ from langgraph.config import get_stream_writer
 
 from specrag.graph.services import is_local
 from specrag.models.options import DecodeOptions
+
+log = logging.getLogger(__name__)
 
 # Extra wall-clock allowed past a budget before an unresponsive local model call is abandoned
 # (local models stop themselves at the budget; this only catches a hung decode thread). A
@@ -175,11 +179,16 @@ REMOTE_FIELDS = {
 }
 
 
-def with_remote_settings(model: BaseChatModel, options: DecodeOptions) -> BaseChatModel:
+def with_remote_settings(
+    model: BaseChatModel, options: DecodeOptions, logprobs: bool = False
+) -> BaseChatModel:
     """A copy of a remote (``provider:model``) chat model with the stage's settings.
 
     Temperature, token limit and seed, set on the fields its class declares; others are left
-    to the provider's defaults (a field it does not have would be refused by its API).
+    to the provider's defaults (a field it does not have would be refused by its API). Its
+    SDK's own retries are off (``max_retries=0``): a failure (HTTP 429, 500) is told at once
+    instead of as the budget's end, and the graph's next route is the retry. ``logprobs``:
+    asked for where the class has the field (a draft's confidence comes from them).
     """
     fields = getattr(type(model), "model_fields", {})
     update: dict[str, Any] = {}
@@ -188,7 +197,30 @@ def with_remote_settings(model: BaseChatModel, options: DecodeOptions) -> BaseCh
         name = next((n for n in names if n in fields), None)
         if value is not None and name is not None:
             update[name] = value
+    if "max_retries" in fields:
+        update["max_retries"] = 0
+    if logprobs and "logprobs" in fields:
+        update["logprobs"] = True
     return model.model_copy(update=update) if update else model
+
+
+# remote models that refused a request for log-probabilities (asked for no more, per process)
+_NO_LOGPROBS: set[str] = set()
+
+
+def model_key(model: BaseChatModel) -> str:
+    """A remote chat model's class and model name (what refused log-probabilities)."""
+    name = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
+    return f"{type(model).__name__}:{name}"
+
+
+def rough_tokens(text: str) -> int:
+    """About how many tokens ``text`` is: its words and punctuation marks.
+
+    A lower bound for a BPE tokenizer's count on English text: a remote model without
+    log-probabilities or a usage count is counted so, not by its chunks of several tokens.
+    """
+    return len(re.findall(r"\w+|[^\w\s]", text))
 
 
 def answer_tokens(usage: dict[str, Any]) -> int:
@@ -253,8 +285,13 @@ async def stream_model(
     options: DecodeOptions | None = None,
     stop_event: threading.Event | None = None,
     min_tokens: int = 0,
+    confidence: bool = False,
 ) -> Streamed:
     """Stream ``model`` for at most ``budget_s`` seconds; never raises on timeout.
+
+    ``confidence``: a remote model is asked for log-probabilities (a draft's confidence); one
+    that refuses them before its first text is asked again without, within the budget left,
+    and never asked for them again in this process.
 
     Local models get ``max_time`` (and the stop event) in their :class:`DecodeOptions`, so
     their decode loop - prefill included - stops itself; other models are cut off by
@@ -272,9 +309,11 @@ async def stream_model(
             stop_event=stop_event,
             min_tokens=min_tokens,
         )
-    elif options is not None:  # its stop sequences are cut here, not sent: OpenAI, Azure and
-        # Bedrock refuse more than 4 (HTTP 400: every call failed), some models any
-        model = with_remote_settings(model, options)
+    ask_logprobs = confidence and not local and model_key(model) not in _NO_LOGPROBS
+    given = model
+    if not local:  # its stop sequences are cut here, not sent: OpenAI, Azure and Bedrock
+        # refuse more than 4 (HTTP 400: every call failed), some models any
+        model = with_remote_settings(model, options or DecodeOptions(), ask_logprobs)
     stops = tuple(options.stop) if options is not None and not local else ()
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
     event = None if local else stop_event  # a local decode polls the event itself
@@ -338,8 +377,25 @@ async def stream_model(
         if not budget.expired():  # the model's own (a socket's read timeout): its error
             raise
         out.timed_out = True
-    if not local and not out.logprobs and not stop_cut:  # a usage count of the whole text
-        out.tokens = max(out.tokens, answer_tokens(out.metadata.get("usage") or {}))
+    except Exception:
+        if out.text or not ask_logprobs:  # its error: the node's error route
+            raise
+        _NO_LOGPROBS.add(model_key(given))  # refused, say: asked once more without them
+        log.info("%s: no log-probabilities (asking without them)", model_key(given))
+        return await stream_model(
+            given,
+            messages,
+            budget_s=max(0.0, budget_s - (now() - start)),
+            tags=tags,
+            options=options,
+            stop_event=stop_event,
+            min_tokens=min_tokens,
+        )
+    if not local and not out.logprobs:  # no count per token: the usage's, else the text's
+        counted = [out.tokens, rough_tokens(out.text)]
+        if not stop_cut:  # a usage count covers the text past a stop cut here too
+            counted.append(answer_tokens(out.metadata.get("usage") or {}))
+        out.tokens = max(counted)
     retracted = int((out.metadata.get("decoding") or {}).get("retracted_tokens") or 0)
     if retracted:  # streamed before a stop sequence was recognised: not part of the text
         out.logprobs = out.logprobs[: len(out.logprobs) - retracted]
