@@ -337,3 +337,12 @@ async def test_a_remote_draft_asks_for_log_probs_and_a_model_that_refuses_them_s
     await run(services(draft=refuses), min_draft_tokens=1)
     assert asked == [(None, 0)]  # not asked again in this process
     streaming._NO_LOGPROBS.discard("Remote:refuses")
+
+
+async def test_a_fallback_that_does_not_show_the_draft_says_why():
+    """The JSON held a whole draft, the answer said no evidence was found, and the reason
+    named retrieval only: why the draft was not shown was nowhere."""
+    short = FakeLogprobChat(reply="Paris maybe", calls=[])
+    result = await run(services(draft=short, retrieve_error=OSError("disk gone")))
+    assert result["route"] == "fallback" and result["answer"] == prompts.NO_EVIDENCE_ANSWER
+    assert result["reason"].endswith("; the draft is not shown (draft too short (2 < 6 tokens))")

@@ -17,7 +17,7 @@ from specrag.nodes.streaming import emit, now
 async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, Any]:
     """Answer without evidence: never raises."""
     ctx = runtime.context or SpecRagContext()
-    usable, _ = draft_usable(dict(state), ctx)
+    usable, why_not = draft_usable(dict(state), ctx)
     draft = (state.get("draft") or "").strip()
     if draft and state.get("draft_truncated"):  # "It is approximately 5,838" read as whole
         draft += prompts.DRAFT_CUT_SUFFIX
@@ -35,6 +35,8 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
     else:
         answer = prompts.NO_EVIDENCE_ANSWER
     reason = final_reason(dict(state), "fallback")
+    if draft and not usable:  # a draft there was, not shown: why (the reason named retrieval)
+        reason += f"; the draft is not shown ({why_not})"
     t = now()
     timings = run_timings(dict(state), t, fallback_origin=t)  # resumed here: from its start
     emit(
