@@ -233,6 +233,13 @@ async def _run(
             )
             if shown and current != "draft":  # the answer goes on below the note
                 redraw()
+        elif event == "answer_failed":  # the text shown so far is not the answer
+            err.print(
+                f"\n[dim]{escape(str(payload['node']))} failed: "
+                f"{escape(str(payload['error']))}[/dim]",
+                end="",
+            )
+            current, shown = None, ""  # the next node's text starts on a fresh line
         elif event == "revise":  # the new evidence retracts the end of the answer: redraw
             err.print(
                 f"\n[dim]revised: retracted {escape(repr(payload['dropped_text']))}[/dim]", end=""

@@ -55,3 +55,28 @@ def test_a_retraction_before_the_answer_shows_leaves_the_draft_alone(capsys):
     said = capsys.readouterr().err
     assert "answer (draft)" not in said
     assert said.index("Rollo, I think") < said.index("revised") < said.index("answer (refine)")
+
+
+def test_a_failed_answer_nodes_streamed_text_is_marked_failed(capsys):
+    """refine's streamed text was followed by generate's with no word that refine failed:
+    it read as two answers. The graph says `answer_failed`; the CLI prints it."""
+    from specrag.graph.builder import build_graph
+    from tests.fakes import FakeLogprobChat, ctx, services
+
+    calls = {"n": 0}
+
+    class BreaksOnce(FakeLogprobChat):  # refine: its first words stream, then it breaks
+        def _stream(self, *a, **k):
+            calls["n"] += 1
+            for i, chunk in enumerate(super()._stream(*a, **k)):
+                if calls["n"] == 1 and i == 2:
+                    raise RuntimeError("connection reset")
+                yield chunk
+
+    app = build_graph(services(answer=BreaksOnce(reply="Paris is the capital.", calls=[])))
+    final = asyncio.run(runner._run(app, {"question": "capital?"}, ctx(), True, {}))
+    assert final["route"] == "generate" and final["answer"] == "Paris is the capital."
+    said = capsys.readouterr().err
+    assert "answer (refine): Paris is" in said
+    assert "refine failed: RuntimeError: connection reset" in said
+    assert said.index("refine failed") < said.index("answer (generate): Paris is the capital.")

@@ -338,6 +338,8 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 raise RuntimeError(why)
         except Exception as exc:  # noqa: BLE001 - becomes the error route
             message = f"{node}: {short_error(exc)}"
+            # a stream's reader showed this node's text so far: it is told the node failed
+            emit({"event": "answer_failed", "node": node, "error": short_error(exc)})
             earlier = state.get("answer_error")  # refine/rapid_generate failed first
             chain = f"{earlier} -> {node}; {message}" if earlier else message
             failed = {
