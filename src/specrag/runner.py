@@ -28,8 +28,11 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
         "route": result.get("route", ""),
         "reason": result.get("reason", ""),
         "verified": result.get("verified", False),
+        "query": result.get("query", ""),
         "draft": result.get("draft", ""),
         "draft_confidence": result.get("draft_confidence"),
+        "draft_status": result.get("draft_status", ""),
+        "draft_tokens": result.get("draft_tokens", 0),
         "sources": [
             {
                 "n": c.get("n"),

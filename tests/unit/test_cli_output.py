@@ -66,3 +66,21 @@ def test_version_as_json(capsys):
         assert main(argv) == 0
         out = capsys.readouterr().out
         assert json.loads(out) == {"version": version("specrag")}
+
+
+def test_the_json_view_names_the_query_and_how_the_draft_ended():
+    """A reason such as "draft too short (3 < 6 tokens)" could not be checked from --json:
+    it left out the draft's status and token count, and what was searched."""
+    import asyncio
+
+    from specrag.graph.builder import build_graph
+    from specrag.runner import result_json
+    from tests.fakes import FakeLogprobChat, ctx, services
+
+    short = FakeLogprobChat(reply="Paris maybe", calls=[])
+    result = asyncio.run(
+        build_graph(services(draft=short)).ainvoke({"question": "q?"}, context=ctx())
+    )
+    view = result_json(result)
+    assert view["reason"].startswith("draft too short (2 < 6 tokens)")
+    assert (view["draft_status"], view["draft_tokens"], view["query"]) == ("ok", 2, "q?")

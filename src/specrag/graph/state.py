@@ -57,6 +57,10 @@ class OutputState(TypedDict, total=False):
     """The evidence-free draft (empty when drafting was off or failed)."""
     draft_confidence: float | None
     """exp(mean token log-prob) of the draft, in (0, 1]; None when the model gives none."""
+    draft_status: DraftStatus
+    """How the draft ended (a route's reason such as "draft too short" can be checked here)."""
+    draft_tokens: int
+    """Number of draft tokens produced."""
     chunks: list[dict[str, Any]]
     """Retrieved chunks: id, source, score, position, text (best first)."""
     citations: list[dict[str, Any]]
@@ -104,12 +108,9 @@ class State(InputState, OutputState, total=False):
     run_document: str
     """This run's document: ``prepare`` moves the input ``document`` here and clears the
     input key, so the next question on the same thread does not inherit it."""
-    draft_status: DraftStatus
     draft_truncated: bool
     """True when the draft was cut short (by its time budget, by retrieval finishing or by
     ``draft_max_tokens``)."""
-    draft_tokens: int
-    """Number of draft tokens produced."""
     retrieval_status: RetrievalStatus
     evidence_complete: bool
     """False while an incremental run's later batches are still coming (``answer_policy``),
