@@ -284,7 +284,13 @@ def preload(
     # model's warm-up leaves it out as that model's drafter (a warning, then the error)
     specs = dict.fromkeys(([ctx.draft_spec] if ctx.drafter_runs else []) + [ctx.answer_spec])
     # said first: a new cache converts the weights (~20 s and more) before the line below
-    err.print(f"[dim]loading models ({escape(', '.join(specs))}) ...[/dim]")
+    # a remote model loads nothing here: its time is the embedding model's (a trial read
+    # "loading models (openai:gpt-4o-mini) ... ready in 3.8s" as the provider's)
+    from specrag.models.registry import local_model_name
+
+    remote = [s for s in specs if local_model_name(s) is None]
+    named = ", ".join(s + (" - remote, nothing to load" if s in remote else "") for s in specs)
+    err.print(f"[dim]loading models ({escape(named)}) ...[/dim]", soft_wrap=True)
     services = Services()
     for spec in specs:
         services.warm(default_chat_model(spec, ctx))
