@@ -237,6 +237,27 @@ def index_with_progress(
     The index opens before the bar starts (and before ``announce`` is printed): an index that
     cannot be used is one line.
     """
+    from specrag.indexing.pipeline import writing_lock
+
+    directory = index_dir_of(ctx)
+    with writing_lock(directory, ctx.collection, ctx.index_url, on_wait=waiting_note):
+        return _index_with_progress(
+            records, ctx, label, prune_roots, keep, reach, reach_incomplete, gone, announce
+        )
+
+
+def _index_with_progress(
+    records: list[tuple[str, str]],
+    ctx: Any,
+    label: str,
+    prune_roots: list[str] | None,
+    keep: list[str] | None,
+    reach: dict[str, list[str]] | None,
+    reach_incomplete: list[str] | None,
+    gone: list[str] | None,
+    announce: str,
+) -> Any:
+    """``index_with_progress`` under the index's writer lock."""
     from specrag.indexing.pipeline import index_records, open_for_writing
     from specrag.progress import progress_bar
 
@@ -271,6 +292,25 @@ def index_with_progress(
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Index files and folders (``--forget``: remove what the index holds of them)."""
+    from specrag.indexing.pipeline import writing_lock
+    from specrag.indexing.store import check_local
+
+    ctx = make_context(args, answers=False, models=False)
+    directory = index_dir_of(ctx)
+    check_local(directory, ctx.collection, ctx.index_url, create=not args.forget)
+    # one writer at a time, from reading the files to pruning: two runs at once undid each
+    # other's work (the later one pruned a file the other had just added)
+    with writing_lock(directory, ctx.collection, ctx.index_url, on_wait=waiting_note):
+        return _index_locked(args, ctx, directory)
+
+
+def waiting_note() -> None:
+    """Say that another process writes the index (this run waits for it)."""
+    err.print("[dim]another specrag run is writing this index: waiting for it to end ...[/dim]")
+
+
+def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
+    """``cmd_index`` under the index's writer lock."""
     from specrag.errors import IndexError_
     from specrag.indexing.documents import (
         Skipped,
@@ -288,11 +328,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         no_text,
         prune_prefixes,
     )
-    from specrag.indexing.store import check_local, local_index_at, stored_sources
+    from specrag.indexing.store import local_index_at, stored_sources
 
-    ctx = make_context(args, answers=False, models=False)
-    directory = index_dir_of(ctx)
-    check_local(directory, ctx.collection, ctx.index_url, create=not args.forget)
     if args.forget:  # checked against the index before the embedding model loads: a typo
         held = stored_sources(directory, ctx.collection, ctx.index_url)  # removes nothing
         loaded, gone = Loaded([], []), forget_entries(args.paths, held)

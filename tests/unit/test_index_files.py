@@ -1027,3 +1027,43 @@ def test_a_long_files_progress_moves_while_it_is_embedded(tmp_path, monkeypatch)
     index_records(records, tmp_path / "idx", progress=told.append)
     assert told == sorted(told) and told[-1] == 2 and 1 in told
     assert any(0 < done < 1 for done in told)  # within the long file
+
+
+def test_index_writers_take_turns(tmp_path):
+    """Two `specrag index` runs on one index at once undid each other's work (the later one
+    pruned a file the other had just added; both said they succeeded). A writer waits for
+    another process's lock, says so once, and a process re-enters its own lock."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from specrag.indexing import pipeline
+    from specrag.indexing.pipeline import writing_lock
+
+    done = tmp_path / "done"
+    with pipeline.writing_lock(tmp_path, "specrag"):  # its lock file: the one it holds
+        lock = Path(next(iter(pipeline._HELD)))
+    assert lock.parent == pipeline.cache_dir() / "locks" and not list(tmp_path.iterdir())
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, pathlib, time\n"
+            f"h = open({str(lock)!r}, 'a'); fcntl.flock(h, fcntl.LOCK_EX)\n"
+            "print('held', flush=True); time.sleep(1.0)\n"
+            f"pathlib.Path({str(done)!r}).touch(); fcntl.flock(h, fcntl.LOCK_UN)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    waited: list[float] = []
+    with writing_lock(tmp_path, "specrag", on_wait=lambda: waited.append(time.monotonic())):
+        assert done.exists()  # got it once the other process let go
+        with writing_lock(tmp_path, "specrag", on_wait=lambda: waited.append(-1.0)):
+            pass  # re-entered: no wait
+    assert len(waited) == 1 and waited[0] > 0
+    holder.wait()
+    with writing_lock(tmp_path, "other"), writing_lock(tmp_path, "specrag"):
+        pass  # another collection's lock is its own

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -33,6 +37,7 @@ from specrag.indexing.store import (
     index_documents,
 )
 from specrag.models.loading import EMBEDDED_LM, embedded_embeddings_path, load_embeddings
+from specrag.paths import cache_dir
 
 CHUNK_TOKENS = 200  # all-MiniLM-L6-v2 reads at most 256 word pieces
 OVERLAP_TOKENS = 30
@@ -71,6 +76,71 @@ def embedding_token_length(name: str = EMBEDDED_LM) -> Callable[[str], int]:
         )
 
     return length
+
+
+log = logging.getLogger(__name__)
+
+_HELD: dict[str, int] = {}  # lock files this process holds, and how deep (re-entered)
+_HELD_GUARD = threading.RLock()  # one writer thread at a time in a process, as across them
+
+
+@contextlib.contextmanager
+def writing_lock(
+    directory: Path, collection: str, url: str = "", on_wait: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Hold the local index's writer lock for ``collection`` (re-entrant in a process).
+
+    Two ``specrag index`` runs on one index at once undid each other's work: the one that
+    ended last pruned a file the other had just added, and put back the old text of a file
+    the other had re-indexed (both said they succeeded); two creating a new index at once
+    failed one ("table collections already exists"). The lock covers reading the files
+    through pruning. ``on_wait`` is called once when another process holds it (the caller
+    says so); the wait then lasts until that process ends its run. A Chroma server's index
+    (``url``), a platform without ``fcntl`` or a folder where no lock file can be made: none.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    if url:
+        yield
+        return
+    # in the cache dir, named by the index's real path: a bad input creates no index folder
+    index_path = Path(directory).expanduser().resolve()
+    name = hashlib.sha256(f"{index_path}\0{collection}".encode()).hexdigest()[:24]
+    path = cache_dir() / "locks" / f"index-{name}.lock"
+    key = str(path)
+    with _HELD_GUARD:
+        if _HELD.get(key):  # this process holds it already (the CLI, then index_records)
+            _HELD[key] += 1
+            try:
+                yield
+            finally:
+                _HELD[key] -= 1
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a")  # noqa: SIM115 - held past this block
+        except OSError as exc:  # a read-only index: its own error comes where it is written
+            log.debug("no writer lock at %s: %s", path, exc)
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(handle, fcntl.LOCK_EX)  # Ctrl-C ends the wait
+            _HELD[key] = 1
+            try:
+                yield
+            finally:
+                _HELD.pop(key, None)
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        finally:
+            handle.close()
 
 
 def open_for_writing(
@@ -371,8 +441,41 @@ def index_records(
 
     ``gone`` (:func:`forget_entries`): sources (their PDF pages too) and folder prefixes to
     forget (``specrag index --forget``): what the index holds of them is dropped, and so is
-    what they reached through links (unless held otherwise).
+    what they reached through links (unless held otherwise). Runs under the index's writer
+    lock (:func:`writing_lock`).
     """
+    with writing_lock(directory, collection, url):
+        return _index_records(
+            records,
+            directory,
+            collection=collection,
+            embedding_model=embedding_model,
+            progress=progress,
+            prune_roots=prune_roots,
+            keep=keep,
+            url=url,
+            index=index,
+            reach=reach,
+            reach_incomplete=reach_incomplete,
+            gone=gone,
+        )
+
+
+def _index_records(
+    records: list[tuple[str, str]],
+    directory: Path,
+    *,
+    collection: str,
+    embedding_model: str,
+    progress: Callable[[float], None] | None,
+    prune_roots: Iterable[str],
+    keep: Iterable[str],
+    url: str,
+    index: VectorIndex | None,
+    reach: Mapping[str, Sequence[str]] | None,
+    reach_incomplete: Iterable[str],
+    gone: Iterable[str],
+) -> IndexReport:
     if index is None:
         index = open_for_writing(directory, collection, embedding_model, url)
     if index.url:
