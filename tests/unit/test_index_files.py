@@ -1067,3 +1067,74 @@ def test_index_writers_take_turns(tmp_path):
     holder.wait()
     with writing_lock(tmp_path, "other"), writing_lock(tmp_path, "specrag"):
         pass  # another collection's lock is its own
+
+
+def test_a_pdf_locked_by_an_owner_password_only_is_read(tmp_path):
+    """A "no copying" PDF (owner password, empty user password: any viewer opens it) was
+    refused as encrypted; one that needs a password to open still is."""
+    from pypdf import PdfReader, PdfWriter
+
+    from specrag.errors import InputError
+    from specrag.indexing.documents import read_pdf_pages
+
+    plain = tmp_path / "plain.pdf"
+    write_pdf(plain, ["The treaty was signed in 911."])
+    for name, user in (("owner_only.pdf", ""), ("locked.pdf", "secret")):
+        writer = PdfWriter(clone_from=PdfReader(plain))
+        writer.encrypt(user_password=user, owner_password="owner", algorithm="RC4-128")
+        with open(tmp_path / name, "wb") as fh:
+            writer.write(fh)
+    assert "signed in 911" in read_pdf_pages(tmp_path / "owner_only.pdf")[0]
+    with pytest.raises(InputError, match="the PDF is encrypted"):
+        read_pdf_pages(tmp_path / "locked.pdf")
+
+
+def test_html_cells_and_blocks_keep_their_words_apart_and_entities_are_read_once():
+    """'<td>Widget</td><td>10</td>' read 'Widget10' (BM25 found neither word) and
+    '&amp;lt;b&amp;gt;' was unescaped twice into a tag."""
+    from specrag.indexing.documents import html_to_text
+
+    page = (
+        "<table><tr><th>Part</th><th>Price</th></tr><tr><td>Widget</td><td>10</td></tr></table>"
+        "<h5>Warranty</h5><section>Two years</section><p>AT&amp;amp;T &amp;lt;b&amp;gt; "
+        "un<b>bold</b>ed</p>"
+    )
+    words = html_to_text(page).split()
+    assert words[:6] == ["Part", "Price", "Widget", "10", "Warranty", "Two"]
+    assert "AT&amp;T" in words and "&lt;b&gt;" in words and "unbolded" in words
+
+
+def test_utf8_with_a_damaged_byte_is_read_as_utf8_and_windows_1252_still_as_it_is(tmp_path):
+    """A UTF-8 file cut mid-character (or with one stray byte) was read whole as
+    Windows-1252: "café" became "cafÃ©" everywhere and its words were never found."""
+    from specrag.indexing.documents import decode_text
+
+    good = "Le café — déjà vu. " * 20
+    cut = good.encode()[:-1] + "é".encode()[:1]  # the last character cut in half
+    assert decode_text(cut, tmp_path / "a.txt").startswith("Le café — déjà vu.")
+    stray = good.encode() + b"\xa0" + good.encode()
+    text = decode_text(stray, tmp_path / "b.txt")
+    assert "cafÃ" not in text and text.count("\ufffd") == 1
+    legacy = "Un café crème, s'il vous plaît.".encode("cp1252")  # no valid UTF-8 in it
+    assert decode_text(legacy, tmp_path / "c.txt") == "Un café crème, s'il vous plaît."
+
+
+def test_forget_on_an_index_it_cannot_open_says_so_not_no_collection(tmp_path, monkeypatch):
+    """A read-only index ("attempt to write a readonly database") was reported as having no
+    such collection."""
+    from chromadb.errors import NotFoundError
+
+    from specrag.errors import IndexError_
+    from specrag.indexing import store
+
+    for error, said in (
+        (RuntimeError("attempt to write a readonly database"), "cannot open index at "),
+        (NotFoundError("Collection [specrag] does not exist"), "no collection 'specrag' at "),
+    ):
+
+        def fails(*a, error=error):
+            raise error
+
+        monkeypatch.setattr(store, "_plain_collection", fails)
+        with pytest.raises(IndexError_, match=said):
+            store.stored_sources(tmp_path, "specrag", "")

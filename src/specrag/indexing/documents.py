@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import html
 import logging
 import os
 import re
@@ -169,6 +168,15 @@ class Chunk:
         }
 
 
+# tags whose text is a block of its own (a line break before and after; inline ones such as
+# <b> or <a> join their words with the text around them)
+BLOCK_TAGS = frozenset(
+    "p br div li ul ol dl dt dd h1 h2 h3 h4 h5 h6 tr td th table thead tbody tfoot caption "
+    "section article header footer nav aside main blockquote pre figure figcaption form "
+    "fieldset legend hr title address details summary label option".split()
+)
+
+
 class _TextOnly(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -178,12 +186,14 @@ class _TextOnly(HTMLParser):
     def handle_starttag(self, tag: str, attrs: object) -> None:
         if tag in ("script", "style"):
             self._skip += 1
-        elif tag in ("p", "br", "div", "li", "h1", "h2", "h3", "h4", "tr"):
+        elif tag in BLOCK_TAGS:
             self.parts.append("\n")
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("script", "style") and self._skip:
             self._skip -= 1
+        elif tag in BLOCK_TAGS:  # "<td>Widget</td><td>10</td>" read "Widget10"
+            self.parts.append("\n")
 
     def handle_data(self, data: str) -> None:
         if not self._skip:
@@ -192,9 +202,10 @@ class _TextOnly(HTMLParser):
 
 def html_to_text(markup: str) -> str:
     """Visible text of an HTML page."""
-    parser = _TextOnly()
+    parser = _TextOnly()  # it converts character references itself: "&amp;lt;" is "&lt;"
     parser.feed(markup)
-    text = html.unescape("".join(parser.parts))
+    parser.close()
+    text = "".join(parser.parts)
     return re.sub(r"\n\s*\n+", "\n\n", text).strip()
 
 
@@ -217,7 +228,8 @@ def read_pdf_pages(path: Path) -> list[str]:
         from pypdf import PdfReader
 
         reader = PdfReader(str(path))
-        if reader.is_encrypted:
+        # an owner password only ("no copying"; any viewer opens it): read with the empty one
+        if reader.is_encrypted and not reader.decrypt(""):
             raise Unreadable(f"cannot read {path}: the PDF is encrypted")
         return [valid_text((page.extract_text() or "").strip()) for page in reader.pages]
     except InputError:
@@ -314,6 +326,14 @@ def decode_text(raw: bytes, path: Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         pass
+    # UTF-8 with a few damaged bytes (a file cut mid-character, one stray byte): its valid
+    # non-ASCII characters outnumber the bad bytes - read as UTF-8, the bad ones as U+FFFD
+    # (as Windows-1252, "café" read "cafÃ©" throughout and its words were never found)
+    text = raw.decode("utf-8-sig", errors="replace")
+    bad = text.count("\ufffd") - raw.count("\ufffd".encode())
+    if sum(ord(ch) > 0x7F and ch != "\ufffd" for ch in text) > bad:
+        log.warning("%s: %d byte sequence(s) not UTF-8, read as U+FFFD", path, bad)
+        return text
     log.warning("%s is not UTF-8: read as Windows-1252 (Latin-1)", path)
     return raw.decode("cp1252", errors=_AS_LATIN1)
 

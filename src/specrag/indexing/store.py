@@ -107,6 +107,11 @@ def stored_sources(directory: str | Path, collection: str, url: str) -> set[str]
     except IndexError_:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises NotFoundError or ValueError
+        from chromadb.errors import NotFoundError
+
+        missing = isinstance(exc, NotFoundError) or "does not exist" in str(exc)
+        if not missing:  # a read-only or locked database is no missing collection
+            raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
         raise IndexError_(f"no collection {collection!r} at {where}: {first_line(exc)}") from exc
     return _sources_in(found.get(include=["metadatas"]))
 
