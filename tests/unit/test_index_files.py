@@ -1138,3 +1138,21 @@ def test_forget_on_an_index_it_cannot_open_says_so_not_no_collection(tmp_path, m
         monkeypatch.setattr(store, "_plain_collection", fails)
         with pytest.raises(IndexError_, match=said):
             store.stored_sources(tmp_path, "specrag", "")
+
+
+def test_a_line_with_no_space_is_split_without_a_tokenizer_call_per_character():
+    """Minified text or base64 is split character by character, each measured: a tokenizer
+    call per character made 1.2 MB take minutes."""
+    from specrag.indexing.documents import make_splitter, split_document
+
+    calls = {"n": 0}
+
+    def length(text: str) -> int:
+        calls["n"] += 1
+        return len(text)
+
+    text = "abcdefghij" * 3000  # 30,000 characters, no space
+    chunks = split_document("x", text, make_splitter(length, 200, 25))
+    assert "".join(c.text for c in chunks).startswith("abcdefghij" * 10)
+    assert max(len(c.text) for c in chunks) <= 200
+    assert calls["n"] < 2000, calls["n"]  # not ~30,000
