@@ -816,6 +816,7 @@ def test_an_interrupted_retrieval_bench_keeps_the_last_whole_log(monkeypatch, tm
     with pytest.raises(KeyboardInterrupt):
         bench_retrieval.run(quick=False, out_dir=tmp_path, log=_quiet())
     assert runs.read_text() == whole and len(whole.splitlines()) == 4
+    assert not list(runs.parent.glob(".*.part"))  # the cut run's part is gone
 
 
 def test_bench_load_warms_up_on_a_question_that_reaches_an_answer_model(monkeypatch):
@@ -855,3 +856,18 @@ def test_bench_followup_tells_a_model_rewrite_that_fell_back_to_concat():
     ctx = SpecRagContext(query_rewrite="concat")
     concat = asyncio.run(followup_query(case["followup"], case["history"], ctx, Services()))
     assert bench_followup.concat_query(case) == concat == "Who? When did he die?"
+
+
+def test_a_fresh_run_cut_short_then_resumed_runs_its_mixed_questions_again(tmp_path):
+    """--fresh keeps the log: a fresh run cut after some of a question's systems, then
+    resumed, paired them with the earlier run's other systems (two sessions in one ratio)."""
+    from specrag.evaluation.store import RunLog
+
+    path = tmp_path / "runs.jsonl"
+    first = RunLog(path)
+    first.add("q|a", {"s": 1.0})
+    first.add("q|b", {"s": 1.0})
+    RunLog(path, fresh=True).add("q|a", {"s": 2.0})  # cut before q|b
+    resumed = RunLog(path)
+    assert resumed.keep_whole([["q|a", "q|b"]]) == 2
+    assert not resumed.done("q|a") and not resumed.done("q|b")

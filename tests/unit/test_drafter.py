@@ -1026,3 +1026,4 @@ def test_the_drafters_reading_of_its_prompt_keeps_to_the_budget(pair):
     out, stats = greedy_run(target, prompt, proposer, should_stop=lambda n: spent[0])
     assert stats.finish_reason == "time" and proposer.drafter.inner.stats.passes == 0
     assert stats.forward_passes == 0 and len(out) == 1  # the prefill's token; no step after
+    assert proposer._last is None  # an empty proposal is no round to settle

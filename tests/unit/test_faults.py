@@ -605,3 +605,20 @@ async def test_evidence_from_before_a_failed_later_batch_is_incomplete_in_both_p
     later = [e for e in state["errors"] if "later batches" in e]
     assert len(later) == 1 and "failed: RuntimeError: store down" in later[0], later
     assert "answering from the 1 relevant chunk(s) found before" in later[0], later
+
+
+async def test_a_later_failure_after_an_emptying_re_ranking_names_the_evidence_kept():
+    """After a batch whose re-ranking left no chunk relevant, a later failure said "answering
+    from the 0 relevant chunk(s)": the answer kept the evidence it had (1 chunk)."""
+    first = chunk("Paris is the capital of France.", n=0)
+    low = chunk("Lyon has a large old town.", score=0.05, n=1)
+
+    def batches(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(0.05)
+        yield Batch("hybrid", [low], [low])
+        raise RuntimeError("store down")
+
+    result, _ = await incremental(batches=batches)
+    failed = [e for e in result["errors"] if "failed: RuntimeError: store down" in e]
+    assert failed and "answering from the 1 relevant chunk(s) found before" in failed[0], failed

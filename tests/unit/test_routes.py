@@ -307,36 +307,43 @@ async def test_a_remote_draft_without_a_usage_count_is_counted_by_its_words():
 
 async def test_a_remote_draft_asks_for_log_probs_and_a_model_that_refuses_them_still_drafts():
     """Remote drafts never asked for log-probabilities, so confidence_threshold never applied
-    to them; a model that refuses them is asked again without (once per process)."""
+    to them; a model that refuses them is asked again without (once per process) - and only a
+    refusal of them turns them off, not any error (a 429)."""
     from specrag.nodes import streaming
 
     asked: list = []
 
     class Remote(FakeLogprobChat):
         logprobs: bool | None = None
-        max_retries: int = 2
         model_name: str = "remote-1"
 
         def _stream(self, messages, stop=None, run_manager=None, **kwargs):
-            asked.append((self.logprobs, self.max_retries))
+            asked.append(self.logprobs)
             if self.logprobs and self.model_name == "refuses":
-                raise ValueError("logprobs is not supported with this model")
+                raise ValueError("Error code: 400 - logprobs is not supported with this model")
+            if self.model_name == "busy":
+                raise RuntimeError("Error code: 429 - rate limit reached")
             self.logprob = -2.5 if self.logprobs else None  # an unsure draft, when asked
             yield from super()._stream(messages, stop, run_manager, **kwargs)
 
     unsure = Remote(reply="Lyon is the capital of France today.", calls=[])
     result = await run(services(draft=unsure), min_draft_tokens=1)
-    assert asked == [(True, 0)]  # asked for them, and no SDK retries
+    assert asked == [True]
     assert result["route"] == "generate" and "confidence 0.08 < " in result["reason"]
     asked.clear()
     refuses = Remote(reply="Paris is the capital of France.", model_name="refuses", calls=[])
     result = await run(services(draft=refuses), min_draft_tokens=1)
-    assert asked == [(True, 0), (None, 0)] and result["route"] == "refine", result["reason"]
+    assert asked == [True, None] and result["route"] == "refine", result["reason"]
     assert "draft" not in " ".join(result["errors"])
     asked.clear()
     await run(services(draft=refuses), min_draft_tokens=1)
-    assert asked == [(None, 0)]  # not asked again in this process
+    assert asked == [None]  # not asked again in this process
     streaming._NO_LOGPROBS.discard("Remote:refuses")
+    asked.clear()
+    busy = Remote(reply="x", model_name="busy", calls=[])
+    result = await run(services(draft=busy), min_draft_tokens=1)
+    assert asked == [True] and "draft: RuntimeError: Error code: 429" in result["errors"][0]
+    assert "Remote:busy" not in streaming._NO_LOGPROBS  # one 429 leaves them on
 
 
 async def test_a_fallback_that_does_not_show_the_draft_says_why():

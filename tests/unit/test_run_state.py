@@ -90,17 +90,26 @@ async def test_a_long_document_without_a_local_answer_model_takes_serial_rag_and
 
     answer = FakeLogprobChat(reply="Rollo.", calls=[])
 
+    from specrag.graph.services import RapidUnavailable
+
     def no_rapid(ctx):
-        raise ValueError("RAPID needs a local answer model, not 'openai:gpt-4o-mini'")
+        raise RapidUnavailable("RAPID needs a local answer model, not 'openai:gpt-4o-mini'")
 
     svc = dataclasses.replace(services(answer=answer), rapid_model=no_rapid)
     document = "Rollo led the Norse. " * 400
     result = await run(svc, "Who led the Norse?", inputs={"document": document})
     assert result["route"] in ("refine", "generate") and result["answer"] == "Rollo."
     assert result["reason"].startswith(
-        "long document, but no RAPID (ValueError: RAPID needs a local answer model"
+        "long document, but no RAPID (RapidUnavailable: RAPID needs a local answer model"
     ), result["reason"]
     assert not any("rapid_generate" in e for e in result["errors"]), result["errors"]
+
+    def breaks(ctx):  # any other failure of the factory: rapid_generate's own error route
+        raise RuntimeError("weights missing")
+
+    svc = dataclasses.replace(services(answer=answer), rapid_model=breaks)
+    result = await run(svc, "Who led the Norse?", inputs={"document": document})
+    assert result["route"] == "generate" and "rapid_generate: RuntimeError" in result["reason"]
 
 
 async def test_a_long_document_whose_search_failed_is_still_read_by_rapid():

@@ -477,7 +477,10 @@ class MergedProposer:
                 self._book_prefill = False
                 # like with like: the target's time for as many prompt tokens
                 self.paid.add(drafter.stats.prefill_s, self.prefill_s() * self.prompt_share)
-            self._last = (len(generated), list(proposal.tokens))
+            if proposal.tokens:  # nothing proposed (the budget stopped its reading): no round
+                self._last = (len(generated), list(proposal.tokens))
+            else:
+                self._drafter_s = 0.0
         elif tokens and (strong or not self._weak_off):
             proposal = Proposal(tokens, source)
         elif (self.ngrams_first or self.single_matches) and not self._weak_off:

@@ -151,12 +151,17 @@ class Mark:
     states: list[tuple[Any, dict[int, torch.Tensor], dict[int, torch.Tensor], dict[int, bool]]]
     linear: list[Any] | None = None  # MiniMax's ``linear_cache``: a state tensor or [] per layer
 
+    @staticmethod
+    def possible(cache: Any) -> bool:
+        """Whether a mark can restore ``cache`` (every layer a kind it knows)."""
+        return all(type(layer) in RESTORABLE for layer in getattr(cache, "layers", []))
+
     @classmethod
     def take(cls, cache: Any, length: int) -> Mark | None:
         """A copy of ``cache``'s states now (None: a layer kind a mark cannot restore)."""
-        layers = getattr(cache, "layers", [])
-        if not length or any(type(layer) not in RESTORABLE for layer in layers):
+        if not length or not cls.possible(cache):
             return None
+        layers = getattr(cache, "layers", [])
         states = []
         for layer in layers:
             if isinstance(layer, LinearAttentionCacheLayerMixin):
@@ -255,7 +260,13 @@ class LMState:
         # a cache that cannot crop gets a snapshot before the tokens verified with a prompt
         # (an opening draft, an incremental answer): a rejected one restores it, where the
         # one snapshot before the whole prompt made it read the prompt again
-        split = not all_logits and keep > 1 and not croppable(self.cache) and len(ids) > keep
+        split = (
+            not all_logits
+            and keep > 1
+            and len(ids) > keep
+            and not croppable(self.cache)
+            and Mark.possible(self.cache)  # a pass split for no snapshot would cost for nothing
+        )
         if not all_logits and (split or len(ids) - starts[-1] < keep):  # last slice: them all
             starts = [s for s in starts if s < len(ids) - keep] + [len(ids) - keep]
         for start, end in zip(starts, [*starts[1:], len(ids)], strict=True):

@@ -60,7 +60,10 @@ class RunLog:
         for group in groups:
             keys = list(group)
             done = [k for k in keys if k in self.records]
-            if done and len(done) < len(keys):
+            # whole, but of two sessions (a --fresh run cut short, then resumed: its records
+            # replace the earlier run's for some systems only) counts as part-run too
+            sessions = {self.records[k].get("session") for k in done}
+            if done and (len(done) < len(keys) or len(sessions) > 1):
                 for k in done:
                     del self.records[k]
                 dropped += len(done)

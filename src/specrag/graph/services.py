@@ -152,6 +152,10 @@ def default_index_document(ctx: SpecRagContext, document: str) -> None:
     )
 
 
+class RapidUnavailable(ValueError):
+    """RAPID cannot run with these settings (a remote answer model): the gate says why."""
+
+
 def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
     """A :class:`ChatRapid`: the answer model reads the document, the drafter the chunks.
 
@@ -162,7 +166,7 @@ def default_rapid_model(ctx: SpecRagContext) -> BaseChatModel:
 
     name = local_model_name(ctx.answer_spec)
     if name is None:
-        raise ValueError(f"RAPID needs a local answer model, not {ctx.answer_spec!r}")
+        raise RapidUnavailable(f"RAPID needs a local answer model, not {ctx.answer_spec!r}")
     return ChatRapid(
         target_model=name,
         drafter_model=local_model_name(ctx.draft_spec) or name,

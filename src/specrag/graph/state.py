@@ -117,9 +117,9 @@ class State(InputState, OutputState, total=False):
     or when later batches missed the retrieval budget or failed and the run answers from the
     evidence that arrived before (``errors`` says which)."""
     document_tokens: int
+    """Length of the input document in answer-model tokens (0 without a document)."""
     rapid_unavailable: str
     """Why a long document cannot take RAPID's route ("" where it can): its answer model is
     remote, say. The gate takes serial RAG's routes over the retrieved chunks then."""
-    """Length of the input document in answer-model tokens (0 without a document)."""
     answer_error: str
     """Set when refine/rapid_generate/generate raised; drives the error routes."""

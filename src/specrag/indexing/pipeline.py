@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from specrag.errors import InputError
 from specrag.indexing.documents import (
@@ -95,52 +96,78 @@ def writing_lock(
     the other had re-indexed (both said they succeeded); two creating a new index at once
     failed one ("table collections already exists"). The lock covers reading the files
     through pruning. ``on_wait`` is called once when another process holds it (the caller
-    says so); the wait then lasts until that process ends its run. A Chroma server's index
-    (``url``), a platform without ``fcntl`` or a folder where no lock file can be made: none.
+    says so); the wait then lasts until that process ends its run. The lock file lies in the
+    cache dir: other users' and other machines' runs are not seen. Writers in one process
+    take turns too (one thread at a time). None where no lock can be had: a Chroma server's
+    index (``url``), a platform without ``fcntl``, a cache dir that refuses the lock file or
+    a file system without locks.
     """
+    with _HELD_GUARD:  # re-entrant: a thread that holds it may enter again
+        held = _locked(directory, collection, url, on_wait)
+        try:
+            yield
+        finally:
+            if held is not None:
+                _release(held)
+
+
+def _lock_path(directory: Path, collection: str) -> Path:
+    """The lock file of ``collection`` in the index at ``directory`` (named by its real path)."""
+    index_path = Path(directory).expanduser().resolve()
+    name = hashlib.sha256(f"{index_path}\0{collection}".encode()).hexdigest()[:24]
+    return cache_dir() / "locks" / f"index-{name}.lock"
+
+
+def _locked(directory: Path, collection: str, url: str, on_wait: Callable[[], None] | None) -> Any:
+    """The open lock file, locked (this process's count raised); None where there is none."""
     try:
         import fcntl
     except ImportError:  # Windows
-        yield
-        return
+        return None
     if url:
-        yield
-        return
-    # in the cache dir, named by the index's real path: a bad input creates no index folder
-    index_path = Path(directory).expanduser().resolve()
-    name = hashlib.sha256(f"{index_path}\0{collection}".encode()).hexdigest()[:24]
-    path = cache_dir() / "locks" / f"index-{name}.lock"
+        return None
+    path = _lock_path(directory, collection)
     key = str(path)
-    with _HELD_GUARD:
-        if _HELD.get(key):  # this process holds it already (the CLI, then index_records)
-            _HELD[key] += 1
-            try:
-                yield
-            finally:
-                _HELD[key] -= 1
-            return
+    if _HELD.get(key):  # this process holds it already (the CLI, then index_records)
+        _HELD[key] += 1
+        return key
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - held until _release
+    except OSError as exc:
+        log.debug("no writer lock at %s: %s", path, exc)
+        return None
+    try:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(path, "a")  # noqa: SIM115 - held past this block
-        except OSError as exc:  # a read-only index: its own error comes where it is written
-            log.debug("no writer lock at %s: %s", path, exc)
-            yield
-            return
-        try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if on_wait is not None:
-                    on_wait()
-                fcntl.flock(handle, fcntl.LOCK_EX)  # Ctrl-C ends the wait
-            _HELD[key] = 1
-            try:
-                yield
-            finally:
-                _HELD.pop(key, None)
-                fcntl.flock(handle, fcntl.LOCK_UN)
-        finally:
-            handle.close()
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)  # Ctrl-C ends the wait
+    except OSError as exc:  # a file system without locks (some NFS, FUSE mounts)
+        handle.close()
+        log.debug("no writer lock at %s: %s", path, exc)
+        return None
+    except BaseException:
+        handle.close()
+        raise
+    _HELD[key] = 1
+    return (key, handle)
+
+
+def _release(held: Any) -> None:
+    """Undo one :func:`_locked` (the last one unlocks and closes the file)."""
+    import fcntl
+
+    if isinstance(held, str):  # re-entered
+        _HELD[held] -= 1
+        return
+    key, handle = held
+    _HELD.pop(key, None)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        handle.close()
 
 
 def open_for_writing(

@@ -28,7 +28,7 @@ from langgraph.types import Overwrite
 
 from specrag.errors import InputError, short_error
 from specrag.graph.context import SpecRagContext, validate_question
-from specrag.graph.services import Services
+from specrag.graph.services import RapidUnavailable, Services
 from specrag.graph.state import State
 from specrag.nodes.streaming import clock, emit, now
 
@@ -133,9 +133,11 @@ def make_prepare(services: Services):  # noqa: ANN201
             document_tokens = int(n_tokens or 0)
             if document_tokens > ctx.long_document_tokens:
                 try:  # a remote answer model cannot read the document token by token
-                    rapid = services.rapid_model(ctx)
-                except ValueError as exc:  # the gate says why and takes serial RAG's routes
+                    rapid = await asyncio.to_thread(services.rapid_model, ctx)
+                except RapidUnavailable as exc:  # the gate says why, takes serial RAG's routes
                     rapid_unavailable = short_error(exc)
+                except Exception as exc:  # noqa: BLE001 - rapid_generate's error route says it
+                    log.debug("%s (left to rapid_generate)", exc)
                 else:
                     await quietly(lambda: services.warm(rapid))
                 origin = now()

@@ -258,6 +258,7 @@ def stream_rest(
 
     async def rest() -> None:
         emptied = False  # a re-ranking left no relevant chunk (said once)
+        kept = len(got.relevant(got.found))  # the chunks of the evidence the answer has now
         budget = asyncio.timeout(max(0.0, deadline - now()))
         try:
             async with budget:
@@ -269,6 +270,7 @@ def stream_rest(
                         emit({"event": "batch", **got.records[-1]}, traced=False)
                         if relevant := got.relevant(got.found):
                             await stream.queue.put(relevant)
+                            kept = len(relevant)
                         elif not emptied:  # a fused re-ranking dropped every relevant
                             emptied = stream.partial = True  # chunk: the answer keeps the
                             # evidence it was given
@@ -283,7 +285,6 @@ def stream_rest(
             else:  # the store's own error
                 why = f"failed: {short_error(exc)}"
             stream.partial = True  # as a wait-mode run says it: not all the evidence there was
-            kept = len(got.relevant(got.found))
             stream.errors.append(
                 f"{LATER_BATCHES} {why}; answering from the {kept} relevant chunk(s) found before"
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -185,10 +186,10 @@ def with_remote_settings(
     """A copy of a remote (``provider:model``) chat model with the stage's settings.
 
     Temperature, token limit and seed, set on the fields its class declares; others are left
-    to the provider's defaults (a field it does not have would be refused by its API). Its
-    SDK's own retries are off (``max_retries=0``): a failure (HTTP 429, 500) is told at once
-    instead of as the budget's end, and the graph's next route is the retry. ``logprobs``:
-    asked for where the class has the field (a draft's confidence comes from them).
+    to the provider's defaults (a field it does not have would be refused by its API).
+    ``logprobs``: asked for where the class has the field (a draft's confidence comes from
+    them). Not its retries: an OpenAI-family class builds its SDK client, retries included,
+    once when it is made; a copy's ``max_retries`` would change nothing.
     """
     fields = getattr(type(model), "model_fields", {})
     update: dict[str, Any] = {}
@@ -197,8 +198,6 @@ def with_remote_settings(
         name = next((n for n in names if n in fields), None)
         if value is not None and name is not None:
             update[name] = value
-    if "max_retries" in fields:
-        update["max_retries"] = 0
     if logprobs and "logprobs" in fields:
         update["logprobs"] = True
     return model.model_copy(update=update) if update else model
@@ -309,7 +308,12 @@ async def stream_model(
             stop_event=stop_event,
             min_tokens=min_tokens,
         )
-    ask_logprobs = confidence and not local and model_key(model) not in _NO_LOGPROBS
+    ask_logprobs = (
+        confidence
+        and not local
+        and "logprobs" in getattr(type(model), "model_fields", {})
+        and model_key(model) not in _NO_LOGPROBS
+    )
     given = model
     if not local:  # its stop sequences are cut here, not sent: OpenAI, Azure and Bedrock
         # refuse more than 4 (HTTP 400: every call failed), some models any
@@ -324,8 +328,15 @@ async def stream_model(
     stop_cut = False  # a remote model's stop sequence ended the text here
 
     async def consume() -> None:
+        # closed as the loop ends (a stop cut, the stop event): a provider's stream is let go
+        # at once, not when it is collected
+        chunks: Any = model.astream(messages, config=config, **kwargs)  # type: ignore[arg-type]
+        async with contextlib.aclosing(chunks):
+            await read(chunks)
+
+    async def read(chunks: Any) -> None:
         nonlocal stop_cut
-        async for chunk in model.astream(messages, config=config, **kwargs):  # type: ignore[arg-type]
+        async for chunk in chunks:
             text = chunk.text if isinstance(chunk.text, str) else str(chunk.content)
             meta = chunk.response_metadata or {}
             for revision in meta.get("revisions") or []:  # new evidence retracted text
@@ -377,8 +388,10 @@ async def stream_model(
         if not budget.expired():  # the model's own (a socket's read timeout): its error
             raise
         out.timed_out = True
-    except Exception:
-        if out.text or not ask_logprobs:  # its error: the node's error route
+    except Exception as exc:
+        # a refusal of log-probabilities only (a 429 or a dropped connection is the call's
+        # error: it must not switch them off for the rest of the process)
+        if out.text or not ask_logprobs or "logprob" not in str(exc).lower():
             raise
         _NO_LOGPROBS.add(model_key(given))  # refused, say: asked once more without them
         log.info("%s: no log-probabilities (asking without them)", model_key(given))
