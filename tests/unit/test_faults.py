@@ -126,11 +126,9 @@ async def test_failing_answer_over_streamed_evidence_ends_in_fallback_with_all_o
     assert [b["source"] for b in result["batches"]] == ["dense", "hybrid"]
 
 
-async def test_an_incremental_answer_keeps_its_evidence_when_a_re_ranking_drops_all_of_it():
-    """Hybrid search: batch 1 is the best dense hit (relevant), batch 2 the fused ranking,
-    which may leave it out for chunks that all score below the threshold. The incremental
-    answer was rebuilt on no evidence at all and still reported verified, citing nothing
-    (a review of the graph, 2026-12-05)."""
+def emptying_batches(then: Exception | None = None):
+    """Batch 1: the best dense hit (relevant); batch 2: a fused ranking of a chunk below the
+    threshold only (re-ranking drops the hit); then ``then`` raised, if given."""
     first = chunk("Paris is the capital of France.", n=0)
     low = chunk("Lyon has a large old town.", score=0.05, n=1)
 
@@ -138,8 +136,18 @@ async def test_an_incremental_answer_keeps_its_evidence_when_a_re_ranking_drops_
         yield Batch("dense", [first])
         time.sleep(0.05)
         yield Batch("hybrid", [low], [low])
+        if then is not None:
+            raise then
 
-    result, _ = await incremental(batches=batches)
+    return batches
+
+
+async def test_an_incremental_answer_keeps_its_evidence_when_a_re_ranking_drops_all_of_it():
+    """Hybrid search: batch 1 is the best dense hit (relevant), batch 2 the fused ranking,
+    which may leave it out for chunks that all score below the threshold. The incremental
+    answer was rebuilt on no evidence at all and still reported verified, citing nothing
+    (a review of the graph, 2026-12-05)."""
+    result, _ = await incremental(batches=emptying_batches())
     assert result["route"] == "generate" and result["verified"]
     assert [c["id"] for c in result["chunks"]] == ["id0"]  # the evidence it answered from
     assert [c["source"] for c in result["citations"]] == ["doc.txt"]
@@ -610,15 +618,6 @@ async def test_evidence_from_before_a_failed_later_batch_is_incomplete_in_both_p
 async def test_a_later_failure_after_an_emptying_re_ranking_names_the_evidence_kept():
     """After a batch whose re-ranking left no chunk relevant, a later failure said "answering
     from the 0 relevant chunk(s)": the answer kept the evidence it had (1 chunk)."""
-    first = chunk("Paris is the capital of France.", n=0)
-    low = chunk("Lyon has a large old town.", score=0.05, n=1)
-
-    def batches(query, document, ctx):
-        yield Batch("dense", [first])
-        time.sleep(0.05)
-        yield Batch("hybrid", [low], [low])
-        raise RuntimeError("store down")
-
-    result, _ = await incremental(batches=batches)
+    result, _ = await incremental(batches=emptying_batches(RuntimeError("store down")))
     failed = [e for e in result["errors"] if "failed: RuntimeError: store down" in e]
     assert failed and "answering from the 1 relevant chunk(s) found before" in failed[0], failed
