@@ -237,57 +237,37 @@ def index_with_progress(
     The index opens before the bar starts (and before ``announce`` is printed): an index that
     cannot be used is one line.
     """
-    from specrag.indexing.pipeline import writing_lock
-
-    directory = index_dir_of(ctx)
-    with writing_lock(directory, ctx.collection, ctx.index_url, on_wait=waiting_note):
-        return _index_with_progress(
-            records, ctx, label, prune_roots, keep, reach, reach_incomplete, gone, announce
-        )
-
-
-def _index_with_progress(
-    records: list[tuple[str, str]],
-    ctx: Any,
-    label: str,
-    prune_roots: list[str] | None,
-    keep: list[str] | None,
-    reach: dict[str, list[str]] | None,
-    reach_incomplete: list[str] | None,
-    gone: list[str] | None,
-    announce: str,
-) -> Any:
-    """``index_with_progress`` under the index's writer lock."""
-    from specrag.indexing.pipeline import index_records, open_for_writing
+    from specrag.indexing.pipeline import index_records, open_for_writing, writing_lock
     from specrag.progress import progress_bar
 
     directory = index_dir_of(ctx)
-    index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
-    if announce:
-        err.print(announce)
-    # no bar without records (--forget, a re-index that only prunes): "0/0" said nothing
-    with progress_bar(err) if records else contextlib.nullcontext() as bar:
-        progress = None
-        if bar is not None:
-            task = bar.add_task(label, total=len(records))
+    with writing_lock(directory, ctx.collection, ctx.index_url, on_wait=waiting_note):
+        index = open_for_writing(directory, ctx.collection, ctx.embedding_model, ctx.index_url)
+        if announce:
+            err.print(announce)
+        # no bar without records (--forget, a re-index that only prunes): "0/0" said nothing
+        with progress_bar(err) if records else contextlib.nullcontext() as bar:
+            progress = None
+            if bar is not None:
+                task = bar.add_task(label, total=len(records))
 
-            def progress(done: float) -> None:
-                bar.update(task, completed=done)
+                def progress(done: float) -> None:
+                    bar.update(task, completed=done)
 
-        return index_records(
-            records,
-            directory,
-            collection=ctx.collection,
-            embedding_model=ctx.embedding_model,
-            progress=progress,
-            prune_roots=prune_roots or (),
-            keep=keep or (),
-            url=ctx.index_url,
-            index=index,
-            reach=reach,
-            reach_incomplete=reach_incomplete or (),
-            gone=gone or (),
-        )
+            return index_records(
+                records,
+                directory,
+                collection=ctx.collection,
+                embedding_model=ctx.embedding_model,
+                progress=progress,
+                prune_roots=prune_roots or (),
+                keep=keep or (),
+                url=ctx.index_url,
+                index=index,
+                reach=reach,
+                reach_incomplete=reach_incomplete or (),
+                gone=gone or (),
+            )
 
 
 def cmd_index(args: argparse.Namespace) -> int:

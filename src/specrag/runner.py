@@ -288,8 +288,7 @@ def preload(
     # "loading models (openai:gpt-4o-mini) ... ready in 3.8s" as the provider's)
     from specrag.models.registry import local_model_name
 
-    remote = [s for s in specs if local_model_name(s) is None]
-    named = ", ".join(s + (" - remote, nothing to load" if s in remote else "") for s in specs)
+    named = ", ".join(s if local_model_name(s) else f"{s} - remote, nothing to load" for s in specs)
     err.print(f"[dim]loading models ({escape(named)}) ...[/dim]", soft_wrap=True)
     services = Services()
     for spec in specs:

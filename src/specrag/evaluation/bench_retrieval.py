@@ -45,47 +45,22 @@ def run(
     runs = out_path(out_dir, "runs.jsonl", quick)
     partial = runs.with_name(f".{runs.name}.part")  # the last whole run's stays until this ends
     try:
-        _search_all(questions, index, hits, seconds, partial, log)
+        with progress_bar(log) as bar, partial.open("w", encoding="utf-8") as records:
+            task = bar.add_task("bench retrieval", total=len(questions))
+            for q in questions:
+                record: dict[str, Any] = {"qid": q.id, "question": q.question, "gold": q.gold_ids}
+                for mode in MODES:
+                    start = time.perf_counter()
+                    found = [c.source for c in index.search(q.question, 3, mode)]
+                    seconds[mode] += time.perf_counter() - start
+                    hit = bool(set(found) & set(q.gold_ids))
+                    hits[mode].append(float(hit))
+                    record[mode] = {"found": found, "hit": hit}
+                records.write(json.dumps(record) + "\n")
+                bar.advance(task)
         partial.replace(runs)
     finally:
         partial.unlink(missing_ok=True)  # a run cut short leaves no part behind
-    return _report(out_dir, quick, questions, hits, seconds, runs, log)
-
-
-def _search_all(
-    questions: list[Any],
-    index: Any,
-    hits: dict[str, list[float]],
-    seconds: dict[str, float],
-    partial: Path,
-    log: Console,
-) -> None:
-    """Search every question in every mode; a record per question in ``partial``."""
-    with progress_bar(log) as bar, partial.open("w", encoding="utf-8") as records:
-        task = bar.add_task("bench retrieval", total=len(questions))
-        for q in questions:
-            record: dict[str, Any] = {"qid": q.id, "question": q.question, "gold": q.gold_ids}
-            for mode in MODES:
-                start = time.perf_counter()
-                found = [c.source for c in index.search(q.question, 3, mode)]
-                seconds[mode] += time.perf_counter() - start
-                hit = bool(set(found) & set(q.gold_ids))
-                hits[mode].append(float(hit))
-                record[mode] = {"found": found, "hit": hit}
-            records.write(json.dumps(record) + "\n")
-            bar.advance(task)
-
-
-def _report(
-    out_dir: Path,
-    quick: bool,
-    questions: list[Any],
-    hits: dict[str, list[float]],
-    seconds: dict[str, float],
-    runs: Path,
-    log: Console,
-) -> dict[str, Any]:
-    """The summary and table of a whole run, written and returned."""
     summary: dict[str, Any] = {"n": len(questions), "k": 3}
     for mode in MODES:
         row = {
