@@ -257,13 +257,11 @@ def stream_rest(
     stream.delivered = len(got.records)
 
     async def rest() -> None:
-        emptied = False  # a re-ranking left no relevant chunk (said once)
         kept = len(got.relevant(got.found))  # the chunks of the evidence the answer has now
         budget = asyncio.timeout(max(0.0, deadline - now()))
         try:
             async with budget:
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
-                    before = got.relevant(got.found)
                     if got.add(batch):
                         # the stream event now; the trace's copy goes on the answer node's
                         # run (this task outlives retrieve, whose run is posted already)
@@ -271,12 +269,11 @@ def stream_rest(
                         if relevant := got.relevant(got.found):
                             await stream.queue.put(relevant)
                             kept = len(relevant)
-                        elif not emptied:  # a fused re-ranking dropped every relevant
-                            emptied = stream.partial = True  # chunk: the answer keeps the
-                            # evidence it was given
-                            stream.errors.append(
+                        elif not stream.partial:  # a fused re-ranking dropped every
+                            stream.partial = True  # relevant chunk (said once): the answer
+                            stream.errors.append(  # keeps the evidence it was given
                                 f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
-                                f"{ctx.relevance_threshold}; answering from the {len(before)} "
+                                f"{ctx.relevance_threshold}; answering from the {kept} "
                                 "relevant chunk(s) found before"
                             )
         except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
