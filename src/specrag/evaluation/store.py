@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterable
@@ -13,6 +12,7 @@ from typing import Any
 
 from specrag.models import layout
 from specrag.models.loading import dtype_name, gpu_suffix
+from specrag.models.records import write_text
 
 
 class RunLog:
@@ -96,16 +96,6 @@ def dtype_variant(dtype: str) -> str:
     return "" if dtype == "auto" else FLOAT_DTYPES.get(dtype, dtype)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` with ``text``, whole or not at all (a kill mid-write leaves the old file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_results(
     out_dir: Path, quick: bool, texts: dict[str, str], variant: str = ""
 ) -> list[str]:
@@ -113,7 +103,7 @@ def write_results(
     written = []
     for name, text in texts.items():
         path = out_path(out_dir, name, quick, variant)
-        write_atomically(path, text)
+        write_text(path, text)  # whole or not at all
         written.append(str(path))
     return written
 

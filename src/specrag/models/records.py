@@ -29,16 +29,23 @@ log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, data: Any, **dumps: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically: a reader never sees half a file.
+    """Write ``data`` as JSON to ``path`` atomically (:func:`write_text`).
+
+    ``dumps``: for ``json.dumps`` (``indent`` 1 unless given).
+    """
+    write_text(path, json.dumps(data, **{"indent": 1, **dumps}))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a reader never sees half a file.
 
     A temporary file beside it, then renamed over it; an ``OSError`` (a folder that cannot
-    be made, a full disk) is raised once the temporary is gone. ``dumps``: for ``json.dumps``
-    (``indent`` 1 unless given).
+    be made, a full disk) is raised once the temporary is gone.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, **{"indent": 1, **dumps}), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
