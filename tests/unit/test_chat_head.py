@@ -1,6 +1,7 @@
 """The chat head (everything before the last message's text): where it ends, and that a
 prompt too long for the model's context keeps it whole when its middle is cut."""
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from specrag.decoding.state import shared_prefix
@@ -313,3 +314,33 @@ def test_settings_that_change_a_rapid_answer_are_in_its_identity():
         {"embedding_model": "other"},
     ):
         assert ChatRapid(**change)._identifying_params != base, change
+
+
+async def test_an_int8_model_does_not_answer_incrementally(tmp_path, monkeypatch):
+    """A rebuild checks the answer so far in one wide pass, which an int8 model computes
+    differently from its steps: it would not reproduce its own decoding (found by a review,
+    2026-12-06: 4 of 12 tiny cases differed). Plain decoding in int8 stays allowed."""
+    from specrag.decoding.incremental import PromptFeed
+    from specrag.errors import InputError
+    from specrag.models.options import DecodeOptions
+    from specrag.models.registry import chat_model_from_spec
+    from specrag.nodes.streaming import stream_model
+    from tests.tiny import save_tiny
+
+    tokenizer = load_lm().tokenizer
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny(tmp_path / "short", tokenizer)
+    model = chat_model_from_spec(
+        f"hf:{tmp_path / 'short'}", max_new_tokens=4, speculation="none", dtype="int8"
+    )
+    assert model.invoke(rag("Who led them?")).response_metadata["decoding"]["new_tokens"]
+    feed = PromptFeed()
+    feed.close()
+    with pytest.raises(InputError, match="an incremental answer: .*int8 is for a drafter only"):
+        await stream_model(
+            model,
+            rag("Who led them?"),
+            budget_s=60.0,
+            tags=["answer"],
+            options=DecodeOptions(prompt_feed=feed),
+        )

@@ -63,7 +63,7 @@ from specrag.models.local import (
     encode_chat,
     make_generator,
 )
-from specrag.models.options import DecodeOptions, Speculation
+from specrag.models.options import DecodeOptions, Speculation, refuse_int8_answer
 from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name
 from specrag.models.worker import MODEL_THREAD
 
@@ -378,6 +378,8 @@ class ChatLocalLM(LocalChatBase):
             return {**sources, "prompt": ids} if speculation != "none" else sources
 
         feed = options.prompt_feed
+        if feed is not None and loaded.dtype == torch.qint8:  # a rebuild checks the answer
+            refuse_int8_answer("int8", "dtype", "an incremental answer: ")  # in one wide pass
         sampler = Sampler(temperature, self.top_p)
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(loaded.device, sampler, seed)
