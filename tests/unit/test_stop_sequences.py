@@ -55,6 +55,31 @@ def test_tokens_after_a_stop_are_not_counted():
     assert model.invoke("q", stop="\nQuestion:").content == "Rollo led them.\n"  # one string
 
 
+def test_the_stats_name_tokens_decoded_past_a_stop():
+    """The decoder stops between steps, so it may run past a stop sequence: its own counts
+    (tokens_from, passes) include those tokens, ``new_tokens`` does not - ``decoded_tokens``
+    says how many the counts cover (a review found sum(tokens_from) > new_tokens, 2026-12-06)."""
+
+    class Counted(Words):
+        def _job(self, messages, options):
+            job = super()._job(messages, options)
+            produce, made = job.produce, [0]
+
+            def counting(should_stop):
+                for step in produce(should_stop):
+                    made[0] += len(step)
+                    yield step
+
+            job.produce = counting
+            job.metadata = lambda: {"new_tokens": made[0], "tokens_from": {"target": made[0]}}
+            return job
+
+    model = Counted(steps=len(TEXT), step_s=0.0, words=TEXT)
+    got = model.invoke("q", stop=["\nQuestion:"]).response_metadata["decoding"]
+    assert got["new_tokens"] == 4 and got["decoded_tokens"] == got["tokens_from"]["target"] > 4
+    assert "decoded_tokens" not in model.invoke("q").response_metadata["decoding"]
+
+
 async def test_stream_model_drops_log_probs_of_tokens_in_the_stop_sequence():
     from specrag.models.options import DecodeOptions
     from specrag.nodes.streaming import stream_model
