@@ -151,7 +151,9 @@ def test_an_answer_ended_by_its_budget_stops_the_search_and_says_so():
         never.set()
     assert result["route"] == "generate" and result["answer"], result["reason"]
     assert asked == ["batch 2"] and [b["source"] for b in result["batches"]] == ["dense"]
-    assert (
-        "retrieve: later batches were not woven in: the answer budget ended the answer first"
-        in result["errors"]
+    ended = (  # cut by its 6 s budget, or done within it (a terse answer on a fast machine)
+        "the answer budget ended the answer first"
+        if result["stats"]["generate"].get("truncated")
+        else "the answer ended before them"
     )
+    assert f"retrieve: later batches were not woven in: {ended}" in result["errors"]

@@ -17,7 +17,15 @@ import pytest
 
 from specrag import build_graph, prompts
 from specrag.indexing.store import Batch
-from tests.fakes import HANG_S, FakeLogprobChat, chunk, ctx, services, two_batches
+from tests.fakes import (
+    HANG_S,
+    FakeLogprobChat,
+    chunk,
+    ctx,
+    failing_once,
+    services,
+    two_batches,
+)
 
 CUT = 8.0  # seconds: ~8x a run whose budget cut it, far below HANG_S
 assert CUT < HANG_S / 2
@@ -318,7 +326,7 @@ async def test_a_remote_answers_wait_for_the_evidence_is_part_of_its_budget():
     assert [c["id"] for c in result["citations"]] == ["id0"]  # the first batch's
     assert (
         "retrieve: later batches were not woven in: the answer model cannot re-verify, and "
-        "waited for them 50% of answer_timeout_s=1.0" in result["errors"]
+        "waited for them 50% of what was left of answer_timeout_s=1.0" in result["errors"]
     ), result["errors"]
 
 
@@ -503,6 +511,30 @@ async def test_a_failed_generate_does_not_wait_for_the_search_before_the_fallbac
     assert result["route"] == "fallback" and "model exploded" in result["reason"]
     assert elapsed < CUT
     assert "retrieve: later batches were not woven in: generate failed first" in result["errors"]
+
+
+async def test_a_failed_refine_leaves_the_later_batches_to_generate():
+    """refine failed, then waited for the search's later batches up to the retrieval budget
+    (6 s), so generate found the answer budget (3 s) spent and the run fell back to the
+    unverified draft (a review, 2026-12-06): generate now answers from the evidence so far and
+    reads the later batches as they come, within what is left of the answer budget."""
+    release = threading.Event()
+    svc = dataclasses.replace(
+        services(answer=failing_once(RuntimeError("refine broke"))),
+        batch_retriever=two_batches(lambda: release.wait(30)),
+    )
+    result, elapsed = await timed(
+        svc,
+        release,
+        answer_policy="incremental",
+        incremental_grace_s=0.0,
+        retrieval_timeout_s=6.0,
+        answer_timeout_s=3.0,
+    )
+    assert "refine: RuntimeError: refine broke" in result["reason"]
+    assert result["route"] == "generate" and result["answer"] == "Paris." and result["verified"]
+    assert elapsed < 5.0  # the answer budget, not the retrieval budget
+    assert any(e.startswith("retrieve: later batches were not woven in") for e in result["errors"])
 
 
 async def test_a_cancelled_incremental_run_stops_the_search_behind_it():

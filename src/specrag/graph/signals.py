@@ -106,6 +106,12 @@ def open_evidence_stream(state: dict[str, Any]) -> EvidenceStream:
         return stream
 
 
+def hand_back_evidence_stream(state: dict[str, Any], stream: EvidenceStream) -> None:
+    """Put a stream an answer node took back, for the next one (a refine that failed)."""
+    with _LOCK:
+        _STREAMS[str(state.get("run_id") or "")] = stream
+
+
 def evidence_stream(state: dict[str, Any]) -> EvidenceStream | None:
     """This run's evidence stream, taken (an answer node consumes it once); None if absent."""
     with _LOCK:

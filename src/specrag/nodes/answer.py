@@ -24,7 +24,7 @@ from specrag.decoding.incremental import PromptFeed
 from specrag.errors import short_error, short_number
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services, is_local
-from specrag.graph.signals import EvidenceStream, evidence_stream
+from specrag.graph.signals import EvidenceStream, evidence_stream, hand_back_evidence_stream
 from specrag.graph.state import State
 from specrag.indexing.documents import PAGE_MARK
 from specrag.models.options import DecodeOptions
@@ -352,9 +352,12 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
                 if weaving is not None:  # ended before this weave reads the stream
                     weaving.cancel()
                     await asyncio.gather(weaving, return_exceptions=True)
-                if node != "generate":  # the next answer node (generate) gets all of it
-                    await weave(stream, chunks, state, ctx, build, None)
-                # after generate only the fallback's message is left: no wait for the search
+                if node != "generate" and not stream.ended:
+                    # generate reads the later batches itself, as they come, within what is
+                    # left of the one answer budget (no wait here for the rest of the search)
+                    hand_back_evidence_stream(dict(state), stream)
+                    return {**failed, "chunks": list(chunks), "evidence_complete": False}
+                # an ended search, or after generate: only the fallback's message is left
                 failed.update(evidence(stream, chunks, why=f"{node} failed first"))
                 failed["errors"] = [*stream.errors, message]
             return failed
@@ -410,9 +413,11 @@ def make_answer_node(node: str, services: Services, build: AnswerBuilder):  # no
         if stream is not None:
             why = (
                 f"the answer model cannot re-verify, and waited for them {REMOTE_WAIT_SHARE:.0%} "
-                f"of answer_timeout_s={ctx.answer_timeout_s}"
+                f"of what was left of answer_timeout_s={ctx.answer_timeout_s}"
                 if waited_out
                 else "the answer budget ended the answer first"
+                if result.timed_out
+                else "the answer ended before them"
             )
             if weaving is not None and weaving.done() and not weaving.cancelled():
                 if (failure := weaving.exception()) is not None:  # a later prompt's build
