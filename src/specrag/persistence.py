@@ -9,6 +9,7 @@ interrupted run (the only one ``--resume`` can go on with) is never pruned.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -40,6 +41,11 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
             saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
             await saver.setup()  # reads the file now: a corrupt one is told here, not mid-run
         except sqlite3.Error as exc:
+            if not os.access(path.parent, os.W_OK):  # a read-only folder, file or not
+                raise DataDirError(
+                    f"cannot use the data dir {path.parent}: it is not writable (set "
+                    "SPECRAG_DATA_DIR to a writable folder)"
+                ) from exc
             raise DataDirError(
                 f"cannot use the thread checkpoints at {path}: {exc} (move the file aside "
                 "to start every thread over)"

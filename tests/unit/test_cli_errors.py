@@ -623,6 +623,20 @@ def test_unusable_thread_checkpoints_are_one_line_before_any_model_loads(
     assert "cannot use the data dir" in line
 
 
+def test_a_read_only_data_dir_is_named_for_thread_checkpoints(capsys, monkeypatch, tmp_path):
+    """A read-only data dir with no checkpoints file said "unable to open database file (move
+    the file aside ...)": there was no file to move (a new-user review, 2026-12-06)."""
+    import os
+
+    data = tmp_path / "ro"
+    (data / "checkpoints.sqlite").mkdir(parents=True)  # SQLite cannot open it, as read-only
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(data))  # (tests may run as root: mocked)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != str(data) and real(p, mode))
+    line = one_line_error(capsys, main(["ask", "--thread", "t1", "--resume"]))
+    assert f"cannot use the data dir {data}: it is not writable" in line, line
+
+
 def test_a_corrupt_index_file_says_chromas_reason(capsys, tmp_path):
     """A chroma.sqlite3 that is not a database read "cannot open index at ...:
     'RustBindingsAPI' object has no attribute 'bindings'" (the real error was dropped by a
