@@ -87,3 +87,15 @@ def test_a_file_that_cannot_be_read_now_is_not_written_over(tmp_path, monkeypatc
     monkeypatch.setattr(Path, "read_text", real)
     assert records.read() == {"t1": {"settings": {"seed": "3"}}}
     assert "could not be read now" in caplog.text and not list(tmp_path.glob("*.damaged*"))
+
+
+def test_a_file_where_the_folder_should_be_has_no_records_and_no_warning(tmp_path, caplog):
+    """A cache dir that is a file warned "gguf-digests.json could not be read now" before the
+    one-line error that names the cache dir (two lines; a new-user review, 2026-12-06)."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file")
+    records = Records(blocker / "models" / "r.json")
+    with caplog.at_level("WARNING"):
+        assert records.read() == {}
+        records.put("a", {"x": 1})  # the write fails quietly: only the record is lost
+    assert caplog.text == "" and blocker.read_text() == "a file"

@@ -68,8 +68,8 @@ class Records:
         """
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}, False
+        except (FileNotFoundError, NotADirectoryError):  # no file (a file as its folder:
+            return {}, False  # no records either - the write that follows says why)
         except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep
             return {}, True
         except OSError:
