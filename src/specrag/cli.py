@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -397,6 +398,12 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
 
 
 _JSON_PRINTED = False  # this process printed its one --json document
+_ARGV: list[str] = []  # the command line main() parses (a subcommand's parser sees its part)
+
+
+def json_requested(argv: Sequence[str]) -> bool:
+    """Whether ``--json`` is on the command line (before or after the subcommand)."""
+    return any(tok == "--json" or tok.startswith("--json=") for tok in argv)
 
 
 def print_json(value: Any) -> None:
@@ -725,6 +732,13 @@ class Parser(argparse.ArgumentParser):
         self.argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
+    def print_help(self, file: Any = None) -> None:
+        """The usage text; with ``--json`` on the line, one document: ``{"help": text}``."""
+        if json_requested(_ARGV):
+            print_json({"help": self.format_help()})
+        else:
+            super().print_help(file)
+
     def error(self, message: str) -> NoReturn:
         """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""
         if message.startswith("the following arguments are required"):
@@ -751,8 +765,7 @@ class VersionAction(argparse.Action):
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
         """Print the version and leave (exit 0)."""
-        argv = getattr(parser, "argv", [])
-        if any(tok == "--json" or tok.startswith("--json=") for tok in argv):
+        if json_requested(_ARGV):
             print_json({"version": package_version()})
         else:
             print(f"specrag {package_version()}")
@@ -919,17 +932,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    global _JSON_PRINTED
+    global _JSON_PRINTED, _ARGV
     _JSON_PRINTED = False
     parser = build_parser()
-    raw = sys.argv[1:] if argv is None else list(argv)
-    wants_json = any(tok == "--json" or tok.startswith("--json=") for tok in raw)
+    raw = _ARGV = sys.argv[1:] if argv is None else list(argv)
+    wants_json = json_requested(raw)
     try:
         args, extra = parser.parse_known_args(argv)
     except UsageError as exc:  # before the flags are known: --json as typed
         return _json_error(argparse.Namespace(json=wants_json), exc.line, 2)
     except SystemExit as exc:  # --help (0)
         return exc.code if isinstance(exc.code, int) else 2
+    except BrokenPipeError:  # --help or --version into a closed pipe
+        return _drop_stdout(141)
+    except OSError as exc:  # ... or onto a full disk
+        print_error(f"cannot write the output: {exc.strerror or exc}")
+        return _drop_stdout(1)
     if "--json" in extra and hasattr(args, "json"):  # `specrag --json ask ...`: before the
         extra.remove("--json")  # subcommand, the top-level parser left it over
         args.json = True
@@ -956,13 +974,7 @@ def main(argv: list[str] | None = None) -> int:
         send_traces()
         return _json_error(args, line, 2)
     except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
-        with contextlib.suppress(OSError):  # nor one more when Python flushes stdout at exit
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, sys.stdout.fileno())
-            finally:
-                os.close(devnull)
-        return 141  # as a process killed by SIGPIPE
+        return _drop_stdout(141)  # as a process killed by SIGPIPE
     except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
         err.print("\nspecrag: interrupted", highlight=False, markup=False)
         return _json_error(args, "interrupted", 130)
@@ -973,6 +985,20 @@ def main(argv: list[str] | None = None) -> int:
         print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
         send_traces()  # (not after Ctrl-C: the user asked to stop now)
         return _json_error(args, line, 1)
+
+
+def _drop_stdout(code: int) -> int:
+    """Point stdout at /dev/null (what it holds is lost) and return ``code``.
+
+    Python flushes stdout at exit: into a closed pipe or a full disk that is one more error.
+    """
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    return code
 
 
 def send_traces() -> None:

@@ -68,6 +68,44 @@ def test_version_as_json(capsys):
         assert json.loads(out) == {"version": version("specrag")}
 
 
+def test_help_as_json(capsys):
+    """`--json --help` printed argparse's text: not the one JSON document `--json` promises
+    (a new-user review, 2026-12-06). The subcommand's own help, wherever --json stands."""
+    for argv, usage in (
+        (["--json", "--help"], "usage: specrag [-h]"),
+        (["ask", "x", "--json", "--help"], "usage: specrag ask [-h]"),
+        (["--json", "index", "-h"], "usage: specrag index [-h]"),
+    ):
+        assert main(argv) == 0
+        assert json.loads(capsys.readouterr().out)["help"].startswith(usage)
+    assert main(["ask", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: specrag ask [-h]")
+
+
+def test_version_or_help_into_a_closed_pipe_or_a_full_disk(capsys, monkeypatch):
+    """`specrag --version | true` and `--version > /dev/full` ended in a traceback (exit 1):
+    the version is printed while argparse parses, before main's own handlers."""
+    import specrag.cli
+
+    def broken(*a, **k):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    dropped = []
+    monkeypatch.setattr(specrag.cli, "_drop_stdout", lambda code: dropped.append(code) or code)
+    for fail, argv, code in ((broken, ["--version"], 141), (full, ["--json", "--version"], 1)):
+        with monkeypatch.context() as patch:
+            patch.setattr(specrag.cli.sys.stdout, "flush", fail)
+            got = main(argv)
+        assert got == code
+    assert dropped == [141, 1]
+    assert capsys.readouterr().err.strip() == (
+        "specrag: error: cannot write the output: No space left on device"
+    )
+
+
 def test_the_json_view_names_the_query_and_how_the_draft_ended():
     """A reason such as "draft too short (3 < 6 tokens)" could not be checked from --json:
     it left out the draft's status and token count, and what was searched."""
