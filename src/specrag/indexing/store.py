@@ -111,9 +111,18 @@ def stored_sources(directory: str | Path, collection: str, url: str) -> set[str]
 
         missing = isinstance(exc, NotFoundError) or "does not exist" in str(exc)
         if not missing:  # a read-only or locked database is no missing collection
-            raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
+            raise IndexError_(cannot_open(where, exc)) from exc
         raise IndexError_(f"no collection {collection!r} at {where}: {first_line(exc)}") from exc
     return _sources_in(found.get(include=["metadatas"]))
+
+
+def cannot_open(where: str, exc: BaseException) -> str:
+    """The line for an index that could not be opened, with the way out of a read-only one."""
+    line = f"cannot open index at {where}: {first_line(exc)}"
+    if "readonly database" in line:  # Chroma opens its database for writing, even to search
+        line += " (Chroma writes to its index folder even to search: copy the index to a "
+        line += "writable folder and pass --index-dir)"
+    return line
 
 
 def local_index_at(directory: str | Path) -> bool:
@@ -147,7 +156,7 @@ def check_recorded_model(
     except IndexError_:  # a server that does not answer: one line
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb's InternalError and the like
-        raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
+        raise IndexError_(cannot_open(where, exc)) from exc
     check_embedding_stamp(recorded, embedding_stamp(embedding_model), collection, where)
 
 
@@ -313,7 +322,7 @@ class VectorIndex:
         except IndexError_:
             raise
         except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
-            raise IndexError_(f"cannot open index at {where}: {first_line(exc)}") from exc
+            raise IndexError_(cannot_open(where, exc)) from exc
         if stamp:
             check_embedding_stamp(built_with, stamp[EMBEDDING_KEY], collection, where)
         self._seen = self._written()
