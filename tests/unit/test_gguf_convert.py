@@ -91,6 +91,28 @@ def test_a_copy_older_libraries_made_or_cut_short_is_converted_again_in_place(
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]  # the old one is gone
 
 
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_copy_damaged_after_it_was_made_is_converted_again(tmp_path, monkeypatch, damage):
+    """A copy whose weights a cache cleaner or a cut-short `cp -r` truncated or deleted kept
+    its stamp: every load failed ("incomplete metadata") and it was never converted again
+    (a review, 2026-12-06). The stamp lists each file's size; a stamp without the list (a
+    copy made before it) is trusted as before."""
+    fake_loaders(monkeypatch)
+    target = tmp_path / "model-float32-abc"
+    convert_gguf(tmp_path / "model.gguf", target, None)
+    stamp = json.loads((target / STAMP).read_text())
+    assert stamp["files"] == {"config.json": 11, "tokenizer.json": 14}
+    if damage == "truncated":
+        (target / "tokenizer.json").write_text("tok")
+    else:
+        (target / "tokenizer.json").unlink()
+    assert not is_converted(target)
+    convert_gguf(tmp_path / "model.gguf", target, None)
+    assert is_converted(target) and (target / "tokenizer.json").read_text() == "tokenizer.json"
+    (target / STAMP).write_text(json.dumps(conversion_stamp()))  # before the sizes were listed
+    assert is_converted(target)
+
+
 def test_a_stamp_names_the_converting_libraries():
     stamp = conversion_stamp()
     assert stamp["transformers"] == transformers.__version__

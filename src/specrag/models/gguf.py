@@ -61,13 +61,32 @@ def is_converted(folder: Path) -> bool:
     """True when ``folder`` holds a whole copy made by this process's library versions.
 
     The stamp is written (and synced) after every other file: a copy cut short by a kill or a
-    power loss, or one from before stamps (2026-12-05), has none and is converted again.
+    power loss, or one from before stamps (2026-12-05), has none and is converted again. The
+    stamp also lists each file's size (since 2026-12-06): a copy damaged later - a file
+    truncated or deleted by a cache cleaner or a copy cut short - is converted again too.
     """
     try:
         stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return stamp == conversion_stamp() and (folder / "config.json").is_file()
+    if not isinstance(stamp, dict) or not (folder / "config.json").is_file():
+        return False
+    files = stamp.pop("files", {})
+    if stamp != conversion_stamp() or not isinstance(files, dict):
+        return False
+    try:
+        return all((folder / name).stat().st_size == size for name, size in files.items())
+    except (OSError, TypeError):  # a file gone, or a name that is no path
+        return False
+
+
+def _file_sizes(folder: Path) -> dict[str, int]:
+    """Each file under ``folder`` by its relative path, with its size (the stamp's list)."""
+    return {
+        str(f.relative_to(folder)): f.stat().st_size
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+    }
 
 
 def _sync(*paths: Path) -> None:
@@ -168,7 +187,8 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
         _sync(*tmp.rglob("*"))  # the weights on disk before the stamp says they are whole
-        (tmp / STAMP).write_text(json.dumps(conversion_stamp()), encoding="utf-8")
+        stamp = {**conversion_stamp(), "files": _file_sizes(tmp)}
+        (tmp / STAMP).write_text(json.dumps(stamp), encoding="utf-8")
         _sync(tmp / STAMP, tmp)
         if target.is_dir() and not is_converted(target):
             # half of a copy (a killed removal), or one older library versions wrote

@@ -372,6 +372,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     start = time.perf_counter()
     from_cache = True
     source: Path | str
+    converted: Path | None = None  # the converted copy of a GGUF
     quantized = dtype == torch.qint8
     if quantized:  # from the fp32 weights, at load
         dtype = torch.float32
@@ -382,7 +383,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             gguf = embedded_gguf_path() if name == EMBEDDED_LM else Path(name).expanduser()
         if not gguf.is_file():
             raise ModelLoadError(f"model file not found: {name}")
-        source = converted_dir(gguf, dtype, cache_dir() / "models")
+        source = converted = converted_dir(gguf, dtype, cache_dir() / "models")
         if not is_converted(source):  # none yet, cut short, or older libraries made it
             from_cache = False
             try:
@@ -410,6 +411,8 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
                 " (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models "
                 "already in the Hugging Face cache; HF_HUB_OFFLINE=0 downloads)"
             )
+        if converted is not None and from_cache:  # a copy damaged in a way its stamp's file
+            offline = f" (delete {converted} to convert it again)"  # sizes do not show
         raise ModelLoadError(f"could not load model {name!r}: {first}{offline}") from exc
     weights = _weights_id(source)  # read once: a folder's files are hashed
     try:
