@@ -113,6 +113,43 @@ def test_a_copy_damaged_after_it_was_made_is_converted_again(tmp_path, monkeypat
     assert is_converted(target)
 
 
+def test_scratch_of_killed_runs_is_swept_by_any_load(tmp_path):
+    """A conversion or join killed mid-write left its scratch (GBs) for good: only a later
+    conversion of the same copy, an hour on, removed it (a review, 2026-12-06). Scratch of a
+    process that is gone goes at once, a live one's only when an hour old."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    left = {
+        f"model-float32-abc.tmp{gone}": "dir",  # a conversion killed (any copy's name)
+        f"qwen.gguf.tmp{gone}": "file",  # a join killed
+        f".old-float32-abc.prune{gone}": "dir",  # a removal killed
+        f"other.tmp{os.getpid()}": "dir",  # this process at work: kept
+        "another.tmp1": "file",  # pid 1 is alive: kept while young
+        "my.tmp2-float32-abc": "dir",  # a copy of a GGUF named so: never scratch
+    }
+    for name, kind in left.items():
+        if kind == "dir":
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "model.safetensors").write_bytes(b"x")
+        else:
+            (tmp_path / name).write_bytes(b"x")
+    old = time.time() - 7200
+    os.utime(tmp_path / "my.tmp2-float32-abc", (old, old))
+    gguf_module.remove_left_behind(tmp_path)
+    kept = ["another.tmp1", "my.tmp2-float32-abc", f"other.tmp{os.getpid()}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
+    os.utime(tmp_path / "another.tmp1", (old, old))
+    gguf_module.remove_left_behind(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept[1:]
+
+
 def test_a_stamp_names_the_converting_libraries():
     stamp = conversion_stamp()
     assert stamp["transformers"] == transformers.__version__
@@ -332,3 +369,15 @@ def test_environments_with_other_library_versions_keep_their_own_copies(tmp_path
     os.utime(theirs, (fortnight, fortnight))  # unused for two weeks: removed
     gguf_module.prune_stale_copies(gguf, ours)
     assert not theirs.exists() and legacy.exists() and ours.exists()
+
+
+def test_make_models_pair_interrupted_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in `make models-pair` printed a traceback (only ModelLoadError was caught)."""
+    from specrag.models import pair
+
+    def interrupted(model):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pair, "joined_gguf", interrupted)
+    assert pair.main([]) == 130
+    assert capsys.readouterr().err.strip() == "specrag: interrupted"

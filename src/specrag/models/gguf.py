@@ -211,15 +211,50 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
 
 
 def _remove_left_behind(root: Path, pattern: str, min_age_s: float = LEFT_BEHIND_S) -> None:
-    """Delete what matches ``pattern`` under ``root`` and is older than ``min_age_s``.
+    """Delete what matches ``pattern`` under ``root`` and is old or a gone process's.
 
-    The scratch folders of a conversion or a removal that was killed (GBs each); younger ones
-    may belong to another process still at work. One that vanishes meanwhile is skipped.
+    Old: older than ``min_age_s``; gone: its name ends with the id of a process no longer
+    running here (:func:`_dead`). The scratch folders and files of a conversion, a join or a
+    removal that was killed (GBs each); younger ones of a live process may belong to one
+    still at work. One that vanishes meanwhile is skipped.
     """
     for left in root.glob(pattern):
         with contextlib.suppress(OSError):
-            if left.stat().st_mtime < time.time() - min_age_s:
-                shutil.rmtree(left, ignore_errors=True)
+            if left.stat().st_mtime < time.time() - min_age_s or _dead(left.name):
+                if left.is_dir():
+                    shutil.rmtree(left, ignore_errors=True)
+                else:
+                    left.unlink()
+
+
+SCRATCH = re.compile(r"\.(?:tmp|prune)(\d+)$")  # a scratch name's end: the writer's pid
+
+
+def _dead(name: str) -> bool:
+    """Whether ``name`` ends with ``.tmp<pid>`` / ``.prune<pid>`` of a process not running."""
+    found = SCRATCH.search(name)
+    if found is None or int(found[1]) == os.getpid():
+        return False
+    try:
+        os.kill(int(found[1]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # another user's process (alive), or no such id
+        return False
+    return False
+
+
+def remove_left_behind(root: Path) -> None:
+    """Sweep ``root`` (the converted copies, or the joined GGUFs) of killed runs' scratch.
+
+    Only names that end as scratch does (``.tmp<pid>``, ``.prune<pid>``): a copy of a GGUF
+    whose own name holds ``.tmp`` is no scratch.
+    """
+    with contextlib.suppress(OSError):
+        for pattern in ("*.tmp[0-9]*", ".*.prune[0-9]*"):
+            for left in root.glob(pattern):
+                if SCRATCH.search(left.name):
+                    _remove_left_behind(root, glob.escape(left.name))
 
 
 def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = LEFT_BEHIND_S) -> list[Path]:

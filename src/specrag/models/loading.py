@@ -37,7 +37,7 @@ from specrag.decoding.state import sync
 from specrag.errors import InputError, ModelLoadError, first_line
 from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
-from specrag.models.gguf import convert_gguf, converted_dir, is_converted
+from specrag.models.gguf import convert_gguf, converted_dir, is_converted, remove_left_behind
 from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.models.records import Records
@@ -384,6 +384,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         if not gguf.is_file():
             raise ModelLoadError(f"model file not found: {name}")
         source = converted = converted_dir(gguf, dtype, cache_dir() / "models")
+        remove_left_behind(source.parent)  # what killed conversions left (GBs each)
         if not is_converted(source):  # none yet, cut short, or older libraries made it
             from_cache = False
             try:

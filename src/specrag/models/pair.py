@@ -87,10 +87,11 @@ def joined_gguf(model: PairModel) -> Path:
     damaged in place, are joined again instead of being used. A cache dir that cannot be
     written (full, read-only) is one :class:`ModelLoadError` naming ``SPECRAG_CACHE_DIR``.
     """
-    from specrag.models.gguf import DIGESTS, file_sha256, remember_sha256
+    from specrag.models.gguf import DIGESTS, file_sha256, remember_sha256, remove_left_behind
 
     path = model.gguf_path
     memo = cache_dir() / "models" / DIGESTS
+    remove_left_behind(path.parent)  # what killed joins left (up to 3 GB each)
     try:
         if path.is_file() and path.stat().st_size == model.size:
             if file_sha256(path, memo) == model.sha256:
@@ -158,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as exc:
         print(f"specrag: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a join cleans up after itself; a conversion's scratch is
+        print("\nspecrag: interrupted", file=sys.stderr)  # swept by the next load
+        return 130
     return 0
 
 
