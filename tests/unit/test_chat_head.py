@@ -344,3 +344,42 @@ async def test_an_int8_model_does_not_answer_incrementally(tmp_path, monkeypatch
             tags=["answer"],
             options=DecodeOptions(prompt_feed=feed),
         )
+
+
+MISTRAL_V01 = (  # Mistral-Instruct v0.1/v0.2's template: user and assistant turns only
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+def test_a_template_without_a_system_turn_gets_the_system_text_in_the_first_user_turn():
+    """A local model whose chat template refuses a system role (Mistral-Instruct v0.1/v0.2,
+    Gemma) could never answer: every route failed with TemplateError and the run ended in
+    the fallback (a review, 2026-12-06). The system text now opens the first user turn, in
+    the answer's prompt and in RAPID's document layout alike."""
+    import copy
+    from types import SimpleNamespace
+
+    from specrag.models.rapid_chat import layout
+
+    tok = copy.deepcopy(load_lm().tokenizer)
+    tok.chat_template = MISTRAL_V01
+    loaded = SimpleNamespace(tokenizer=tok)
+    messages = [SystemMessage("Answer briefly."), HumanMessage("Who led them?")]
+    text = tok.decode(encode_chat(loaded, messages))
+    assert text.endswith("[INST] Answer briefly.\n\nWho led them? [/INST]"), text
+    history = [*messages, AIMessage("Rollo."), HumanMessage("When?")]
+    assert tok.decode(encode_chat(loaded, history)).endswith(
+        "Who led them? [/INST]Rollo.<|im_end|>[INST] When? [/INST]"
+    )
+    head, context, tail = layout(loaded, "Use the document.", "Rollo led them.", "Who?")
+    rendered = tok.decode(head + context + tail)
+    assert rendered.startswith("<|im_start|>[INST] Use the document.\n\n<document>\nRollo led")
+    tok.chat_template = "{{ raise_exception('broken template') }}"  # no system turn to blame
+    with pytest.raises(Exception, match="broken template"):
+        encode_chat(loaded, [HumanMessage("Who?")])

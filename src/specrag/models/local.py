@@ -78,7 +78,7 @@ def encode_chat(
     dicts = defuse_dicts(template_messages(messages, tools=bool(tools)), specials)
     if getattr(tok, "chat_template", None):
         extra = {"tools": list(tools)} if tools else {}
-        enc = tok.apply_chat_template(dicts, add_generation_prompt=True, tokenize=True, **extra)
+        enc = apply_template(tok, dicts, tokenize=True, **extra)
         ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
         prompt = [int(i) for i in ids]
     else:
@@ -87,6 +87,38 @@ def encode_chat(
     if forced:
         prompt += [int(i) for i in tok(forced, add_special_tokens=False)["input_ids"]]
     return prompt
+
+
+def apply_template(tok: Any, dicts: list[dict[str, Any]], **kwargs: Any) -> Any:
+    """``tok.apply_chat_template`` with the generation prompt, for every template.
+
+    Some templates refuse a system turn (Mistral-Instruct v0.1/v0.2 and Gemma raise "roles
+    must alternate" / "System role not supported"): on the template's own error the system
+    text opens the first user turn instead.
+    """
+    from jinja2 import TemplateError
+
+    try:
+        return tok.apply_chat_template(dicts, add_generation_prompt=True, **kwargs)
+    except TemplateError:
+        merged = system_in_first_turn(dicts)
+        if merged is None:
+            raise
+        return tok.apply_chat_template(merged, add_generation_prompt=True, **kwargs)
+
+
+def system_in_first_turn(dicts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``dicts`` with the system turns' text put before the first user turn's (None: none)."""
+    system = [d for d in dicts if d.get("role") == "system"]
+    if not system or not all(isinstance(d.get("content"), str) for d in dicts):
+        return None
+    text = "\n\n".join(str(d["content"]) for d in system)
+    rest = [dict(d) for d in dicts if d.get("role") != "system"]
+    first = next((d for d in rest if d.get("role") == "user"), None)
+    if first is None:
+        return [{"role": "user", "content": text}, *rest]
+    first["content"] = f"{text}\n\n{first['content']}"
+    return rest
 
 
 MIN_HEAD = 16  # a shorter chat head is reported as none

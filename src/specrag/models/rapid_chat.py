@@ -47,6 +47,7 @@ from specrag.models.local import (
     LocalChatBase,
     StopCheck,
     answer_fit,
+    apply_template,
     make_generator,
     special_tokens,
 )
@@ -124,7 +125,7 @@ def layout(
             content = f"{document}\n\n{content}"
         msgs.append({"role": role, "content": content})
     if getattr(tok, "chat_template", None):
-        rendered = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        rendered = apply_template(tok, msgs, tokenize=False)
     else:
         said = "\n\n".join(str(m["content"]) for m in msgs[1:])
         rendered = f"{instructions}\n\n{said}\n\nAnswer:"
