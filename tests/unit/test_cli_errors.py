@@ -529,7 +529,8 @@ def test_a_hub_id_not_in_the_cache_says_the_cli_runs_offline(capsys, monkeypatch
     argv = ["ask", "Who?", "--document", str(doc)]
     argv += ["--set", "answer_model=hf:no-such-org/x", "--set", "draft_model=hf:no-such-org/x"]
     line = one_line_error(capsys, main(argv))
-    assert "could not load model 'no-such-org/x'" in line
+    # said before any model loads (a mistyped relative path reads as a hub id too)
+    assert "no model folder 'no-such-org/x' here, and no hub model 'no-such-org/x'" in line
     assert "HF_HUB_OFFLINE=0 downloads" in line
 
 
@@ -557,7 +558,7 @@ def test_the_console_command_is_offline_before_the_package_loads(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     lines = [line for line in lines if not LOADING.fullmatch(line)]  # the note before loading
     assert done.returncode != 0 and len(lines) == 1, done.stderr[-2000:]
-    assert "could not load model 'no-such-org/x'" in lines[0]
+    assert "no hub model 'no-such-org/x' in the Hugging Face cache" in lines[0]
     assert "HF_HUB_OFFLINE=0 downloads" in lines[0]
 
 

@@ -228,7 +228,23 @@ def check_local_model(name: str) -> Path | None:
     looks_local = looks_like_path(name) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         raise ModelLoadError(f"model path not found or not a model folder: {name}")
+    if not looks_local and hub_offline() and not _in_hub_cache(name):
+        raise ModelLoadError(  # a mistyped relative path reads as a hub id too
+            f"no model folder {name!r} here, and no hub model {name!r} in the Hugging Face "
+            "cache (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models "
+            "already there; HF_HUB_OFFLINE=0 downloads)"
+        )
     return path if looks_local else None
+
+
+def _in_hub_cache(repo: str) -> bool:
+    """Whether the Hugging Face cache holds hub model ``repo``'s config (True if unsure)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an id the hub library refuses: the load says why
+        return True
 
 
 def drafter_dtype(choice: str, dtype: str, device: str, same_model: bool) -> str:
