@@ -99,3 +99,32 @@ def test_a_file_where_the_folder_should_be_has_no_records_and_no_warning(tmp_pat
         assert records.read() == {}
         records.put("a", {"x": 1})  # the write fails quietly: only the record is lost
     assert caplog.text == "" and blocker.read_text() == "a file"
+
+
+def test_two_threads_writing_one_file_never_share_a_temporary(tmp_path, monkeypatch):
+    """The temporary was named by the process alone: two threads of one server writing
+    threads.json at once wrote into the same file (a review, 2026-12-06)."""
+    import threading
+
+    from specrag.models import records as records_module
+
+    seen: list[str] = []
+    real = os.replace
+    both = threading.Barrier(2, timeout=10)  # both writers alive at once (thread ids unique)
+
+    def replace(src, dst):
+        seen.append(os.path.basename(src))
+        both.wait()
+        real(src, dst)
+
+    monkeypatch.setattr(records_module.os, "replace", replace)
+    path = tmp_path / "threads.json"
+    writers = [
+        threading.Thread(target=records_module.write_json, args=(path, {"n": n})) for n in range(2)
+    ]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert len(seen) == 2 and seen[0] != seen[1], seen
+    assert json.loads(path.read_text()) in ({"n": 0}, {"n": 1})

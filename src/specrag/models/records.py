@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ def write_text(path: Path, text: str) -> None:
     A temporary file beside it, then renamed over it; an ``OSError`` (a folder that cannot
     be made, a full disk) is raised once the temporary is gone.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # per process and thread: two threads writing one file (a server's threads.json) never
+    # share a temporary
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
