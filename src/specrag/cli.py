@@ -736,8 +736,10 @@ class Parser(argparse.ArgumentParser):
         """The usage text; with ``--json`` on the line, one document: ``{"help": text}``."""
         if json_requested(_ARGV):
             print_json({"help": self.format_help()})
-        else:
-            super().print_help(file)
+        else:  # written here: argparse's own print swallows a closed pipe or a full disk
+            out = file or sys.stdout
+            out.write(self.format_help())
+            out.flush()
 
     def error(self, message: str) -> NoReturn:
         """Print ``specrag: error: ...`` and where to find the usage, then exit 2."""

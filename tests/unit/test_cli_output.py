@@ -95,15 +95,17 @@ def test_version_or_help_into_a_closed_pipe_or_a_full_disk(capsys, monkeypatch):
 
     dropped = []
     monkeypatch.setattr(specrag.cli, "_drop_stdout", lambda code: dropped.append(code) or code)
-    for fail, argv, code in ((broken, ["--version"], 141), (full, ["--json", "--version"], 1)):
+    cases = [(broken, ["--version"], 141), (full, ["--json", "--version"], 1)]
+    cases += [(broken, ["ask", "--help"], 141), (full, ["--help"], 1)]  # argparse swallowed these
+    for fail, argv, code in cases:
         with monkeypatch.context() as patch:
             patch.setattr(specrag.cli.sys.stdout, "flush", fail)
             got = main(argv)
         assert got == code
-    assert dropped == [141, 1]
-    assert capsys.readouterr().err.strip() == (
+    assert dropped == [141, 1, 141, 1]
+    assert capsys.readouterr().err.strip().splitlines() == 2 * [
         "specrag: error: cannot write the output: No space left on device"
-    )
+    ]
 
 
 def test_the_json_view_names_the_query_and_how_the_draft_ended():

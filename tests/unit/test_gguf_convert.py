@@ -116,7 +116,8 @@ def test_a_copy_damaged_after_it_was_made_is_converted_again(tmp_path, monkeypat
 def test_scratch_of_killed_runs_is_swept_by_any_load(tmp_path):
     """A conversion or join killed mid-write left its scratch (GBs) for good: only a later
     conversion of the same copy, an hour on, removed it (a review, 2026-12-06). Scratch of a
-    process that is gone goes at once, a live one's only when an hour old."""
+    process that is gone goes once 10 minutes untouched (a writer on another host sharing
+    the cache dir, its pid unseen here, is still writing), a live one's when an hour old."""
     import subprocess
     import sys
 
@@ -140,11 +141,21 @@ def test_scratch_of_killed_runs_is_swept_by_any_load(tmp_path):
             (tmp_path / name / "model.safetensors").write_bytes(b"x")
         else:
             (tmp_path / name).write_bytes(b"x")
-    old = time.time() - 7200
+    old, quiet = time.time() - 7200, time.time() - 900
     os.utime(tmp_path / "my.tmp2-float32-abc", (old, old))
+    gguf_module.remove_left_behind(tmp_path)  # the gone writers' scratch was just written
+    assert len(list(tmp_path.iterdir())) == len(left)
+    for name in left:
+        for path in [tmp_path / name, *(tmp_path / name).rglob("*")]:
+            if name != "my.tmp2-float32-abc":
+                os.utime(path, (quiet, quiet))
+    os.utime(tmp_path / f".old-float32-abc.prune{gone}" / "model.safetensors")  # in use
     gguf_module.remove_left_behind(tmp_path)
-    kept = ["another.tmp1", "my.tmp2-float32-abc", f"other.tmp{os.getpid()}"]
+    kept = [f".old-float32-abc.prune{gone}", "another.tmp1", "my.tmp2-float32-abc"]
+    kept.append(f"other.tmp{os.getpid()}")
     assert sorted(p.name for p in tmp_path.iterdir()) == kept
+    kept.pop(0)
+    os.utime(tmp_path / f".old-float32-abc.prune{gone}" / "model.safetensors", (quiet, quiet))
     os.utime(tmp_path / "another.tmp1", (old, old))
     gguf_module.remove_left_behind(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == kept[1:]

@@ -214,13 +214,15 @@ def _remove_left_behind(root: Path, pattern: str, min_age_s: float = LEFT_BEHIND
     """Delete what matches ``pattern`` under ``root`` and is old or a gone process's.
 
     Old: older than ``min_age_s``; gone: its name ends with the id of a process no longer
-    running here (:func:`_dead`). The scratch folders and files of a conversion, a join or a
-    removal that was killed (GBs each); younger ones of a live process may belong to one
-    still at work. One that vanishes meanwhile is skipped.
+    running here (:func:`_dead`) and nothing in it changed for :data:`GONE_WRITER_S`. The
+    scratch folders and files of a conversion, a join or a removal that was killed (GBs
+    each); others may belong to a run still at work. One that vanishes meanwhile is skipped.
     """
     for left in root.glob(pattern):
         with contextlib.suppress(OSError):
-            if left.stat().st_mtime < time.time() - min_age_s or _dead(left.name):
+            if left.stat().st_mtime < time.time() - min_age_s or (
+                _dead(left.name) and _untouched(left, GONE_WRITER_S)
+            ):
                 if left.is_dir():
                     shutil.rmtree(left, ignore_errors=True)
                 else:
@@ -228,6 +230,18 @@ def _remove_left_behind(root: Path, pattern: str, min_age_s: float = LEFT_BEHIND
 
 
 SCRATCH = re.compile(r"\.(?:tmp|prune)(\d+)$")  # a scratch name's end: the writer's pid
+# Scratch whose writer's pid is not running here, written to this long ago, is a killed run's:
+# a writer on another host or container sharing the cache dir (its pid unseen here) is
+# still writing to it.
+GONE_WRITER_S = 600.0
+
+
+def _untouched(path: Path, age_s: float) -> bool:
+    """Whether nothing in ``path`` (a file, or a folder and its files) changed for ``age_s``."""
+    newest = path.stat().st_mtime
+    if path.is_dir():
+        newest = max([newest, *(f.stat().st_mtime for f in path.rglob("*"))])
+    return newest < time.time() - age_s
 
 
 def _dead(name: str) -> bool:

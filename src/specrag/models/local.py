@@ -624,8 +624,8 @@ class _Run:
         meta = job.metadata()
         decoding = {**meta, "new_tokens": self.n_tokens}
         if meta.get("new_tokens", self.n_tokens) != self.n_tokens:
-            # the decoder ran on past a stop sequence (it stops between steps) or a tool call:
-            # tokens_from and the pass counts count those tokens too
+            # the decoder ran on past a stop sequence (it stops between steps): tokens_from
+            # and the pass counts count those tokens too
             decoding["decoded_tokens"] = meta["new_tokens"]
         if self.retracted:  # consumers drop the last N log-probs they were sent
             decoding["retracted_tokens"] = self.retracted
