@@ -1099,9 +1099,70 @@ def test_html_cells_and_blocks_keep_their_words_apart_and_entities_are_read_once
         "<h5>Warranty</h5><section>Two years</section><p>AT&amp;amp;T &amp;lt;b&amp;gt; "
         "un<b>bold</b>ed</p>"
     )
-    words = html_to_text(page).split()
-    assert words[:6] == ["Part", "Price", "Widget", "10", "Warranty", "Two"]
+    text = html_to_text(page)
+    assert text.startswith("Part | Price\nWidget | 10\n\nWarranty\n\nTwo years"), text
+    words = text.split()
     assert "AT&amp;T" in words and "&lt;b&gt;" in words and "unbolded" in words
+
+
+def test_a_tables_rows_stay_lines_of_one_paragraph_and_a_br_is_one_line_break():
+    """Every cell was a paragraph of its own ("Name\n\nQty\n\nWidget\n\n10"), so a row's
+    cells and its header could land in different chunks; "<br/>" was a paragraph break and
+    "<br>" a line break (a review of document reading, 2026-12-06)."""
+    from specrag.indexing.documents import html_to_text
+
+    page = """<p>Stock</p>
+    <table>
+      <tr><th>Name</th> <th>Qty</th></tr>
+      <tr>
+        <td>Widget
+            blue</td>
+        <td>10</td>
+      </tr>
+    </table>
+    <p>a<br>b<br/>c</p><td>a cell outside a table</td>"""
+    assert html_to_text(page) == (
+        "Stock\n\nName | Qty\nWidget blue | 10\n\na\nb\nc\n\na cell outside a table"
+    )
+
+
+def test_encodings_a_user_s_files_declare_or_imply_are_read_and_line_ends_are_newlines(tmp_path):
+    """An HTML page's meta charset was ignored (windows-1251 and Shift_JIS pages were indexed
+    as Windows-1252 mojibake); Windows and old-Mac line ends kept their CRs and never split at
+    paragraphs; UTF-16 without a BOM and UTF-32 with one were "binary"; a NUL byte past the
+    first 8 KiB was indexed (a review of document reading, 2026-12-06)."""
+    ru = '<meta charset="windows-1251"><p>Привет, мир</p>'.encode("cp1251")
+    (tmp_path / "ru.html").write_bytes(ru)
+    jp = '<meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS"><p>日本語</p>'
+    (tmp_path / "jp.htm").write_bytes(jp.encode("shift_jis"))
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n\r\nthree\rfour")
+    (tmp_path / "u16.txt").write_bytes("plain text, no BOM".encode("utf-16-le"))
+    (tmp_path / "u16be.txt").write_bytes("plain text, no BOM".encode("utf-16-be"))
+    (tmp_path / "u32.txt").write_bytes("\ufeffcafé".encode("utf-32-le"))
+    (tmp_path / "late.txt").write_bytes(b"A" * 9000 + b"\x00\x00B")
+    assert read_text(tmp_path / "ru.html") == "Привет, мир"
+    assert read_text(tmp_path / "jp.htm") == "日本語"
+    assert read_text(tmp_path / "crlf.txt") == "one\ntwo\n\nthree\nfour"
+    assert read_text(tmp_path / "u16.txt") == read_text(tmp_path / "u16be.txt")
+    assert read_text(tmp_path / "u16.txt") == "plain text, no BOM"
+    assert read_text(tmp_path / "u32.txt") == "café"
+    assert read_text(tmp_path / "late.txt") == "A" * 9000 + "B"
+    from specrag.errors import InputError
+
+    (tmp_path / "bin.txt").write_bytes(bytes(range(256)) * 4)  # binary is still refused
+    with pytest.raises(InputError, match="binary content"):
+        read_text(tmp_path / "bin.txt")
+
+
+def test_pdf_pages_without_text_are_said(tmp_path, caplog):
+    """A scanned page (no text layer) was left out silently (a review, 2026-12-06)."""
+    from specrag.indexing.documents import read_records
+
+    write_pdf(tmp_path / "scan.pdf", ["Page one text", "", "Page three text"])
+    with caplog.at_level("WARNING"):
+        records = read_records(tmp_path / "scan.pdf")
+    assert [source.rsplit("=", 1)[1] for source, _ in records] == ["1", "3"]
+    assert "1 of its 3 pages has no text (scanned? run OCR on it first): left out" in caplog.text
 
 
 def test_utf8_with_a_damaged_byte_is_read_as_utf8_and_windows_1252_still_as_it_is(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import hashlib
 import logging
@@ -172,33 +173,59 @@ class Chunk:
 # tags whose text is a block of its own (a line break before and after; inline ones such as
 # <b> or <a> join their words with the text around them)
 BLOCK_TAGS = frozenset(
-    "p br div li ul ol dl dt dd h1 h2 h3 h4 h5 h6 tr td th table thead tbody tfoot caption "
+    "p div li ul ol dl dt dd h1 h2 h3 h4 h5 h6 table thead tbody tfoot caption "
     "section article header footer nav aside main blockquote pre figure figcaption form "
     "fieldset legend hr title address details summary label option".split()
 )
 
 
 class _TextOnly(HTMLParser):
+    """A page's visible text: blocks as paragraphs, a table's rows as lines.
+
+    A row reads ``cell | cell``, one paragraph per table: a row's cells, and its header, stay
+    together.
+    """
+
     def __init__(self) -> None:
         super().__init__()
         self.parts: list[str] = []
         self._skip = 0
+        self._cells = -1  # cells so far in the open table row (-1: no row open)
+        self._tables = 0  # tables open
 
     def handle_starttag(self, tag: str, attrs: object) -> None:
         if tag in ("script", "style"):
             self._skip += 1
+        elif tag == "tr":
+            self.parts.append("\n")
+            self._cells = 0
+        elif tag in ("td", "th"):  # "<td>Widget</td><td>10</td>" read "Widget10"
+            if self._cells > 0:
+                self.parts.append(" | ")
+            elif self._cells < 0:  # a cell outside a row: a line of its own
+                self.parts.append("\n")
+            self._cells += 1 if self._cells >= 0 else 0
+        elif tag == "br":  # a line break; "<br/>" also calls handle_endtag, which adds none
+            self.parts.append("\n")
         elif tag in BLOCK_TAGS:
             self.parts.append("\n")
+            if tag == "table":
+                self._tables, self._cells = self._tables + 1, -1
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("script", "style") and self._skip:
             self._skip -= 1
-        elif tag in BLOCK_TAGS:  # "<td>Widget</td><td>10</td>" read "Widget10"
+        elif tag == "tr":
+            self._cells = -1
+        elif tag in BLOCK_TAGS:
             self.parts.append("\n")
+            if tag == "table":
+                self._tables, self._cells = max(0, self._tables - 1), -1
 
     def handle_data(self, data: str) -> None:
-        if not self._skip:
-            self.parts.append(data)
+        if self._skip or ((self._tables or self._cells >= 0) and data.isspace()):
+            return  # a table's indentation
+        self.parts.append(data if self._cells < 0 else " ".join(data.split()))
 
 
 def html_to_text(markup: str) -> str:
@@ -260,9 +287,18 @@ def read_records(path: Path) -> list[tuple[str, str]]:
     One per PDF page (``path#page=n``, empty pages left out), else one for the file.
     """
     if path.suffix.lower() == ".pdf":
+        pages = read_pdf_pages(path)
+        if blank := sum(not text for text in pages):  # no text layer: scanned, or images
+            log.warning(
+                "%s: %s of its %d pages %s no text (scanned? run OCR on it first): left out",
+                path,
+                "none" if blank == len(pages) else blank,
+                len(pages),
+                "has" if blank == len(pages) else ("has" if blank == 1 else "have"),
+            )
         return [
             (f"{source_name(path)}{PAGE_MARK}{n}", text)
-            for n, text in enumerate(read_pdf_pages(path), start=1)
+            for n, text in enumerate(pages, start=1)
             if text
         ]
     return [(source_name(path), read_text(path))]
@@ -280,10 +316,26 @@ def read_text(path: Path) -> str:
             raw = read_bounded(f, path)  # it may have grown since its size was read
     except OSError as exc:
         raise _os_error(path, exc) from exc
-    text = decode_text(raw, path)
-    if path.suffix.lower() in (".html", ".htm"):
-        text = html_to_text(text)
-    return text
+    html = path.suffix.lower() in (".html", ".htm")
+    text = decode_text(raw, path, declared_charset(raw) if html else None)
+    return html_to_text(text) if html else text
+
+
+_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+
+
+def declared_charset(raw: bytes) -> str | None:
+    """The encoding an HTML page names in its first 4 KiB, if Python knows it.
+
+    ``<meta charset=...>`` or ``<meta http-equiv=... content="...; charset=...">``.
+    """
+    found = _CHARSET.search(raw[:4096])
+    if found is None:
+        return None
+    try:
+        return codecs.lookup(found[1].decode("ascii")).name
+    except (LookupError, UnicodeDecodeError):
+        return None
 
 
 def read_stream(stream: BinaryIO | TextIO, name: str) -> str:
@@ -308,25 +360,53 @@ def read_bounded(stream: BinaryIO | TextIO, path: Path, piece: int = 2**20) -> b
     return b"".join(parts)
 
 
-def decode_text(raw: bytes, path: Path) -> str:
-    """Text of a file's bytes: UTF-8 (a BOM allowed), UTF-16 with its BOM, else Windows-1252.
+def decode_text(raw: bytes, path: Path, declared: str | None = None) -> str:
+    """Text of a file's bytes, with Windows' and old Macs' line endings as newlines.
 
-    A file that is not UTF-8 (Latin-1 and Windows-1252 text from older tools) is read as
-    Windows-1252 with a warning (its bytes 0x81, 0x8D, 0x8F, 0x90 and 0x9D as Latin-1), rather
-    than refused; binary content (a NUL byte in the first 8 KiB) is one ``InputError``.
+    UTF-8 (a BOM allowed), UTF-16 or UTF-32 with its BOM, UTF-16 without one where every
+    other byte of mostly-ASCII text is NUL, the ``declared`` encoding (an HTML page's meta
+    charset) where the bytes are not UTF-8, else Windows-1252: a file that is not UTF-8
+    (Latin-1 and Windows-1252 text from older tools) is read so with a warning (its bytes
+    0x81, 0x8D, 0x8F, 0x90 and 0x9D as Latin-1), rather than refused. Binary content (a NUL
+    byte in the first 8 KiB) is one ``InputError``; a NUL byte later is dropped.
     """
-    for bom, codec in ((codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be")):
-        if raw.startswith(bom) and not raw.startswith(codecs.BOM_UTF32_LE):
+    text = _decode(raw, path, declared).replace("\x00", "")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _decode(raw: bytes, path: Path, declared: str | None) -> str:
+    """:func:`decode_text` but for the line endings and late NUL bytes."""
+    boms = (
+        (codecs.BOM_UTF32_LE, "utf-32-le"),
+        (codecs.BOM_UTF32_BE, "utf-32-be"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"),
+        (codecs.BOM_UTF16_BE, "utf-16-be"),
+    )
+    for bom, codec in boms:
+        if raw.startswith(bom):
             try:
                 return raw[len(bom) :].decode(codec)
             except UnicodeDecodeError as exc:
-                raise InputError(f"not UTF-16 text despite its byte order mark: {path}") from exc
-    if b"\x00" in raw[:8192]:
+                name = codec[:6].upper()
+                raise InputError(f"not {name} text despite its byte order mark: {path}") from exc
+    head = raw[:8192]
+    if b"\x00" in head:
+        # mostly-ASCII UTF-16 without a BOM: a NUL in most high bytes, none in the low ones
+        even, odd = head[0::2].count(0), head[1::2].count(0)
+        half = len(head) // 2
+        codec = "utf-16-le" if odd > 0.6 * half and not even else None
+        codec = "utf-16-be" if even > 0.6 * half and not odd else codec
+        if codec is not None and len(raw) % 2 == 0:
+            with contextlib.suppress(UnicodeDecodeError):
+                return raw.decode(codec)
         raise InputError(f"not a text file (binary content): {path}")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         pass
+    if declared is not None and declared != "utf-8":
+        with contextlib.suppress(UnicodeDecodeError):
+            return raw.decode(declared)
     # UTF-8 with a few damaged bytes (a file cut mid-character, one stray byte): its valid
     # non-ASCII characters outnumber the bad bytes - read as UTF-8, the bad ones as U+FFFD
     # (as Windows-1252, "café" read "cafÃ©" throughout and its words were never found)
