@@ -257,3 +257,27 @@ async def test_a_replay_from_before_the_join_drafts_again():
         None, config=fork.config, context=ctx(draft_policy="until_retrieval")
     )
     assert again["draft"] == SLOW_DRAFT, again["reason"]
+
+
+def test_the_draft_and_the_answer_draw_from_independent_seeds():
+    """Both stages were seeded with the run's seed: the draft's tokens, the answer's
+    candidates, came from the verifier's own random stream, and sampled answers were off the
+    model's distribution (a review, 2026-12-06: p < 0.001 on a tiny model). The answer keeps
+    the run's seed; the draft's is drawn from it, so a seed still reproduces both."""
+    from tests.unit.test_budgets import SlowLocal
+
+    seen: dict[str, list] = {"draft": [], "answer": []}
+
+    class Seeds(SlowLocal):
+        stage: str = "answer"
+
+        def _job(self, messages, options):
+            seen[self.stage].append(options.seed)
+            return super()._job(messages, options)
+
+    svc = services(draft=Seeds(stage="draft", step_s=0.0), answer=Seeds(step_s=0.0))
+    for _ in range(2):
+        result = asyncio.run(build_graph(svc).ainvoke({"question": "Who?"}, context=ctx(seed=7)))
+        assert result["route"] == "refine", result["reason"]
+    assert seen["answer"] == [7, 7]
+    assert seen["draft"][0] == seen["draft"][1] and seen["draft"][0] not in (None, 7)

@@ -329,7 +329,9 @@ class SpecRagContext:
     )
     seed: int = _f(
         -1,
-        "Sampling seed; -1 draws a new one per run (reported in the output as `seed`).",
+        "Sampling seed; -1 draws a new one per run (reported in the output as `seed`). The "
+        "answer's seed; the draft's own is drawn from it (the draft's tokens are the answer's "
+        "candidates: one random stream for both skewed sampled answers).",
         ge=-1,
         le=2**64 - 1,  # torch.Generator's largest
     )
