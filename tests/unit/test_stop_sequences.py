@@ -486,3 +486,34 @@ async def test_a_remote_models_stop_sequences_are_cut_here_not_sent():
 
     assert first_stop("ab\nQ: x\nUser:", INVENTED_TURNS) == 2  # the earliest of them
     assert first_stop("no stop here", INVENTED_TURNS) is None and first_stop("x", ()) is None
+
+
+def test_a_seed_no_generator_takes_is_refused_when_given():
+    """A per-call seed of 1.5, "5" or 2**64 failed deep in torch (`manual_seed expected a
+    long`), and ChatLocalLM(seed=2**64) only at its first call (a review, 2026-12-06)."""
+    import pytest
+    from pydantic import ValidationError
+
+    from specrag.models.chat import ChatLocalLM
+    from specrag.models.options import DecodeOptions
+    from specrag.models.rapid_chat import ChatRapid
+
+    for bad in (1.5, "5", True, -1, 2**64):
+        with pytest.raises(ValueError, match="seed must be an integer from 0 to 2\\*\\*64 - 1"):
+            DecodeOptions(seed=bad)
+    assert DecodeOptions(seed=2**64 - 1).seed == 2**64 - 1
+    for model in (ChatLocalLM, ChatRapid):
+        for bad in (-1, 2**64):
+            with pytest.raises(ValidationError, match="seed"):
+                model(seed=bad)
+
+
+def test_a_model_with_a_vocabulary_smaller_than_the_warm_up_ids_loads():
+    """The load's warm-up step fed ids up to 43: a model with a smaller vocabulary failed to
+    load with "index out of range" (a review, 2026-12-06)."""
+    import torch
+
+    from specrag.models.loading import _measure_step
+    from tests.tiny import tiny_llama
+
+    assert _measure_step(tiny_llama(vocab=16), torch.device("cpu")) > 0

@@ -63,7 +63,7 @@ from specrag.models.local import (
     encode_chat,
     make_generator,
 )
-from specrag.models.options import DecodeOptions, Speculation, refuse_int8_answer
+from specrag.models.options import MAX_SEED, DecodeOptions, Speculation, refuse_int8_answer
 from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name
 from specrag.models.worker import MODEL_THREAD
 
@@ -100,7 +100,7 @@ class ChatLocalLM(LocalChatBase):
     )
     speculation: Speculation = "prompt"
     max_candidates: int = 8
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # None: a new one per call
     drafter_model: str | None = Field(
         default=None, description="a smaller model with the same tokenizer that proposes tokens"
     )

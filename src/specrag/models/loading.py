@@ -825,14 +825,15 @@ def _measure_step(model: Any, device: torch.device) -> float:
     """
     from specrag.decoding.state import LMState
 
+    vocab = int(model.get_input_embeddings().num_embeddings)  # ids within it (a tiny model)
     with torch.inference_mode():
         lm = LMState(model, device, marks=1)  # never crops
-        lm.extend(list(range(1, 33)), all_logits=False)
+        lm.extend([i % vocab for i in range(1, 33)], all_logits=False)
         times = []
         for i in range(4):
             sync(device)
             t0 = time.perf_counter()
-            lm.extend([40 + i])
+            lm.extend([(40 + i) % vocab])
             sync(device)
             times.append(time.perf_counter() - t0)
     return sorted(times[1:])[1]

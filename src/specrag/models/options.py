@@ -72,6 +72,9 @@ _LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id")
 _ALIASES = {"max_tokens": "max_new_tokens"}
 
 
+MAX_SEED = 2**64 - 1  # a torch.Generator's largest seed
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     """Per-call decode settings; ``None`` means "the model's own default"."""
@@ -107,6 +110,11 @@ class DecodeOptions:
             ("max_new_tokens", self.max_new_tokens),
             ("max_time", self.max_time),
         )
+        seed = self.seed  # torch's generator takes 0 .. 2**64 - 1 (a float failed deep in it)
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+        ):
+            raise ValueError(f"seed must be an integer from 0 to 2**64 - 1, got {seed!r}")
         for name, value in checks:
             if value is None:
                 continue

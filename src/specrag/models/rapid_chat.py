@@ -51,7 +51,7 @@ from specrag.models.local import (
     make_generator,
     special_tokens,
 )
-from specrag.models.options import DecodeOptions, refuse_int8_answer
+from specrag.models.options import MAX_SEED, DecodeOptions, refuse_int8_answer
 
 # (drafter, target) pairs whose leaving out was said (a warning per pair and process)
 _LEFT_OUT: set[tuple[str, str]] = set()
@@ -187,7 +187,7 @@ class ChatRapid(LocalChatBase):
     _not_identity: ClassVar[frozenset[str]] = frozenset(
         {"prefix_cache", "prefix_cache_bytes", "prefix_cache_disk_bytes"}
     )
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # None: a new one per call
     prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
     # the process-wide default's budgets (a given prefix_cache keeps its own)
     prefix_cache_bytes: int = 4 * 2**30
