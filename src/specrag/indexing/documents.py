@@ -394,11 +394,11 @@ def _decode(raw: bytes, path: Path, declared: str | None) -> str:
         # mostly-ASCII UTF-16 without a BOM: a NUL in most high bytes, none in the low ones
         even, odd = head[0::2].count(0), head[1::2].count(0)
         half = len(head) // 2
-        codec = "utf-16-le" if odd > 0.6 * half and not even else None
-        codec = "utf-16-be" if even > 0.6 * half and not odd else codec
-        if codec is not None and len(raw) % 2 == 0:
+        wide = "utf-16-le" if odd > 0.6 * half and not even else None
+        wide = "utf-16-be" if even > 0.6 * half and not odd else wide
+        if wide is not None and len(raw) % 2 == 0:
             with contextlib.suppress(UnicodeDecodeError):
-                return raw.decode(codec)
+                return raw.decode(wide)
         raise InputError(f"not a text file (binary content): {path}")
     try:
         return raw.decode("utf-8-sig")
