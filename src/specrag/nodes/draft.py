@@ -34,7 +34,8 @@ def draft_seed(seed: int | None) -> int | None:
     if seed is None:
         return None
     digest = hashlib.sha256(f"specrag-draft:{seed}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+    return int.from_bytes(digest[:4], "big") >> 1  # < 2**31, as the run's own: a remote API's
+    # seed field may be a signed 32- or 64-bit integer
 
 
 def _no_draft(status: str, **extra: Any) -> dict[str, Any]:
