@@ -82,3 +82,17 @@ def user_path(text: str, what: str) -> Path:
     except OSError as exc:
         raise InputError(f"{what} {text}: {exc.strerror or exc}") from None
     return path
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists here (one of another user's counts as running).
+
+    Whose scratch a folder is: a killed writer's, named by its pid, can go.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists
+        return True
+    return True

@@ -294,7 +294,7 @@ def read_records(path: Path) -> list[tuple[str, str]]:
                 path,
                 "none" if blank == len(pages) else blank,
                 len(pages),
-                "has" if blank == len(pages) else ("has" if blank == 1 else "have"),
+                "has" if blank in (1, len(pages)) else "have",
             )
         return [
             (f"{source_name(path)}{PAGE_MARK}{n}", text)

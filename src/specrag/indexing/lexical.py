@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specrag.paths import process_running
+
 
 @functools.cache
 def tokenizer_id() -> str:
@@ -135,19 +137,8 @@ def _remove_leftovers(directory: Path) -> None:
     for kind in ("tmp", "old"):
         for path in directory.parent.glob(f"{directory.name}.{kind}*"):
             pid = path.name[len(directory.name) + 1 + len(kind) :].split(".", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it exists
-        return True
-    return True
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:

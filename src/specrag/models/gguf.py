@@ -15,11 +15,13 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from specrag.models.records import Records
+from specrag.paths import process_running
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +212,23 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
         log.warning("could not remove stale converted copies of %s: %s", gguf.name, exc)
 
 
-def _remove_left_behind(root: Path, pattern: str, min_age_s: float = LEFT_BEHIND_S) -> None:
+def _remove_left_behind(
+    root: Path,
+    pattern: str,
+    min_age_s: float = LEFT_BEHIND_S,
+    only: Callable[[str], object] = lambda name: True,
+) -> None:
     """Delete what matches ``pattern`` under ``root`` and is old or a gone process's.
 
     Old: older than ``min_age_s``; gone: its name ends with the id of a process no longer
     running here (:func:`_dead`) and nothing in it changed for :data:`GONE_WRITER_S`. The
     scratch folders and files of a conversion, a join or a removal that was killed (GBs
-    each); others may belong to a run still at work. One that vanishes meanwhile is skipped.
+    each); others may belong to a run still at work. One that vanishes meanwhile is skipped,
+    and so is a name ``only`` refuses.
     """
     for left in root.glob(pattern):
+        if not only(left.name):
+            continue
         with contextlib.suppress(OSError):
             if left.stat().st_mtime < time.time() - min_age_s or (
                 _dead(left.name) and _untouched(left, GONE_WRITER_S)
@@ -247,15 +257,9 @@ def _untouched(path: Path, age_s: float) -> bool:
 def _dead(name: str) -> bool:
     """Whether ``name`` ends with ``.tmp<pid>`` / ``.prune<pid>`` of a process not running."""
     found = SCRATCH.search(name)
-    if found is None or int(found[1]) == os.getpid():
-        return False
-    try:
-        os.kill(int(found[1]), 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # another user's process (alive), or no such id
-        return False
-    return False
+    pid = int(found[1]) if found is not None else os.getpid()
+    # a pid past a pid_t (os.kill's OverflowError) is no process's: never judged gone
+    return pid != os.getpid() and pid < 2**31 and not process_running(pid)
 
 
 def remove_left_behind(root: Path) -> None:
@@ -266,9 +270,7 @@ def remove_left_behind(root: Path) -> None:
     """
     with contextlib.suppress(OSError):
         for pattern in ("*.tmp[0-9]*", ".*.prune[0-9]*"):
-            for left in root.glob(pattern):
-                if SCRATCH.search(left.name):
-                    _remove_left_behind(root, glob.escape(left.name))
+            _remove_left_behind(root, pattern, only=SCRATCH.search)
 
 
 def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = LEFT_BEHIND_S) -> list[Path]:
