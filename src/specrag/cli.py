@@ -460,6 +460,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if args.thread:  # its checkpoints must open before anything loads
             asyncio.run(check_checkpoints())
     document = None
+    pages: list[tuple[int, int]] = []  # a PDF's: where each page starts in ``document``
     piped = args.document == "-"
     path = user_path(args.document, "--document") if args.document and not piped else None
     if piped:
@@ -471,7 +472,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if not document.strip():
             raise InputError("the document is empty: stdin")
     elif path is not None:
-        from specrag.indexing.documents import read_text, require_supported
+        from specrag.indexing.documents import (
+            join_pages,
+            read_pdf_pages,
+            read_text,
+            require_supported,
+        )
 
         if path.is_dir():
             raise InputError(
@@ -480,7 +486,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
             )
         if path.exists():  # a missing file is "file not found", whatever its name
             require_supported(path, args.document)
-        document = read_text(path)
+        if path.suffix.lower() == ".pdf":  # its chunks are cited by page, as `index` does
+            document, pages = join_pages(read_pdf_pages(path))
+        else:
+            document = read_text(path)
         if not document.strip():
             raise InputError(f"the document is empty: {args.document}")
     started = time.perf_counter()
@@ -491,7 +500,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         open_index(ctx)
     preload(ctx, document, index=needs_index, started=started)  # the index: opened above
     loading = time.perf_counter() - started  # the index's embedding model too
-    from specrag.indexing.documents import one_line, source_name
+    from specrag.indexing.documents import PAGE_MARK, one_line, page_of, source_name
 
     # the graph knows the document's text, not its file: it is cited by the file's name as
     # given (a name that is not UTF-8 shows as \xNN); a resumed run's as its first process did
@@ -509,9 +518,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if named:
         from specrag.indexing.document_search import DOCUMENT_SOURCE
 
+        texts = {c.get("id"): c.get("text") or "" for c in result.get("chunks") or []}
+        cited = {c.get("n"): texts.get(c.get("id"), "") for c in result.get("citations") or []}
         for src in view["sources"]:
             if src["source"] == DOCUMENT_SOURCE:
-                src["source"] = named
+                page = page_of(document or "", pages, cited.get(src["n"], ""))
+                src["source"] = named if page is None else f"{named}{PAGE_MARK}{page}"
+                if page is not None:
+                    src["page"] = page
     if args.json:
         print_json(view)
         return 0

@@ -1221,3 +1221,41 @@ def test_a_line_with_no_space_is_split_without_a_tokenizer_call_per_character():
     assert "".join(c.text for c in chunks).startswith("abcdefghij" * 10)
     assert max(len(c.text) for c in chunks) <= 200
     assert calls["n"] < 2000, calls["n"]  # not ~30,000
+
+
+def test_ask_with_a_pdf_document_cites_the_pages_its_chunks_came_from(
+    capsys, monkeypatch, tmp_path
+):
+    """`ask --document report.pdf` cited the file where `index` cites the page
+    (``report.pdf#page=3``, ``"page": 3``); an empty page still counts in the numbering."""
+    import specrag.cli
+
+    pdf = tmp_path / "report.pdf"
+    write_pdf(pdf, ["The garden is kept by the tenant.", "", "Rent is paid monthly."])
+    chunks = {
+        "a": "Rent is paid monthly.",
+        "b": "The garden is kept by the tenant.",
+        "c": "a passage the file does not hold",
+    }
+
+    async def run_graph(question, ctx, document, **k):
+        assert document == "The garden is kept by the tenant.\n\nRent is paid monthly."
+        return {
+            "answer": "Monthly.",
+            "route": "generate",
+            "chunks": [{"id": i, "source": "document", "text": t} for i, t in chunks.items()],
+            "citations": [
+                {"n": n, "id": i, "source": "document", "score": 0.5}
+                for n, i in enumerate(chunks, start=1)
+            ],
+        }
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    assert main(["ask", "When is the rent paid?", "--document", str(pdf), "--json"]) == 0
+    sources = json.loads(capsys.readouterr().out)["sources"]
+    assert [(s["source"], s.get("page")) for s in sources] == [
+        (f"{pdf}#page=3", 3),
+        (f"{pdf}#page=1", 1),
+        (str(pdf), None),  # not found in the text read: the file, as before
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import contextlib
 import functools
@@ -304,10 +305,34 @@ def read_records(path: Path) -> list[tuple[str, str]]:
     return [(source_name(path), read_text(path))]
 
 
+def join_pages(pages: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """A PDF's pages as one text, and ``(offset, page)`` where each page starts in it.
+
+    Empty pages are left out of the text (pages are numbered from 1 all the same).
+    """
+    parts: list[str] = []
+    starts: list[tuple[int, int]] = []
+    at = 0
+    for n, page in enumerate(pages, start=1):
+        if page:
+            starts.append((at, n))
+            parts.append(page)
+            at += len(page) + 2  # the "\n\n" between pages
+    return "\n\n".join(parts), starts
+
+
+def page_of(text: str, starts: list[tuple[int, int]], passage: str) -> int | None:
+    """The page on which ``passage`` starts in ``text`` (:func:`join_pages`), if found."""
+    at = text.find(passage) if passage else -1
+    if at < 0 or not starts:
+        return None
+    return starts[max(bisect.bisect_right([s for s, _ in starts], at) - 1, 0)][1]
+
+
 def read_text(path: Path) -> str:
     """Text of a .txt/.md/.html/.pdf file; one-line ``InputError`` for anything unreadable."""
     if path.suffix.lower() == ".pdf":
-        return "\n\n".join(p for p in read_pdf_pages(path) if p)
+        return join_pages(read_pdf_pages(path))[0]
     check_size(path)
     try:  # non-blocking: a file swapped for a pipe since the check is refused, not waited on
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
