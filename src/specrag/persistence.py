@@ -18,6 +18,8 @@ from typing import Any
 from specrag.errors import DataDirError
 from specrag.paths import data_dir
 
+WRITABLE_HINT = " (set SPECRAG_DATA_DIR to a writable folder)"
+
 
 @asynccontextmanager
 async def sqlite_checkpointer() -> AsyncIterator[Any]:
@@ -33,8 +35,7 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file where the folder should be, a read-only parent
         raise DataDirError(
-            f"cannot use the data dir {path.parent}: {exc.strerror or exc} "
-            "(set SPECRAG_DATA_DIR to a writable folder)"
+            f"cannot use the data dir {path.parent}: {exc.strerror or exc}{WRITABLE_HINT}"
         ) from exc
     async with AsyncExitStack() as stack:
         try:
@@ -43,8 +44,7 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
         except sqlite3.Error as exc:
             if not os.access(path.parent, os.W_OK):  # a read-only folder, file or not
                 raise DataDirError(
-                    f"cannot use the data dir {path.parent}: it is not writable (set "
-                    "SPECRAG_DATA_DIR to a writable folder)"
+                    f"cannot use the data dir {path.parent}: it is not writable{WRITABLE_HINT}"
                 ) from exc
             raise DataDirError(
                 f"cannot use the thread checkpoints at {path}: {exc} (move the file aside "

@@ -231,10 +231,15 @@ def check_local_model(name: str) -> Path | None:
     if not looks_local and hub_offline() and not _in_hub_cache(name):
         raise ModelLoadError(  # a mistyped relative path reads as a hub id too
             f"no model folder {name!r} here, and no hub model {name!r} in the Hugging Face "
-            "cache (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models "
-            "already there; HF_HUB_OFFLINE=0 downloads)"
+            f"cache{OFFLINE_HINT}"
         )
     return path if looks_local else None
+
+
+OFFLINE_HINT = (
+    " (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models already in "
+    "the Hugging Face cache; HF_HUB_OFFLINE=0 downloads)"
+)
 
 
 def _in_hub_cache(repo: str) -> bool:
@@ -424,10 +429,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
         first = first_line(exc)
         offline = ""
         if isinstance(source, str) and hub_offline():  # a hub id
-            offline = (
-                " (offline: HF_HUB_OFFLINE=1, the specrag CLI's default, loads only models "
-                "already in the Hugging Face cache; HF_HUB_OFFLINE=0 downloads)"
-            )
+            offline = OFFLINE_HINT
         if converted is not None and from_cache:  # a copy damaged in a way its stamp's file
             offline = f" (delete {converted} to convert it again)"  # sizes do not show
         raise ModelLoadError(f"could not load model {name!r}: {first}{offline}") from exc
