@@ -519,10 +519,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
         from specrag.indexing.document_search import DOCUMENT_SOURCE
 
         texts = {c.get("id"): c.get("text") or "" for c in result.get("chunks") or []}
-        cited = {c.get("n"): texts.get(c.get("id"), "") for c in result.get("citations") or []}
+        passages = {c.get("n"): texts.get(c.get("id"), "") for c in result.get("citations") or []}
         for src in view["sources"]:
             if src["source"] == DOCUMENT_SOURCE:
-                page = page_of(document or "", pages, cited.get(src["n"], ""))
+                page = page_of(document or "", pages, passages.get(src["n"], ""))
                 src["source"] = named if page is None else f"{named}{PAGE_MARK}{page}"
                 if page is not None:
                     src["page"] = page
