@@ -1100,7 +1100,7 @@ def test_html_cells_and_blocks_keep_their_words_apart_and_entities_are_read_once
         "un<b>bold</b>ed</p>"
     )
     text = html_to_text(page)
-    assert text.startswith("Part | Price\nWidget | 10\n\nWarranty\n\nTwo years"), text
+    assert text.startswith("Part | Price\nWidget | 10\n\n##### Warranty\n\nTwo years"), text
     words = text.split()
     assert "AT&amp;T" in words and "&lt;b&gt;" in words and "unbolded" in words
 
@@ -1259,3 +1259,35 @@ def test_ask_with_a_pdf_document_cites_the_pages_its_chunks_came_from(
         (f"{pdf}#page=1", 1),
         (str(pdf), None),  # not found in the text read: the file, as before
     ]
+
+
+def test_a_heading_opens_the_chunk_of_the_section_it_heads():
+    """A heading whose section did not fit one chunk with it ended the chunk before (or stood
+    alone), and the section's text was searched without it; HTML headings read as Markdown's,
+    so they are known as headings too (a "left as is" item of the 2026-12-06 notes)."""
+    from specrag.indexing.documents import html_to_text, make_splitter, split_document
+
+    def words(text):
+        return len(text.split())
+
+    splitter = make_splitter(words, 40, 5)
+    body = " ".join(f"word{i}." for i in range(60))
+    text = (
+        f"# Title\n\nA short intro.\n\n## Install\n\n{body}\n\n## Use\n\n### Run\n\n{body}"
+        "\n\n## Last"
+    )
+    chunks = [c.text for c in split_document("x.md", text, splitter)]
+    assert chunks[0] == "# Title\n\nA short intro."
+    assert chunks[1].startswith("## Install\n\nword0. word1.")
+    openers = [c.split("\n\n")[0] for c in chunks]
+    assert "## Use\n\n### Run" in [c[: len("## Use\n\n### Run")] for c in chunks]
+    assert openers.count("## Install") == 1 and not any(c.endswith("## Use") for c in chunks)
+    assert chunks[-1].endswith("## Last")  # nothing after it to open
+    # a code fence's "# comment" is not a heading (the fence opened chunks before)
+    code = f"```\n{body}\n\n# a comment\n\n{body}\n```\n\n## After\n\n{body}"
+    chunks = [c.text for c in split_document("c.md", code, splitter)]
+    assert "# a comment" in chunks, chunks  # where the splitter put it: alone
+    assert any(c.startswith("## After\n\nword0.") for c in chunks), chunks
+
+    page = "<h2>\n  Section <a href='#'>two</a>\n</h2><p>Body.</p><h3> </h3><p>End.</p>"
+    assert html_to_text(page) == "## Section two\n\nBody.\n\nEnd."

@@ -180,53 +180,66 @@ BLOCK_TAGS = frozenset(
 )
 
 
+_HEADINGS = {f"h{n}": n for n in range(1, 7)}
+
+
 class _TextOnly(HTMLParser):
     """A page's visible text: blocks as paragraphs, a table's rows as lines.
 
     A row reads ``cell | cell``, one paragraph per table: a row's cells, and its header, stay
-    together.
+    together. A heading reads as Markdown's (``## Title``), one line, so that chunking keeps
+    it with the section it opens (:func:`split_document`).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.parts: list[str] = []
         self._skip = 0
-        self._cells = -1  # cells so far in the open table row (-1: no row open)
+        self._in_row = False  # a table row is open
+        self._cells = 0  # cells so far in the open row
         self._tables = 0  # tables open
+        self._heading: tuple[int, int] | None = None  # the open heading: level, first part
 
     def handle_starttag(self, tag: str, attrs: object) -> None:
         if tag in ("script", "style"):
             self._skip += 1
         elif tag == "tr":
             self.parts.append("\n")
-            self._cells = 0
+            self._in_row, self._cells = True, 0
         elif tag in ("td", "th"):  # "<td>Widget</td><td>10</td>" read "Widget10"
-            if self._cells > 0:
-                self.parts.append(" | ")
-            elif self._cells < 0:  # a cell outside a row: a line of its own
+            if not self._in_row:  # a cell outside a row: a line of its own
                 self.parts.append("\n")
-            self._cells += 1 if self._cells >= 0 else 0
+            elif self._cells:
+                self.parts.append(" | ")
+            self._cells += 1
         elif tag == "br":  # a line break; "<br/>" also calls handle_endtag, which adds none
             self.parts.append("\n")
         elif tag in BLOCK_TAGS:
             self.parts.append("\n")
             if tag == "table":
-                self._tables, self._cells = self._tables + 1, -1
+                self._tables, self._in_row = self._tables + 1, False
+            elif tag in _HEADINGS and self._heading is None:
+                self._heading = (_HEADINGS[tag], len(self.parts))
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("script", "style") and self._skip:
             self._skip -= 1
         elif tag == "tr":
-            self._cells = -1
+            self._in_row = False
         elif tag in BLOCK_TAGS:
+            if tag in _HEADINGS and self._heading is not None:
+                level, first = self._heading
+                title = " ".join("".join(self.parts[first:]).split())
+                self.parts[first:] = [f"{'#' * level} {title}"] if title else []
+                self._heading = None
             self.parts.append("\n")
             if tag == "table":
-                self._tables, self._cells = max(0, self._tables - 1), -1
+                self._tables, self._in_row = max(0, self._tables - 1), False
 
     def handle_data(self, data: str) -> None:
-        if self._skip or ((self._tables or self._cells >= 0) and data.isspace()):
+        if self._skip or ((self._tables or self._in_row) and data.isspace()):
             return  # a table's indentation
-        self.parts.append(data if self._cells < 0 else " ".join(data.split()))
+        self.parts.append(" ".join(data.split()) if self._in_row else data)
 
 
 def html_to_text(markup: str) -> str:
@@ -640,9 +653,51 @@ def chunk_ids(source: str, texts: list[str]) -> list[str]:
     return out
 
 
+_HEADING_LINE = re.compile(r"#{1,6}[ \t]+\S[^\n]*")
+_HEADING_CARRIED = 200  # characters at most: a longer "heading" stays where the splitter put it
+
+
+def _carry_headings(texts: list[str], document: str) -> list[str]:
+    """Chunks whose closing paragraphs are Markdown headings give them to the next chunk.
+
+    The splitter cut a section's heading from its text when the two did not fit one chunk:
+    the heading ended the chunk before (or stood alone), the section began the next without
+    it. A chunk that ends inside a code fence (after an odd number of the document's ```
+    fences) keeps its ``# comment`` lines.
+    """
+    fences = [m.start() for m in re.finditer("```", document)]
+    out: list[str] = []
+    carried = ""
+    seen = 0  # where the last chunk was found in the document (chunks come in order)
+    for i, text in enumerate(texts):
+        in_code = False
+        if fences:  # where the chunk ends: after an odd number of fences is inside code
+            at = document.find(text, seen)
+            seen = at if at >= 0 else seen
+            in_code = at < 0 or bisect.bisect_left(fences, at + len(text)) % 2 == 1
+        if carried and not text.startswith(carried):  # the overlap may have brought it
+            text = f"{carried}\n\n{text}"
+        carried = ""
+        blocks = text.split("\n\n")
+        cut = len(blocks)
+        while cut and all(_HEADING_LINE.fullmatch(line) for line in blocks[cut - 1].split("\n")):
+            cut -= 1
+        heading = "\n\n".join(blocks[cut:])
+        if i + 1 < len(texts) and heading and len(heading) <= _HEADING_CARRIED and not in_code:
+            carried, text = heading, "\n\n".join(blocks[:cut]).rstrip()
+        if text:
+            out.append(text)
+    return out
+
+
 def split_document(source: str, text: str, splitter: RecursiveCharacterTextSplitter) -> list[Chunk]:
-    """Chunks of one document, in document order."""
-    texts = [t.strip() for t in splitter.split_text(text) if t.strip()]
+    """Chunks of one document, in document order.
+
+    A heading the splitter left at the end of a chunk (or alone) opens the next chunk
+    instead, so a section's heading is searched with its text; that chunk is longer than the
+    splitter's size by the heading.
+    """
+    texts = _carry_headings([t.strip() for t in splitter.split_text(text) if t.strip()], text)
     return [
         Chunk(cid, source, t, position=i)
         for i, (cid, t) in enumerate(zip(chunk_ids(source, texts), texts, strict=True))
