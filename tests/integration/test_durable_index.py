@@ -62,8 +62,10 @@ def test_killed_indexing_then_rerun_is_consistent(tmp_path):
     sqlite = directory / "chroma.sqlite3"
     deadline = time.time() + 120
     while time.time() < deadline and not (sqlite.exists() and sqlite.stat().st_size > 300_000):
+        assert proc.poll() is None, f"the indexer ended ({proc.returncode}) before it was killed"
         time.sleep(0.2)
     time.sleep(0.5)
+    assert proc.poll() is None, "the indexer finished before it was killed (a faster machine?)"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL

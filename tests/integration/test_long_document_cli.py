@@ -85,4 +85,4 @@ def test_long_document_takes_rapid_route_within_a_short_retrieval_budget(
     assert again["answer"] == view["answer"]  # greedy: the same answer
     # a new process loads its models before the run; load_s says so (it read ~0.001 s, the
     # graph's own check after the CLI had loaded them)
-    assert again["timings"]["load_s"] > 0.5
+    assert again["timings"]["load_s"] > 0.05  # a warm page cache loads both in well under 1 s

@@ -6,7 +6,7 @@ from langchain_core.messages import HumanMessage
 from specrag import ChatRapid
 from specrag.data.datasets import hotpot_questions
 from specrag.decoding.prefix_cache import PrefixCache
-from specrag.decoding.rapid import RapidConfig, rapid_decode
+from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import decode
 from specrag.decoding.state import LMState
@@ -40,6 +40,7 @@ def test_eta0_greedy_is_token_identical_to_target_only(smol, example):
         for t in s
     ]
     for gamma in (4, 10):
+        stats = RapidStats()
         out = [
             t.id
             for s in rapid_decode(
@@ -51,10 +52,13 @@ def test_eta0_greedy_is_token_identical_to_target_only(smol, example):
                 sampler=Sampler(0.0),
                 cfg=RapidConfig(gamma=gamma, eta=0.0),
                 eos_ids=smol.eos_token_ids,
+                stats=stats,
             )
             for t in s
         ]
         assert out == ref
+        # the drafter proposed, and the target both took and refused some of it
+        assert stats.draft_tokens > stats.accepted_tokens > 0, stats
 
 
 def test_chat_rapid_metadata_and_prefix_cache(smol, example):

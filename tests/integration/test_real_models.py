@@ -59,6 +59,7 @@ def test_verify_is_token_identical_to_serial_rag(normans_index, smol):
     plain = ChatLocalLM(speculation="none", max_new_tokens=60)
     guided = ChatLocalLM(speculation="draft+prompt", max_new_tokens=60)
     saved = 0.0
+    proposed = accepted = 0
     for question, draft in [
         ("Who was the Norse leader?", "The Norse leader was Harald Hardrada, king of Norway."),
         ("When was the Duchy of Normandy founded?", "It was founded in 1066 by William."),
@@ -72,7 +73,11 @@ def test_verify_is_token_identical_to_serial_rag(normans_index, smol):
         pb = b.response_metadata["decoding"]["passes_per_token"]
         assert pa == 1.0
         saved += pa - pb
+        stats = b.response_metadata["decoding"]
+        proposed += sum(stats["candidates_proposed"].values())
+        accepted += sum(stats["candidates_accepted"].values())
     assert saved > 0  # the candidates saved forward passes
+    assert proposed > accepted > 0  # and the wrong drafts' were refused
 
 
 def test_candidates_per_pass_follow_the_measured_wide_pass_cost(normans_index, smol):

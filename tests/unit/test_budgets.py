@@ -207,8 +207,10 @@ async def test_the_decode_budget_counts_from_the_call_so_its_last_chunk_is_not_l
             job.finish_reason = lambda: ended["reason"]
             return job
 
+    # built 2.5 s: past the 2 s budget (the decode stops at once) and past the 2 s grace (the
+    # old deadline, counted after the build, ran to 4.5 s; the caller's timeout is at 4 s)
     model = SlowToBuild(steps=400, step_s=0.01)
-    out = await streaming.stream_model(model, "q", budget_s=1.0, tags=["answer"])
+    out = await streaming.stream_model(model, "q", budget_s=2.0, tags=["answer"])
     assert out.timed_out
     assert out.metadata.get("finish_reason") == "time", out.metadata
     assert "decoding" in out.metadata

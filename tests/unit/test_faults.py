@@ -316,17 +316,17 @@ async def test_a_remote_answers_wait_for_the_evidence_is_part_of_its_budget():
     not charged to the one answer budget (the model got the whole budget again after it), then
     it was, but it lasted until the search's end (4 s for a 1 s budget, then the fallback with
     evidence found). It waits half the budget at most and answers from the batches so far."""
-    # batch 2 past the 1 s answer budget, within the 10 s retrieval budget
+    # batch 2 past the 2 s answer budget, within the 10 s retrieval budget
     async with asyncio.timeout(20):
         result, _ = await incremental(
-            None, lambda: time.sleep(4), answer_timeout_s=1.0, retrieval_timeout_s=10.0
+            None, lambda: time.sleep(4), answer_timeout_s=2.0, retrieval_timeout_s=10.0
         )
     assert result["route"] == "generate", result["reason"]
-    assert result["timings"]["answer_s"] < 1.0
+    assert result["timings"]["answer_s"] < 2.0  # a 1 s wait, and a second to spare
     assert [c["id"] for c in result["citations"]] == ["id0"]  # the first batch's
     assert (
         "retrieve: later batches were not woven in: the answer model cannot re-verify, and "
-        "waited for them 50% of what was left of answer_timeout_s=1.0" in result["errors"]
+        "waited for them 50% of what was left of answer_timeout_s=2.0" in result["errors"]
     ), result["errors"]
 
 

@@ -49,6 +49,15 @@ class Collector(BaseHTTPRequestHandler):
         self._json(200, {})
 
 
+def fresh_client(monkeypatch):
+    """LangSmith keeps the process's first client, with the endpoint it saw then: a test run
+    after the dead-endpoint test posted to port 9 (and that test, after this file's first,
+    to the live collector), so each test starts with none (restored after it)."""
+    from langsmith import run_trees
+
+    monkeypatch.setattr(run_trees, "_CLIENT", None)
+
+
 @pytest.fixture
 def langsmith_server(monkeypatch):
     Collector.posted, Collector.patched = [], []
@@ -59,6 +68,7 @@ def langsmith_server(monkeypatch):
     monkeypatch.setenv("LANGSMITH_API_KEY", "test-key")
     monkeypatch.setenv("LANGSMITH_PROJECT", "specrag-test")
     monkeypatch.setenv("LANGSMITH_DISABLE_RUN_COMPRESSION", "true")
+    fresh_client(monkeypatch)
     from langsmith import utils
 
     utils.get_env_var.cache_clear()
@@ -112,6 +122,7 @@ async def test_tracing_to_a_dead_endpoint_never_fails_a_run(monkeypatch):
     monkeypatch.setenv("LANGSMITH_TRACING", "true")
     monkeypatch.setenv("LANGSMITH_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
     monkeypatch.setenv("LANGSMITH_API_KEY", "bad-key")
+    fresh_client(monkeypatch)
     from langsmith import utils
 
     utils.get_env_var.cache_clear()

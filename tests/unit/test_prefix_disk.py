@@ -65,11 +65,15 @@ def test_disk_entries_are_lru_bounded_by_bytes(tmp_path):
     size = sum(k.numel() * k.element_size() * 2 for k, _ in one.kv_tensors())
     cache = PrefixCache(disk_dir=tmp_path, disk_max_bytes=int(size * 2.5))
     keys = []
+    stamped: set[str] = set()
     for i in range(4):
         tokens = [i + 1] + [t % 60 + 1 for t in range(98)]
         keys.append(prefix_key("m", tokens))
         cache.put(keys[-1], prefilled(model, tokens))
         cache.flush()
+        for new in {f.name for f in tmp_path.glob("*.kv")} - stamped:  # a second apart: files
+            os.utime(tmp_path / new, (1e9 + i, 1e9 + i))  # written in one clock tick tied
+            stamped.add(new)
     files = list(tmp_path.glob("*.kv"))
     assert len(files) == 2  # the two least recently used went
     fresh = PrefixCache(disk_dir=tmp_path)

@@ -229,11 +229,12 @@ async def test_an_unverified_draft_cut_by_its_token_limit_says_so():
 
 async def test_a_remote_model_is_cut_at_its_budget_without_a_grace():
     """The 0.5 s grace is for a hung local decode thread; a remote call ran 0.5 s past every
-    budget (answer_timeout_s=1 took 1.55 s). Words at 0.2, 0.4, 0.6, ... s; budget 0.3 s."""
+    budget (answer_timeout_s=1 took 1.55 s). Words at 1, 2, 3, ... s; budget 1.6 s: the first
+    word has 0.6 s to spare on a loaded machine, and a 0.5 s grace would let the second in."""
     from specrag.nodes.streaming import stream_model
 
-    slow = FakeLogprobChat(reply="one two three four five six", delay_s=0.2, calls=[])
-    out = await stream_model(slow, "q", budget_s=0.3, tags=["draft"])
+    slow = FakeLogprobChat(reply="one two three four five six", delay_s=1.0, calls=[])
+    out = await stream_model(slow, "q", budget_s=1.6, tags=["draft"])
     assert out.timed_out and out.text == "one", out.text
 
 
