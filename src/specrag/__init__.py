@@ -1,5 +1,6 @@
 """specrag: Speculative RAG and RAPID long-context decoding as LangGraph workflows."""
 
+from specrag.errors import InputError, SpecRagError
 from specrag.graph.builder import build_graph, graph
 from specrag.graph.context import SpecRagContext
 from specrag.models.chat import ChatLocalLM
@@ -12,7 +13,9 @@ specrag_graph = graph  # the compiled graph under a name that reads well in a pa
 __all__ = [
     "ChatLocalLM",
     "ChatRapid",
+    "InputError",
     "SpecRagContext",
+    "SpecRagError",
     "build_graph",
     "graph",
     "make_specrag_tool",

@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from specrag.graph.context import SpecRagContext
 
 err = Console(stderr=True, emoji=False)  # ":x:" in an answer is text, not an emoji
 log = logging.getLogger(__name__)
@@ -257,11 +260,12 @@ async def _run(
 
 
 def preload(
-    ctx: Any,
+    ctx: SpecRagContext | dict[str, Any],
     document: str | None = None,
     *,
     index: bool | None = None,
     started: float | None = None,
+    quiet: bool = False,
 ) -> float:
     """Load models and open the index before a run starts; returns seconds.
 
@@ -271,7 +275,7 @@ def preload(
     opens the index, and loads its BM25 side (``retrieval`` bm25 or hybrid), inside its
     retrieval budget: on a busy machine a process's first question could time out into the
     fallback route. ``index``: whether runs will search the index (default: unless a
-    ``document`` is given). Prints a note on stderr, timed from ``started``
+    ``document`` is given). Prints a note on stderr (``quiet``: none), timed from ``started``
     (``perf_counter``; the caller's loading began there) or its call.
     """
     from specrag.graph.context import SpecRagContext
@@ -289,7 +293,8 @@ def preload(
     from specrag.models.registry import local_model_name
 
     named = ", ".join(s if local_model_name(s) else f"{s} - remote, nothing to load" for s in specs)
-    err.print(f"[dim]loading models ({escape(named)}) ...[/dim]", soft_wrap=True)
+    if not quiet:
+        err.print(f"[dim]loading models ({escape(named)}) ...[/dim]", soft_wrap=True)
     services = Services()
     for spec in specs:
         services.warm(default_chat_model(spec, ctx))
@@ -306,5 +311,6 @@ def preload(
 
                 log.warning("could not read the index's BM25 side: %s", short_error(exc))
     seconds = time.perf_counter() - started
-    err.print(f"[dim]models ready in {seconds:.1f}s[/dim]")
+    if not quiet:
+        err.print(f"[dim]models ready in {seconds:.1f}s[/dim]")
     return seconds

@@ -97,11 +97,16 @@ async def test_tool_tells_its_agent_why_a_question_is_refused():
     from specrag.errors import InputError
 
     svc = services()
-    tool = make_specrag_tool(ctx(max_question_chars=10), graph=build_graph(svc))
+    tool = make_specrag_tool(ctx(max_question_chars=10), graph=build_graph(svc), output="text")
     assert await tool.ainvoke({"question": "   "}) == "specrag: error: the question is empty"
     assert tool.invoke({"question": "x" * 50}) == (
         "specrag: error: the question is 50 characters long (max 10)"
     )
+    # under output="json" (the default) the error is JSON too: it was the plain line
+    tool = make_specrag_tool(ctx(max_question_chars=10), graph=build_graph(svc))
+    assert json.loads(await tool.ainvoke({"question": "   "})) == {
+        "error": "specrag: error: the question is empty"
+    }
     graph = build_graph(svc)
     long = [AIMessage("hi"), HumanMessage("y" * 11)]  # the chat interface is checked too
     try:
@@ -121,9 +126,23 @@ async def test_a_graph_that_fails_gives_its_agent_a_line_not_an_exception():
         async def ainvoke(self, *a, **k):
             raise KeyError("pairs")
 
-    tool = make_specrag_tool(ctx(), graph=Broken())
+    tool = make_specrag_tool(ctx(), graph=Broken(), output="text")
     assert await tool.ainvoke({"question": "q"}) == "specrag: error: KeyError: 'pairs'"
     assert tool.invoke({"question": "q"}) == "specrag: error: KeyError: 'pairs'"
+
+
+def test_a_sync_call_that_fails_is_not_chained_to_a_missing_event_loop(caplog):
+    """The sync path ran the graph inside ``except RuntimeError`` (no running loop): every
+    failure was chained to it, and a message-less one read "TimeoutError (RuntimeError: no
+    running event loop)"; the warning carried that traceback too."""
+
+    class Times:
+        async def ainvoke(self, *a, **k):
+            raise TimeoutError()
+
+    tool = make_specrag_tool(ctx(), graph=Times(), output="text")
+    assert tool.invoke({"question": "q"}) == "specrag: error: TimeoutError"
+    assert "event loop" not in caplog.text and "Traceback" not in caplog.text
 
 
 async def test_an_agents_tool_call_that_fails_is_a_tool_message_with_status_error():
@@ -133,7 +152,8 @@ async def test_an_agents_tool_call_that_fails_is_a_tool_message_with_status_erro
     tool = make_specrag_tool(ctx(max_question_chars=10), graph=build_graph(services()))
     call = {"type": "tool_call", "id": "c1", "name": tool.name, "args": {"question": "   "}}
     message = await tool.ainvoke(call)
-    assert message.status == "error" and message.content == "specrag: error: the question is empty"
+    assert message.status == "error"
+    assert json.loads(message.content) == {"error": "specrag: error: the question is empty"}
     call["args"] = {"question": "Who?"}
     message = await tool.ainvoke(call)
     assert message.status == "success" and "Paris" in message.content
@@ -191,3 +211,55 @@ async def test_a_remote_model_gets_the_stages_temperature_limit_seed_and_stops()
     await stream_model(
         FakeLogprobChat(reply="x"), [HumanMessage("q")], budget_s=5, tags=["a"], options=opts
     )  # a model without those fields streams as it is
+
+
+async def test_an_unverified_answer_says_what_failed_and_sources_are_named_once():
+    """A missing index gave the agent "retrieval failed" and nothing of its cause (the graph's
+    errors held `run specrag index PATH`); a file's three chunks listed the file three times."""
+    from specrag.tools import format_result, format_text
+
+    svc = services(retrieve_error=OSError("no index at /x: run `specrag index PATH`"))
+    out = json.loads(await make_specrag_tool(ctx(), graph=build_graph(svc)).ainvoke("q?"))
+    assert out["verified"] is False and out["route"] == "fallback"
+    assert any("run `specrag index PATH`" in e for e in out["errors"]), out
+    line = await make_specrag_tool(ctx(), graph=build_graph(svc), output="text").ainvoke("q?")
+    assert line.endswith("; retrieve: OSError: no index at /x: run `specrag index PATH`]"), line
+
+    cited = {
+        "answer": "Rollo.",
+        "verified": True,
+        "citations": [{"source": s} for s in ("a.md", "b.pdf#page=2", "a.md", "b.pdf#page=2")],
+    }
+    assert json.loads(format_result(cited))["sources"] == ["a.md", "b.pdf#page=2"]
+    assert format_text(cited) == "Rollo. [sources: a.md, b.pdf#page=2]"
+
+
+def test_the_public_names_type_check_as_documented(tmp_path):
+    """`graph.ainvoke(..., context=SpecRagContext(...))`, the README's first call, failed
+    mypy: the compiled graph's context type was None; a dict context for the tool was refused
+    by its annotation; the errors a run raises were not exported."""
+    import subprocess
+    import sys
+
+    import specrag
+
+    assert issubclass(specrag.InputError, specrag.SpecRagError)
+    user = tmp_path / "user.py"
+    user.write_text(
+        "from specrag import SpecRagContext, build_graph, graph, make_specrag_tool, preload\n"
+        "async def main() -> str:\n"
+        "    ctx = SpecRagContext(top_k=3)\n"
+        "    out = await graph.ainvoke({'question': 'q'}, context=ctx)\n"
+        "    async for _ in build_graph().astream({'question': 'q'}, context=ctx):\n"
+        "        pass\n"
+        "    make_specrag_tool({'top_k': 3})\n"
+        "    preload({'top_k': 3}, quiet=True)\n"
+        "    return str(out['answer'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(user)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout

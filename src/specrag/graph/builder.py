@@ -34,7 +34,7 @@ from specrag.nodes.retrieve import make_retrieve
 
 def build_graph(
     services: Services | None = None, *, checkpointer: object | None = None
-) -> CompiledStateGraph:
+) -> CompiledStateGraph[State, SpecRagContext, InputState, OutputState]:
     """Compile the specrag graph (``services`` swaps models/retriever; tests use fakes)."""
     services = services or Services()
     builder = StateGraph(

@@ -24,6 +24,24 @@ class AskInput(BaseModel):
     question: str = Field(description="A self-contained question about the indexed documents.")
 
 
+def sources(result: dict[str, Any]) -> list[str]:
+    """The cited sources, each once, in citation order.
+
+    A file's chunks cite it many times; a PDF page's source names its page (``x.pdf#page=3``).
+    """
+    return list(dict.fromkeys(str(c.get("source")) for c in result.get("citations") or []))
+
+
+def why(result: dict[str, Any]) -> str:
+    """Why an answer is unverified: the route's reason, then a failed step's first error.
+
+    A missing index read "retrieval failed" alone; its error says what to run.
+    """
+    reason = str(result.get("reason") or "no evidence")
+    errors = [str(e) for e in result.get("errors") or [] if str(e) not in reason]
+    return f"{reason}; {errors[0]}" if errors else reason
+
+
 def format_text(result: dict[str, Any]) -> str:
     """The tool's answer as one line: the answer, then its sources (or why it is unverified).
 
@@ -31,24 +49,24 @@ def format_text(result: dict[str, Any]) -> str:
     and drop the sources (measured with the pair's 1.5B: tests/pair/test_agent.py).
     """
     answer = str(result.get("answer", "")).strip()
-    sources = [str(c.get("source")) for c in result.get("citations") or []]
-    if result.get("verified") and sources:
-        return f"{answer} [sources: {', '.join(sources)}]"
-    reason = result.get("reason", "no evidence")
+    cited = sources(result)
+    if result.get("verified") and cited:
+        return f"{answer} [sources: {', '.join(cited)}]"
     if answer.lower().startswith("unverified"):  # the answer says so already: only why
-        return f"{answer} [why: {reason}]"
-    return f"{answer} [unverified: {reason}]"
+        return f"{answer} [why: {why(result)}]"
+    return f"{answer} [unverified: {why(result)}]"
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """The tool's answer: JSON with answer, route, reason and sources."""
+    """The tool's answer: JSON with answer, verified, route, reason, sources and errors."""
     return json.dumps(
         {
             "answer": result.get("answer", ""),
             "verified": result.get("verified", False),
             "route": result.get("route", ""),
             "reason": result.get("reason", ""),
-            "sources": [c.get("source") for c in result.get("citations") or []],
+            "sources": sources(result),
+            "errors": [str(e) for e in result.get("errors") or []],
         },
         ensure_ascii=False,
     )
@@ -71,7 +89,7 @@ def _run_on_own_loop(coro: Any) -> Any:
 
 
 def make_specrag_tool(
-    context: SpecRagContext | None = None,
+    context: SpecRagContext | dict[str, Any] | None = None,
     graph: Any = None,
     *,
     name: str = "search_documents",
@@ -85,8 +103,10 @@ def make_specrag_tool(
 ) -> BaseTool:
     """A tool that runs the specrag graph on a question (async and sync).
 
-    ``output="json"``: answer, verified, route, reason and sources as JSON; ``"text"``: one
-    line, the answer and its sources (what small local agent models cite reliably).
+    ``output="json"``: answer, verified, route, reason, sources (each once) and errors as
+    JSON, a refused question or failed run as ``{"error": "specrag: error: ..."}``;
+    ``"text"``: one line, the answer and its sources (what small local agent models cite
+    reliably), an error as ``specrag: error: ...``. ``context`` may be a dict of settings.
     """
     if output not in ("json", "text"):
         raise ValueError(f"output must be 'json' or 'text', not {output!r}")
@@ -95,7 +115,12 @@ def make_specrag_tool(
         from specrag.graph.builder import graph as default_graph
 
         graph = default_graph
-    ctx = context or SpecRagContext()
+    ctx = SpecRagContext(**context) if isinstance(context, dict) else context or SpecRagContext()
+
+    def failed(line: str) -> ToolException:
+        # under output="json" the error is JSON too ({"error": ...}, as the CLI's --json)
+        text = json.dumps({"error": line}, ensure_ascii=False) if output == "json" else line
+        return ToolException(text)
 
     async def arun(question: str) -> str:
         # A ToolException is handled by the tool (handle_tool_error): the agent reads the
@@ -103,12 +128,13 @@ def make_specrag_tool(
         try:
             result = await graph.ainvoke({"question": question}, context=ctx)
         except InputError as exc:  # an empty or over-long question: the agent reads why
-            raise ToolException(f"specrag: error: {exc}") from exc
+            raise failed(f"specrag: error: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - an agent's ToolNode re-raises: its run would end
             from specrag.errors import short_error
 
-            log.warning("the specrag tool failed", exc_info=True)
-            raise ToolException(f"specrag: error: {short_error(exc)}") from exc
+            log.warning("the specrag tool failed: %s", short_error(exc))
+            log.debug("the specrag tool's failure", exc_info=True)
+            raise failed(f"specrag: error: {short_error(exc)}") from exc
         return fmt(result)
 
     def run(question: str) -> str:
@@ -117,7 +143,10 @@ def make_specrag_tool(
         # helper thread, since a loop cannot be nested in the thread that runs one.
         try:
             asyncio.get_running_loop()
+            in_a_loop = True
         except RuntimeError:
+            in_a_loop = False
+        if not in_a_loop:  # outside the except: a failure is not chained to "no running loop"
             return _run_on_own_loop(arun(question))
         context = contextvars.copy_context()  # callbacks, tracing and config travel along
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specrag-tool") as pool:
