@@ -266,3 +266,44 @@ def test_a_nan_time_limit_on_the_model_is_refused_as_a_calls_is():
     with pytest.raises(pydantic.ValidationError, match="max_time must be a number, got NaN"):
         ChatLocalLM(max_time=math.nan)
     assert ChatLocalLM(max_time=math.inf).max_time == math.inf  # inf: no limit, as a call's
+
+
+def test_a_forked_child_gets_a_model_thread_of_its_own():
+    """A child made by fork (gunicorn --preload, multiprocessing's fork) had the model thread's
+    object but no thread: its first model call waited forever."""
+    import os
+    import warnings
+
+    assert MODEL_THREAD.submit(lambda: 1).result(timeout=10) == 1
+    with warnings.catch_warnings():  # Python 3.12 warns about fork in a threaded process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: a model call, then out without pytest's teardown
+        code = 1
+        try:
+            code = 0 if MODEL_THREAD.submit(lambda: 42).result(timeout=20) == 42 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert MODEL_THREAD.submit(lambda: 2).result(timeout=10) == 2  # the parent's serves on
+
+
+def test_a_long_documents_embedding_lets_other_model_work_through_between_batches():
+    """A document's chunks were embedded in one model-thread task: a 480-chunk document held
+    every other run's decode steps and question embeddings for 18 s (a concurrency review)."""
+    from specrag.models.loading import ModelThreadEmbeddings
+
+    order = []
+
+    class Inner:
+        def embed_documents(self, texts):
+            order.append(f"batch of {len(texts)}")
+            if len(order) == 1:  # another run's step arrives while the first batch runs
+                MODEL_THREAD.submit(lambda: order.append("other run"))
+            return [[float(len(t))] for t in texts]
+
+    texts = [f"chunk {i}" for i in range(70)]
+    vectors = ModelThreadEmbeddings(Inner()).embed_documents(texts)
+    assert vectors == [[float(len(t))] for t in texts]
+    assert order == ["batch of 32", "other run", "batch of 32", "batch of 6"]

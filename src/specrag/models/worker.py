@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -32,6 +33,9 @@ class ModelThread:
 
     def __init__(self, max_active: int = 4) -> None:
         self.max_active = max_active
+        self._start()
+
+    def _start(self) -> None:
         self._tasks: deque[Callable[[], None]] = deque()
         self._waiting: deque[Callable[[], None]] = deque()  # decode jobs not yet started
         self._active = 0
@@ -40,6 +44,15 @@ class ModelThread:
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="specrag-model", daemon=True)
         self._thread.start()
+
+    def restart_in_child(self) -> None:
+        """A new thread, with nothing queued, in a process forked from this one.
+
+        ``os.fork`` (gunicorn ``--preload``, multiprocessing's fork) gives the child this
+        object but not its thread: every model call waited for it forever. The parent's jobs
+        stay the parent's.
+        """
+        self._start()
 
     @property
     def ident(self) -> int | None:
@@ -161,3 +174,5 @@ class ModelThread:
 
 MODEL_THREAD = ModelThread()
 atexit.register(MODEL_THREAD.close)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=MODEL_THREAD.restart_in_child)

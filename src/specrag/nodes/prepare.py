@@ -153,13 +153,16 @@ def make_prepare(services: Services):  # noqa: ANN201
                 return len(text.split())
 
         seed = ctx.seed if ctx.seed >= 0 else random.SystemRandom().randrange(2**31)
+        # counting loads the answer model's tokenizer the first time: off the event loop
+        chat = _last_human(state) is not None
+        turns = await asyncio.to_thread(history, state, ctx, count) if chat else []
         emit({"event": "prepared", "seed": seed, **timings})
         return {
             "question": question,
             "question_taken": question,
             "query": question,
-            "history": history(state, ctx, count),
-            "from_messages": _last_human(state) is not None,
+            "history": turns,
+            "from_messages": chat,
             "run_id": uuid.uuid4().hex,
             "document": "",
             "run_document": document,
