@@ -288,6 +288,10 @@ class VectorIndex:
         self.url = url
         self._lexical: LexicalIndex | None = None
         self._lexical_lock = threading.Lock()  # one rebuild at a time (searches run in threads)
+        # the database's write stamp when the BM25 side was last checked (a local index): the
+        # same stamp skips listing every id again (31 ms a search at 20,000 chunks, under the
+        # lock); this object's own writes clear it
+        self._lexical_written: tuple[tuple[int, int], ...] | None = None
         self._reopen_lock = threading.Lock()  # one reopen at a time (:meth:`_fresh`)
         check_local(self.directory, collection, url, create)
         client = connect(url) if url else None
@@ -411,6 +415,7 @@ class VectorIndex:
         # disk, an embedding error) leaves the source's old chunks beside some new ones, never
         # a source half gone; the next run finishes the job.
         missing = [c for c in chunks if c.id not in existing]
+        self._lexical_written = None  # written now: the BM25 side lists the ids again
         embedded = 0
         for batch in _batches(missing, EMBED_BATCH):
             self.store.add_texts(
@@ -437,6 +442,7 @@ class VectorIndex:
 
     def _delete(self, ids: Sequence[str]) -> None:
         """Delete chunks by id, in batches Chroma accepts."""
+        self._lexical_written = None
         for batch in _batches(ids, WRITE_BATCH):
             self._collection.delete(ids=list(batch))
         self._seen = self._written()  # this object's own writes: nothing to reopen for
@@ -497,9 +503,13 @@ class VectorIndex:
             return self._lexical_now()
 
     def _lexical_now(self) -> LexicalIndex:
+        written = None if self.url else self._written()  # read before the ids: a write after
+        if self._lexical is not None and written and written == self._lexical_written:
+            return self._lexical  # ... it is seen next time
         ids = [str(i) for i in self._collection.get(include=[])["ids"]]
         key = fingerprint(ids)
         if self._lexical is not None and self._lexical.key == key:
+            self._lexical_written = written
             return self._lexical
         path = self._lexical_dir()
         loaded = LexicalIndex.load(path)
@@ -512,7 +522,7 @@ class VectorIndex:
                 loaded.save(path)
             except OSError as exc:  # read-only location: keep it in memory only
                 log.warning("could not persist the BM25 index at %s: %s", path, exc)
-        self._lexical = loaded
+        self._lexical, self._lexical_written = loaded, written
         return loaded
 
     def refresh_lexical(self) -> None:
