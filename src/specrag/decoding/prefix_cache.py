@@ -107,6 +107,26 @@ class PrefixCache:
         self.disk_max_bytes = disk_max_bytes
         self._writers: list[threading.Thread] = []
         self._exiting = False  # flush_at_exit ran: a later put writes on its own thread
+        self._asked: tuple[bool, bool] = (False, False)  # a run has set each budget (widen)
+
+    def widen(self, max_bytes: int, disk_max_bytes: int) -> None:
+        """Budgets one run asks of a cache that runs share (the process-wide one).
+
+        The first run to ask sets a budget; later runs only raise it: one run's smaller
+        setting (a Studio form, a server's client) evicted every other run's prefixes, and a
+        0 deleted every saved file. 0 asks nothing of that budget: the run keeps nothing
+        there (:meth:`get` and :meth:`put` take the run's own ``memory``/``disk`` bounds).
+        """
+        if max_bytes < 0 or disk_max_bytes < 0:
+            raise ValueError("prefix cache budgets must be >= 0 bytes")
+        with self._lock:
+            (mem_set, disk_set), (mem, disk) = self._asked, (self.max_bytes, self.disk_max_bytes)
+            if max_bytes:
+                mem, mem_set = (max(mem, max_bytes) if mem_set else max_bytes), True
+            if disk_max_bytes:
+                disk, disk_set = (max(disk, disk_max_bytes) if disk_set else disk_max_bytes), True
+            self._asked = (mem_set, disk_set)
+        self.limit(mem, disk)
 
     def limit(self, max_bytes: int, disk_max_bytes: int) -> None:
         """Set both budgets (bytes; 0 = keep nothing there) and evict down to them now."""
@@ -120,15 +140,22 @@ class PrefixCache:
         if self.disk_dir is not None and self.disk_dir.is_dir():
             self._prune_disk()
 
-    def get(self, key: str, model: Any = None) -> LMState | None:
+    def get(
+        self, key: str, model: Any = None, *, memory: bool = True, disk: bool = True
+    ) -> LMState | None:
         """A private clone of the cached prefix, or None.
 
         ``model`` lets a miss in memory be served from disk (the state needs its model).
+        ``memory``/``disk``: whether this caller reads that tier (a run's 0 budget: not).
         """
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
+        entry = None
+        if memory:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._entries.move_to_end(key)
+        if not disk:
+            model = None
         if entry is not None:
             if self.disk_dir is not None:  # its file is the most recently used on disk too
                 with contextlib.suppress(OSError):  # not on disk, or a read-only cache dir
@@ -143,7 +170,7 @@ class PrefixCache:
             with self._lock:
                 self.disk_hits += 1
                 self.hits += 1
-                if state.nbytes() > self.max_bytes:  # not kept in memory: the caller's own
+                if not memory or state.nbytes() > self.max_bytes:  # the caller's own
                     return state
                 self._entries[key] = state
                 self._evict()
@@ -156,17 +183,27 @@ class PrefixCache:
             self.misses += 1
         return None
 
-    def put(self, key: str, state: LMState) -> None:
+    def put(
+        self,
+        key: str,
+        state: LMState,
+        *,
+        memory: int | None = None,
+        disk: int | None = None,
+    ) -> None:
         """Keep ``state`` as the prefix of ``key`` (or a start of it), where it fits a budget.
 
         A clone in memory, its tensors on disk. A partial prefix (a budget stopped its
         prefill) is continued by the next caller. A cache holding more than keys and values
-        (linear-attention state) is not saved to disk.
+        (linear-attention state) is not saved to disk. ``memory``/``disk``: this caller's own
+        bounds (bytes; 0 = keeps nothing there), within the cache's.
         """
         size = state.nbytes() if len(state) else 0  # 0: nothing worth keeping
-        keep = 0 < size <= self.max_bytes
+        mem_max = self.max_bytes if memory is None else min(memory, self.max_bytes)
+        disk_max = self.disk_max_bytes if disk is None else min(disk, self.disk_max_bytes)
+        keep = 0 < size <= mem_max
         kv = None
-        if self.disk_dir is not None and 0 < size <= self.disk_max_bytes:
+        if self.disk_dir is not None and 0 < size <= disk_max:
             try:  # references: a plain cache layer replaces its tensors, never writes in them
                 kv = state.kv_tensors()
             except ValueError as exc:

@@ -317,14 +317,16 @@ class SpecRagContext:
         4096,
         "RAPID: memory (MiB) for long documents' KV prefixes kept across questions in this "
         "process, on the answer model's device (GPU memory on CUDA), least recently used "
-        "dropped first; a prefix larger than this is not kept; 0 = none.",
+        "dropped first; a prefix larger than this is not kept; 0 = this run reads and keeps "
+        "none. Runs share the cache: the first to run sets its budget, later ones only raise "
+        "it.",
         ge=0,
     )
     prefix_cache_disk_mib: int = _f(
         8192,
         "RAPID: disk (MiB) for the same prefixes in the cache dir (`prefix-kv/`), so a new "
         "process skips a repeated document's prefill; least recently used pruned first; 0 = "
-        "none (and prunes every saved prefix).",
+        "this run reads and saves none (the saved ones stay). Shared as prefix_cache_mib is.",
         ge=0,
     )
     seed: int = _f(

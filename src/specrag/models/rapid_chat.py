@@ -189,7 +189,9 @@ class ChatRapid(LocalChatBase):
     )
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # None: a new one per call
     prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
-    # the process-wide default's budgets (a given prefix_cache keeps its own)
+    # this model's runs' budgets in the process-wide cache: bounds of what they read and keep;
+    # the first run sets the cache's own, later ones only raise them (a given prefix_cache
+    # keeps its own budgets)
     prefix_cache_bytes: int = 4 * 2**30
     prefix_cache_disk_bytes: int = 8 * 2**30
 
@@ -337,8 +339,13 @@ class ChatRapid(LocalChatBase):
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(target.device, sampler, seed)
         cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
+        # the process-wide cache is shared by runs: this run's budgets bound what it reads and
+        # keeps, and can only raise the cache's own (a given prefix_cache keeps its budgets)
+        mine: dict[str, Any] = {}
         if self.prefix_cache is None and self.use_prefix_cache:
-            cache.limit(self.prefix_cache_bytes, self.prefix_cache_disk_bytes)
+            cache.widen(self.prefix_cache_bytes, self.prefix_cache_disk_bytes)
+            mine = {"memory": self.prefix_cache_bytes, "disk": self.prefix_cache_disk_bytes}
+        reads = {tier: bool(limit) for tier, limit in mine.items()}
         stats = RapidStats()
         hit = {"value": False}
 
@@ -349,7 +356,7 @@ class ChatRapid(LocalChatBase):
             prefix = head + doc_ids
             key = prefix_key(target.kv_key, prefix)
             t1 = time.perf_counter()  # a hit on disk reads and checks the file: its time too
-            target_state = cache.get(key, target.model) if self.use_prefix_cache else None
+            target_state = cache.get(key, target.model, **reads) if self.use_prefix_cache else None
             # a hit may be partial: an earlier call's budget stopped its document prefill
             hit["value"] = target_state is not None and len(target_state) == len(prefix)
             if target_state is None:
@@ -363,10 +370,10 @@ class ChatRapid(LocalChatBase):
                     )
                 except Stopped as stop:
                     # ... and what was prefilled is kept: the next question continues it
-                    cache.put(key, target_state)
+                    cache.put(key, target_state, **mine)
                     stats.finish_reason = stop.reason
                     return
-                cache.put(key, target_state)
+                cache.put(key, target_state, **mine)
             sync(target.device)  # a GPU runs ahead of the clock
             timings["prefix_s"] = round(time.perf_counter() - t1, 4)
             yield from rapid_decode(
