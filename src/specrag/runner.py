@@ -275,7 +275,9 @@ def preload(
     opens the index, and loads its BM25 side (``retrieval`` bm25 or hybrid), inside its
     retrieval budget: on a busy machine a process's first question could time out into the
     fallback route. ``index``: whether runs will search the index (default: unless a
-    ``document`` is given). Prints a note on stderr (``quiet``: none), timed from ``started``
+    ``document`` is given). Sets the process's RAPID prefix cache budgets to the context's
+    (``prefix_cache_mib``, ``prefix_cache_disk_mib``: evicted and pruned down to them now).
+    Prints a note on stderr (``quiet``: none), timed from ``started``
     (``perf_counter``; the caller's loading began there) or its call.
     """
     from specrag.graph.context import SpecRagContext
@@ -299,6 +301,11 @@ def preload(
     for spec in specs:
         services.warm(default_chat_model(spec, ctx))
     services.warm_retriever(ctx, document)
+    from specrag.decoding.prefix_cache import DEFAULT_PREFIX_CACHE
+
+    # the process's RAPID prefix cache takes this context's budgets (evicted and pruned down
+    # to them now); a run's own settings only bound what that run reads and keeps there
+    DEFAULT_PREFIX_CACHE.limit(ctx.prefix_cache_mib * 2**20, ctx.prefix_cache_disk_mib * 2**20)
     if document is None if index is None else index:
         from specrag.graph.services import open_index
 

@@ -214,6 +214,16 @@ def test_preload_reads_the_bm25_side_before_the_first_search(monkeypatch, tmp_pa
     monkeypatch.setattr(VectorIndex, "refresh_lexical", broken)
     preload(SpecRagContext(index_dir=str(directory), retrieval="bm25"))
 
+    # the process's RAPID prefix cache takes the preloaded context's budgets (a run's own
+    # settings bound only what that run reads and keeps there)
+    from specrag.decoding import prefix_cache
+
+    cache = prefix_cache.PrefixCache()
+    monkeypatch.setattr(prefix_cache, "DEFAULT_PREFIX_CACHE", cache)
+    sized = SpecRagContext(index_dir=str(directory), prefix_cache_mib=1, prefix_cache_disk_mib=2)
+    preload(sized, "a document", quiet=True)
+    assert (cache.max_bytes, cache.disk_max_bytes) == (2**20, 2 * 2**20)
+
 
 def test_a_search_lists_the_collections_ids_only_after_a_write(tmp_path):
     """Every hybrid or BM25 search listed and hashed all of the collection's ids under the
@@ -231,6 +241,9 @@ def test_a_search_lists_the_collections_ids_only_after_a_write(tmp_path):
         return real_get(*a, **k)
 
     index._collection.get = get
+    old = os.stat(directory / "chroma.sqlite3").st_mtime - 10  # written 10 s ago: a stamp
+    os.utime(directory / "chroma.sqlite3", (old, old))  # younger than 2 s is not trusted
+    index._seen = index._written()  # (not a write by another process to reopen for)
     index.search("zebrafish", 1, "bm25")
     index.search("Hinxton genome", 1, "hybrid")
     assert len(listed) <= 1  # the first search may list them, not the next

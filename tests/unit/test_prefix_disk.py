@@ -442,30 +442,31 @@ def test_two_writers_of_one_entry_leave_the_longer_prefix(tmp_path, monkeypatch)
 def test_one_runs_small_budgets_never_evict_what_other_runs_keep(tmp_path):
     """The process-wide cache took each run's budgets: one run with prefix_cache_mib=0 (a
     Studio form, a server's client) emptied memory for every run, and prefix_cache_disk_mib=0
-    deleted every saved prefix. A run's budgets now bound what it reads and keeps; the cache's
-    own are set by the first run and only raised by later ones."""
+    deleted every saved prefix. A run's budgets now bound only what it reads and keeps; the
+    cache's own are the process's (``preload`` sets them)."""
     model = tiny_llama()
     tokens = list(range(3, 60))
     state = prefilled(model, tokens)
     size = state.nbytes()
     key = prefix_key("m", tokens)
-    cache = PrefixCache(disk_dir=tmp_path)
-    cache.widen(3 * size, 3 * size)  # the first run sets the budgets
-    assert (cache.max_bytes, cache.disk_max_bytes) == (3 * size, 3 * size)
-    cache.put(key, state, memory=3 * size, disk=3 * size)
+    cache = PrefixCache(max_bytes=3 * size, disk_dir=tmp_path, disk_max_bytes=3 * size)
+    cache.put(key, state)  # another run kept the whole prefix, in memory and on disk
     cache.flush()
-    cache.widen(0, 0)  # a run that keeps nothing ...
-    cache.widen(size // 2, size // 2)  # ... or little: the budgets stay
-    assert (cache.max_bytes, cache.disk_max_bytes) == (3 * size, 3 * size)
-    assert len(list(tmp_path.glob("*.kv"))) == 1  # nothing pruned
-    assert cache.get(key, model, memory=False, disk=False) is None  # that run reads none
-    assert cache.get(key, model, memory=False).tokens == tokens  # its own disk read
-    assert cache.disk_hits == 1
-    assert cache.get(key, model).tokens == tokens and cache.disk_hits == 1  # memory kept it
-
-    other = prefix_key("m", tokens[:-1])
-    cache.put(other, prefilled(model, tokens[:-1]), memory=0, disk=0)  # keeps nothing
+    # a run that keeps nothing reads nothing, and its own prefill of the same document
+    # leaves the other run's entry where it was (its "put" dropped it from memory)
+    assert cache.get(key, model, memory=0, disk=0) is None
+    cache.put(key, prefilled(model, tokens), memory=0, disk=0)
     cache.flush()
-    assert cache.get(other) is None and len(list(tmp_path.glob("*.kv"))) == 1
-    cache.widen(4 * size, 0)  # a later run raises the memory budget only
-    assert (cache.max_bytes, cache.disk_max_bytes) == (4 * size, 3 * size)
+    assert (cache.max_bytes, cache.disk_max_bytes) == (3 * size, 3 * size)
+    assert len(list(tmp_path.glob("*.kv"))) == 1 and cache.get(key).tokens == tokens
+    # a run whose memory bound is smaller than the prefix reads it from disk, keeps no copy
+    cache.limit(3 * size, 3 * size)
+    fresh = PrefixCache(max_bytes=3 * size, disk_dir=tmp_path, disk_max_bytes=3 * size)
+    assert fresh.get(key, model, memory=size // 2).tokens == tokens and fresh.disk_hits == 1
+    assert fresh.get(key) is None  # not in memory: that run's bound
+    assert fresh.get(key, model).tokens == tokens and fresh.disk_hits == 2
+    assert fresh.get(key).tokens == tokens  # within the cache's own budget: kept now
+    # a shorter start of the prefix (a budget stopped a prefill) does not replace the whole
+    part = prefilled(model, tokens[:20])
+    fresh.put(key, part, memory=0)
+    assert len(fresh.get(key)) == len(tokens)

@@ -107,26 +107,6 @@ class PrefixCache:
         self.disk_max_bytes = disk_max_bytes
         self._writers: list[threading.Thread] = []
         self._exiting = False  # flush_at_exit ran: a later put writes on its own thread
-        self._asked: tuple[bool, bool] = (False, False)  # a run has set each budget (widen)
-
-    def widen(self, max_bytes: int, disk_max_bytes: int) -> None:
-        """Budgets one run asks of a cache that runs share (the process-wide one).
-
-        The first run to ask sets a budget; later runs only raise it: one run's smaller
-        setting (a Studio form, a server's client) evicted every other run's prefixes, and a
-        0 deleted every saved file. 0 asks nothing of that budget: the run keeps nothing
-        there (:meth:`get` and :meth:`put` take the run's own ``memory``/``disk`` bounds).
-        """
-        if max_bytes < 0 or disk_max_bytes < 0:
-            raise ValueError("prefix cache budgets must be >= 0 bytes")
-        with self._lock:
-            (mem_set, disk_set), (mem, disk) = self._asked, (self.max_bytes, self.disk_max_bytes)
-            if max_bytes:
-                mem, mem_set = (max(mem, max_bytes) if mem_set else max_bytes), True
-            if disk_max_bytes:
-                disk, disk_set = (max(disk, disk_max_bytes) if disk_set else disk_max_bytes), True
-            self._asked = (mem_set, disk_set)
-        self.limit(mem, disk)
 
     def limit(self, max_bytes: int, disk_max_bytes: int) -> None:
         """Set both budgets (bytes; 0 = keep nothing there) and evict down to them now."""
@@ -141,20 +121,21 @@ class PrefixCache:
             self._prune_disk()
 
     def get(
-        self, key: str, model: Any = None, *, memory: bool = True, disk: bool = True
+        self, key: str, model: Any = None, *, memory: int | None = None, disk: int | None = None
     ) -> LMState | None:
         """A private clone of the cached prefix, or None.
 
         ``model`` lets a miss in memory be served from disk (the state needs its model).
-        ``memory``/``disk``: whether this caller reads that tier (a run's 0 budget: not).
+        ``memory``/``disk``: this caller's own bounds (bytes, within the cache's; 0 = it reads
+        nothing there): a disk hit is kept in memory only within both.
         """
         entry = None
-        if memory:
+        if memory != 0:
             with self._lock:
                 entry = self._entries.get(key)
                 if entry is not None:
                     self._entries.move_to_end(key)
-        if not disk:
+        if disk == 0:
             model = None
         if entry is not None:
             if self.disk_dir is not None:  # its file is the most recently used on disk too
@@ -170,7 +151,8 @@ class PrefixCache:
             with self._lock:
                 self.disk_hits += 1
                 self.hits += 1
-                if not memory or state.nbytes() > self.max_bytes:  # the caller's own
+                mem_max = self.max_bytes if memory is None else min(memory, self.max_bytes)
+                if state.nbytes() > mem_max:  # not kept in memory: the caller's own
                     return state
                 self._entries[key] = state
                 self._evict()
@@ -214,8 +196,8 @@ class PrefixCache:
                 self._entries[key] = snapshot
                 self._entries.move_to_end(key)
                 self._evict()
-            else:  # an earlier, shorter start of this prefix must not hide this one on disk
-                self._entries.pop(key, None)
+            elif (kept := self._entries.get(key)) is not None and len(kept) < len(state):
+                self._entries.pop(key)  # a shorter start of it must not hide this one on disk
         if kv is not None and self._exiting:  # a thread started now would outlive the
             self._write(key, list(state.tokens), kv)  # flush: killed at exit, it aborts
         elif kv is not None:

@@ -317,16 +317,17 @@ class SpecRagContext:
         4096,
         "RAPID: memory (MiB) for long documents' KV prefixes kept across questions in this "
         "process, on the answer model's device (GPU memory on CUDA), least recently used "
-        "dropped first; a prefix larger than this is not kept; 0 = this run reads and keeps "
-        "none. Runs share the cache: the first to run sets its budget, later ones only raise "
-        "it.",
+        "dropped first; a prefix larger than this is not kept; 0 = none. Runs share the "
+        "cache: a run's value bounds what it reads and keeps; the cache's own budget is the "
+        "process's, set by `preload` (the CLI: from its run's settings).",
         ge=0,
     )
     prefix_cache_disk_mib: int = _f(
         8192,
         "RAPID: disk (MiB) for the same prefixes in the cache dir (`prefix-kv/`), so a new "
         "process skips a repeated document's prefill; least recently used pruned first; 0 = "
-        "this run reads and saves none (the saved ones stay). Shared as prefix_cache_mib is.",
+        "none (set by `preload`, as the CLI does: prunes every saved prefix). Shared as "
+        "prefix_cache_mib is.",
         ge=0,
     )
     seed: int = _f(

@@ -189,9 +189,8 @@ class ChatRapid(LocalChatBase):
     )
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # None: a new one per call
     prefix_cache: Any = None  # a PrefixCache; None = the process-wide default
-    # this model's runs' budgets in the process-wide cache: bounds of what they read and keep;
-    # the first run sets the cache's own, later ones only raise them (a given prefix_cache
-    # keeps its own budgets)
+    # bounds of what this model's runs read and keep in the process-wide cache, whose own
+    # budgets are the process's (specrag.preload sets them; a given prefix_cache: its own)
     prefix_cache_bytes: int = 4 * 2**30
     prefix_cache_disk_bytes: int = 8 * 2**30
 
@@ -339,13 +338,12 @@ class ChatRapid(LocalChatBase):
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(target.device, sampler, seed)
         cache: PrefixCache = self.prefix_cache or DEFAULT_PREFIX_CACHE
-        # the process-wide cache is shared by runs: this run's budgets bound what it reads and
-        # keeps, and can only raise the cache's own (a given prefix_cache keeps its budgets)
-        mine: dict[str, Any] = {}
-        if self.prefix_cache is None and self.use_prefix_cache:
-            cache.widen(self.prefix_cache_bytes, self.prefix_cache_disk_bytes)
+        # the process-wide cache is shared by runs: this run's budgets bound only what it reads
+        # and keeps there; the cache's own budgets are the process's (preload sets them), so
+        # one run's 0 never empties the others' (a given prefix_cache keeps its own budgets)
+        mine: dict[str, int] = {}
+        if self.prefix_cache is None:
             mine = {"memory": self.prefix_cache_bytes, "disk": self.prefix_cache_disk_bytes}
-        reads = {tier: bool(limit) for tier, limit in mine.items()}
         stats = RapidStats()
         hit = {"value": False}
 
@@ -356,7 +354,7 @@ class ChatRapid(LocalChatBase):
             prefix = head + doc_ids
             key = prefix_key(target.kv_key, prefix)
             t1 = time.perf_counter()  # a hit on disk reads and checks the file: its time too
-            target_state = cache.get(key, target.model, **reads) if self.use_prefix_cache else None
+            target_state = cache.get(key, target.model, **mine) if self.use_prefix_cache else None
             # a hit may be partial: an earlier call's budget stopped its document prefill
             hit["value"] = target_state is not None and len(target_state) == len(prefix)
             if target_state is None:
