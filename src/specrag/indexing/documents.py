@@ -181,6 +181,7 @@ BLOCK_TAGS = frozenset(
 
 
 _HEADINGS = {f"h{n}": n for n in range(1, 7)}
+_TITLE_CHARS = 200  # an HTML heading longer than this is not marked as one
 
 
 class _TextOnly(HTMLParser):
@@ -215,11 +216,22 @@ class _TextOnly(HTMLParser):
         elif tag == "br":  # a line break; "<br/>" also calls handle_endtag, which adds none
             self.parts.append("\n")
         elif tag in BLOCK_TAGS:
+            self._end_heading()  # an unclosed heading ends where the next block starts
             self.parts.append("\n")
             if tag == "table":
                 self._tables, self._in_row = self._tables + 1, False
-            elif tag in _HEADINGS and self._heading is None:
+            elif tag in _HEADINGS:
                 self._heading = (_HEADINGS[tag], len(self.parts))
+
+    def _end_heading(self) -> None:
+        if self._heading is None:
+            return
+        level, first = self._heading
+        self._heading = None
+        title = " ".join("".join(self.parts[first:]).split())
+        if len(title) <= _TITLE_CHARS:  # a longer "heading" is a paragraph in big type
+            self.parts[first:] = [f"{'#' * level} {title}"] if title else []
+        self.parts.append("\n")
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("script", "style") and self._skip:
@@ -227,11 +239,7 @@ class _TextOnly(HTMLParser):
         elif tag == "tr":
             self._in_row = False
         elif tag in BLOCK_TAGS:
-            if tag in _HEADINGS and self._heading is not None:
-                level, first = self._heading
-                title = " ".join("".join(self.parts[first:]).split())
-                self.parts[first:] = [f"{'#' * level} {title}"] if title else []
-                self._heading = None
+            self._end_heading()
             self.parts.append("\n")
             if tag == "table":
                 self._tables, self._in_row = max(0, self._tables - 1), False
@@ -654,36 +662,40 @@ def chunk_ids(source: str, texts: list[str]) -> list[str]:
 
 
 _HEADING_LINE = re.compile(r"#{1,6}[ \t]+\S[^\n]*")
-_HEADING_CARRIED = 200  # characters at most: a longer "heading" stays where the splitter put it
 
 
-def _carry_headings(texts: list[str], document: str) -> list[str]:
+def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]) -> list[str]:
     """Chunks whose closing paragraphs are Markdown headings give them to the next chunk.
 
     The splitter cut a section's heading from its text when the two did not fit one chunk:
     the heading ended the chunk before (or stood alone), the section began the next without
     it. A chunk that ends inside a code fence (after an odd number of the document's ```
-    fences) keeps its ``# comment`` lines.
+    fences) keeps its ``# comment`` lines; a heading that does not ``fits`` (a few tokens)
+    stays where it was.
     """
     fences = [m.start() for m in re.finditer("```", document)]
     out: list[str] = []
     carried = ""
     seen = 0  # where the last chunk was found in the document (chunks come in order)
+    before = ""  # the last chunk as the splitter made it
     for i, text in enumerate(texts):
         in_code = False
         if fences:  # where the chunk ends: after an odd number of fences is inside code
             at = document.find(text, seen)
             seen = at if at >= 0 else seen
             in_code = at < 0 or bisect.bisect_left(fences, at + len(text)) % 2 == 1
-        if carried and not text.startswith(carried):  # the overlap may have brought it
+        made, at = text, text.find(carried) if carried else -1
+        if carried and at > 0 and before.endswith(text[: at + len(carried)]):
+            text = text[at:]  # the overlap repeated the chunk before's end, heading included
+        elif carried and at != 0:
             text = f"{carried}\n\n{text}"
-        carried = ""
+        before, carried = made, ""
         blocks = text.split("\n\n")
         cut = len(blocks)
         while cut and all(_HEADING_LINE.fullmatch(line) for line in blocks[cut - 1].split("\n")):
             cut -= 1
         heading = "\n\n".join(blocks[cut:])
-        if i + 1 < len(texts) and heading and len(heading) <= _HEADING_CARRIED and not in_code:
+        if i + 1 < len(texts) and heading and not in_code and fits(heading):
             carried, text = heading, "\n\n".join(blocks[:cut]).rstrip()
         if text:
             out.append(text)
@@ -695,9 +707,13 @@ def split_document(source: str, text: str, splitter: RecursiveCharacterTextSplit
 
     A heading the splitter left at the end of a chunk (or alone) opens the next chunk
     instead, so a section's heading is searched with its text; that chunk is longer than the
-    splitter's size by the heading.
+    splitter's size by the heading (an eighth of the size at most: a longer one stays).
     """
-    texts = _carry_headings([t.strip() for t in splitter.split_text(text) if t.strip()], text)
+    # a heading carried makes its chunk longer than the splitter's size: by an eighth at most
+    length: Callable[[str], int] = getattr(splitter, "_length_function", len)
+    most = max(getattr(splitter, "_chunk_size", 200) // 8, 1)
+    texts = [t.strip() for t in splitter.split_text(text) if t.strip()]
+    texts = _carry_headings(texts, text, lambda heading: length(heading) <= most)
     return [
         Chunk(cid, source, t, position=i)
         for i, (cid, t) in enumerate(zip(chunk_ids(source, texts), texts, strict=True))

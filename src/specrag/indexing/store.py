@@ -14,6 +14,7 @@ import logging
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -506,6 +507,10 @@ class VectorIndex:
         written = None if self.url else self._written()  # read before the ids: a write after
         if self._lexical is not None and written and written == self._lexical_written:
             return self._lexical  # ... it is seen next time
+        # a stamp younger than the file system's time resolution may hide a later write of
+        # the same size in the same tick (git's "racy" rule): not kept, the ids listed again
+        if written and time.time_ns() - max(mtime for mtime, _ in written) < 2_000_000_000:
+            written = None
         ids = [str(i) for i in self._collection.get(include=[])["ids"]]
         key = fingerprint(ids)
         if self._lexical is not None and self._lexical.key == key:
