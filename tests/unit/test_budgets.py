@@ -307,3 +307,37 @@ def test_a_long_documents_embedding_lets_other_model_work_through_between_batche
     vectors = ModelThreadEmbeddings(Inner()).embed_documents(texts)
     assert vectors == [[float(len(t))] for t in texts]
     assert order == ["batch of 32", "other run", "batch of 32", "batch of 6"]
+
+
+def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
+    """A RAPID document's prefill (thousands of tokens) is one turn of the model thread: a
+    question's embedding queued behind it waited the whole prefill while its retrieval budget
+    ran out (a concurrency review: 40 s). Plain calls now run at the prefill's stop checks."""
+    order = []
+    started = threading.Event()
+
+    class LongPrefill(SlowLocal):
+        def _job(self, messages, options):
+            job = super()._job(messages, options)
+
+            def produce(should_stop):
+                started.set()
+                for _ in range(20):  # twenty prefill slices in one turn, checked between
+                    should_stop(0)
+                    time.sleep(0.05)
+                order.append("prefill done")
+                yield [Token(0, -0.1, "model")]
+
+            job.produce = produce
+            return job
+
+    async def main():
+        answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
+        await asyncio.to_thread(started.wait, 10)
+        await asyncio.to_thread(
+            lambda: MODEL_THREAD.submit(lambda: order.append("query embedded")).result(10)
+        )
+        await answer
+
+    asyncio.run(main())
+    assert order == ["query embedded", "prefill done"]

@@ -464,6 +464,7 @@ class _Run:
         self.shown = ""  # the text sent in chunks so far (what a client shows)
 
     def should_stop(self, n: int) -> str | None:
+        MODEL_THREAD.run_waiting_calls()  # asked between prefill slices: others' calls go on
         if self.cancel.is_set() or MODEL_THREAD.closing:
             return "cancelled"
         if self.deadline is not None and time.monotonic() >= self.deadline:

@@ -28,6 +28,18 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class _Call:
+    """A plain call queued on the model thread (``submit``), not a decode job's step."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.run = run
+
+    def __call__(self) -> None:
+        self.run()
+
+
 class ModelThread:
     """A single daemon thread running submitted tasks and stepping decode generators."""
 
@@ -100,8 +112,26 @@ class ModelThread:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 future.set_exception(exc)
 
-        self._push(task)
+        self._push(_Call(task))
         return future
+
+    def run_waiting_calls(self) -> None:
+        """On the model thread, inside a long step: run the plain calls queued behind it.
+
+        A decode checks its stop between prefill slices and steps; a RAPID document's
+        prefill (thousands of tokens) is one turn, and a question's embedding queued behind
+        it waited the whole prefill while its retrieval budget ran out. Other jobs' steps
+        still wait their turn. Anywhere but on the model thread this does nothing.
+        """
+        if threading.get_ident() != self.ident:
+            return
+        while True:
+            with self._cv:
+                call = next((t for t in self._tasks if isinstance(t, _Call)), None)
+                if call is None:
+                    return
+                self._tasks.remove(call)
+            call()  # a submitted call hands its exception to its future
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the model thread and wait (directly when already on it)."""
