@@ -329,6 +329,41 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(err.value)
 
 
+def test_a_full_or_read_only_cache_dir_is_told_before_the_de_quantization(tmp_path, monkeypatch):
+    """A cache dir whose models/ folder existed but was full or read-only was told only after
+    the de-quantization (a minute and more for the pair's 1.5B), by the save's error."""
+    import errno
+    import shutil
+    import tempfile
+
+    import pytest
+
+    from specrag.errors import ModelLoadError
+    from specrag.models import gguf as gguf_module
+    from specrag.models.loading import _load_lm_uncached
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "models").mkdir(parents=True)
+
+    def never(*a, **k):
+        raise AssertionError("the conversion began")
+
+    monkeypatch.setattr(gguf_module, "convert_gguf", never)
+    monkeypatch.setattr("specrag.models.loading.convert_gguf", never)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=100 * 2**20))
+    with pytest.raises(ModelLoadError, match=r"need about 0\.5 GiB .* 0\.1 GiB free") as err:
+        _load_lm_uncached("embedded", torch.device("cpu"), torch.float32)
+    assert "\n" not in str(err.value) and "SPECRAG_CACHE_DIR" in str(err.value)
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(ModelLoadError, match="cannot write to .*Read-only file system"):
+        _load_lm_uncached("embedded", torch.device("cpu"), torch.float32)
+
+
 def test_a_joined_pair_file_is_checked_before_it_is_used(tmp_path, monkeypatch):
     """The joined GGUF was trusted by its size alone: weights re-released at the same size (or
     a file damaged in place) kept being used; an unwritable cache dir was a traceback."""

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,35 @@ def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     with contextlib.suppress(OSError):
         os.utime(folder)  # "used now" for the pruning (a missing copy: nothing to touch)
     return folder
+
+
+def room_for(gguf: Path, folder: Path, dtype: torch.dtype) -> str | None:
+    """Why ``folder`` cannot take ``gguf``'s converted copy, or None (it can, or unknown).
+
+    Asked before the de-quantization (a minute and more): a read-only or full cache dir was
+    told only after it. The room needed is the weights' elements (read from the GGUF's
+    header) at ``dtype``'s size.
+    """
+    try:  # a read-only mount refuses root too (os.access would not tell)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write to {folder}: {exc.strerror or exc}"
+    try:
+        from gguf import GGUFReader
+
+        elements = sum(int(t.n_elements) for t in GGUFReader(str(gguf)).tensors)
+        free = shutil.disk_usage(folder).free
+    except Exception:  # noqa: BLE001 - the conversion itself says what is wrong with the file
+        return None
+    need = elements * torch.empty(0, dtype=dtype).element_size()
+    if free < need * 1.05:
+        return (
+            f"its weights need about {need / 2**30:.1f} GiB in {folder}, which has "
+            f"{free / 2**30:.1f} GiB free"
+        )
+    return None
 
 
 def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:

@@ -37,7 +37,13 @@ from specrag.decoding.state import sync
 from specrag.errors import InputError, ModelLoadError, first_line
 from specrag.models import attention, int8
 from specrag.models import layout as weight_layout
-from specrag.models.gguf import convert_gguf, converted_dir, is_converted, remove_left_behind
+from specrag.models.gguf import (
+    convert_gguf,
+    converted_dir,
+    is_converted,
+    remove_left_behind,
+    room_for,
+)
 from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.models.records import Records
@@ -415,6 +421,11 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
                     f"cannot write the converted model to {source.parent}: "
                     f"{exc.strerror or exc} (set SPECRAG_CACHE_DIR to a writable folder)"
                 ) from exc
+            if why := room_for(gguf, source.parent, dtype):  # told before the minutes of work
+                raise ModelLoadError(
+                    f"cannot convert {gguf.name}: {why} (free some space, or set "
+                    "SPECRAG_CACHE_DIR to a writable folder with room)"
+                )
             try:
                 convert_gguf(gguf, source, dtype)
             except Exception as exc:  # noqa: BLE001 - reported as one line
