@@ -313,31 +313,39 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
     """A RAPID document's prefill (thousands of tokens) is one turn of the model thread: a
     question's embedding queued behind it waited the whole prefill while its retrieval budget
     ran out (a concurrency review: 40 s). Plain calls now run at the prefill's stop checks."""
-    order = []
-    started = threading.Event()
+    from specrag.models.worker import LEND_AFTER_S
 
-    class LongPrefill(SlowLocal):
-        def _job(self, messages, options):
-            job = super()._job(messages, options)
+    def run(slices):
+        order = []
+        started = threading.Event()
 
-            def produce(should_stop):
-                started.set()
-                for _ in range(20):  # twenty prefill slices in one turn, checked between
-                    should_stop(0)
-                    time.sleep(0.05)
-                order.append("prefill done")
-                yield [Token(0, -0.1, "model")]
+        class LongPrefill(SlowLocal):
+            def _job(self, messages, options):
+                job = super()._job(messages, options)
 
-            job.produce = produce
-            return job
+                def produce(should_stop):
+                    started.set()
+                    for _ in range(slices):  # prefill slices in one turn, checked between
+                        should_stop(0)
+                        time.sleep(0.05)
+                    order.append("prefill done")
+                    yield [Token(0, -0.1, "model")]
 
-    async def main():
-        answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
-        await asyncio.to_thread(started.wait, 10)
-        await asyncio.to_thread(
-            lambda: MODEL_THREAD.submit(lambda: order.append("query embedded")).result(10)
-        )
-        await answer
+                job.produce = produce
+                return job
 
-    asyncio.run(main())
-    assert order == ["query embedded", "prefill done"]
+        async def main():
+            answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
+            await asyncio.to_thread(started.wait, 10)
+            await asyncio.to_thread(
+                lambda: MODEL_THREAD.submit(lambda: order.append("query embedded")).result(10)
+            )
+            await answer
+
+        asyncio.run(main())
+        return order
+
+    assert LEND_AFTER_S < 1.0
+    assert run(slices=40) == ["query embedded", "prefill done"]  # 2 s: lent mid-way
+    # a short turn (a decode step, a drafter round) lends nothing: its timings are its own
+    assert run(slices=1) == ["prefill done", "query embedded"]

@@ -1304,6 +1304,11 @@ def test_a_heading_opens_the_chunk_of_the_section_it_heads():
     chunks = [c.text for c in split_document("o.md", text, splitter)]
     assert chunks[-1].startswith("## Install\n\nword30.") and chunks[-1].count("## Install") == 1
     assert chunks[0].endswith("See below."), chunks
+    # the overlap brought only the last of two carried headings: the first is added once
+    from specrag.indexing.documents import _carry_headings
+
+    pair = ["Intro.\n\n## A\n\n### B", "### B\n\nThe body."]
+    assert _carry_headings(pair, "", lambda h: True) == ["Intro.", "## A\n\n### B\n\nThe body."]
     # a heading longer than an eighth of the chunk size stays where the splitter put it
     long_heading = "## " + " ".join(["Install"] * 8)
     text = f"{' '.join(lead)}\n\n{long_heading}\n\n{' '.join(section)}"

@@ -470,3 +470,8 @@ def test_one_runs_small_budgets_never_evict_what_other_runs_keep(tmp_path):
     part = prefilled(model, tokens[:20])
     fresh.put(key, part, memory=0)
     assert len(fresh.get(key)) == len(tokens)
+    # and a whole one this run keeps nowhere leaves another run's start where it was
+    starts = PrefixCache(max_bytes=3 * size)  # memory only
+    starts.put(key, part)
+    starts.put(key, prefilled(model, tokens), memory=0)
+    assert len(starts.get(key)) == 20

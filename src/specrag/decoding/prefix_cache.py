@@ -196,8 +196,9 @@ class PrefixCache:
                 self._entries[key] = snapshot
                 self._entries.move_to_end(key)
                 self._evict()
-            elif (kept := self._entries.get(key)) is not None and len(kept) < len(state):
-                self._entries.pop(key)  # a shorter start of it must not hide this one on disk
+            elif kv is not None and (kept := self._entries.get(key)) is not None:
+                if len(kept) < len(state):  # a shorter start must not hide this one on disk
+                    self._entries.pop(key)
         if kv is not None and self._exiting:  # a thread started now would outlive the
             self._write(key, list(state.tokens), kv)  # flush: killed at exit, it aborts
         elif kv is not None:

@@ -318,16 +318,17 @@ class SpecRagContext:
         "RAPID: memory (MiB) for long documents' KV prefixes kept across questions in this "
         "process, on the answer model's device (GPU memory on CUDA), least recently used "
         "dropped first; a prefix larger than this is not kept; 0 = none. Runs share the "
-        "cache: a run's value bounds what it reads and keeps; the cache's own budget is the "
-        "process's, set by `preload` (the CLI: from its run's settings).",
+        "cache: a run's value bounds what it reads and keeps, within the cache's own budget "
+        "(4096 until `preload` sets it; the CLI: from its run's settings).",
         ge=0,
     )
     prefix_cache_disk_mib: int = _f(
         8192,
         "RAPID: disk (MiB) for the same prefixes in the cache dir (`prefix-kv/`), so a new "
         "process skips a repeated document's prefill; least recently used pruned first; 0 = "
-        "none (set by `preload`, as the CLI does: prunes every saved prefix). Shared as "
-        "prefix_cache_mib is.",
+        "none (set by `preload`, as the CLI does: prunes every saved prefix - the folder is "
+        "shared by the processes on this machine). Shared as prefix_cache_mib is (8192 until "
+        "`preload` sets it).",
         ge=0,
     )
     seed: int = _f(

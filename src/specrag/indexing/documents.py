@@ -688,7 +688,13 @@ def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]
         if carried and at > 0 and before.endswith(text[: at + len(carried)]):
             text = text[at:]  # the overlap repeated the chunk before's end, heading included
         elif carried and at != 0:
-            text = f"{carried}\n\n{text}"
+            # the overlap may have brought the carried headings' last lines: the rest only
+            lines = carried.split("\n\n")
+            have = next(
+                (k for k in range(1, len(lines)) if text.startswith("\n\n".join(lines[k:]))),
+                len(lines),
+            )
+            text = "\n\n".join([*lines[:have], text])
         before, carried = made, ""
         blocks = text.split("\n\n")
         cut = len(blocks)

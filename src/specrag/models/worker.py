@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -26,6 +27,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+LEND_AFTER_S = 0.5  # a turn this long lends the model thread to one queued plain call
 
 
 class _Call:
@@ -52,6 +56,7 @@ class ModelThread:
         self._waiting: deque[Callable[[], None]] = deque()  # decode jobs not yet started
         self._active = 0
         self._busy = False
+        self._turn_start = 0.0  # when the running task began, or last lent the thread
         self.closing = False  # set at interpreter exit: decode jobs stop at their next check
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="specrag-model", daemon=True)
@@ -80,6 +85,7 @@ class ModelThread:
                     self._cv.wait()
                 task = self._tasks.popleft()
                 self._busy = True
+                self._turn_start = time.monotonic()
             try:
                 task()  # tasks report through futures or callbacks ...
             except BaseException:  # noqa: BLE001 - ... and one that raises fails alone
@@ -116,22 +122,27 @@ class ModelThread:
         return future
 
     def run_waiting_calls(self) -> None:
-        """On the model thread, inside a long step: run the plain calls queued behind it.
+        """On the model thread, inside a long turn: run the first plain call queued behind it.
 
         A decode checks its stop between prefill slices and steps; a RAPID document's
         prefill (thousands of tokens) is one turn, and a question's embedding queued behind
-        it waited the whole prefill while its retrieval budget ran out. Other jobs' steps
-        still wait their turn. Anywhere but on the model thread this does nothing.
+        it waited the whole prefill while its retrieval budget ran out. A turn lends the
+        thread once it has run :data:`LEND_AFTER_S` of its own work, one call at a time: a
+        short turn (a decode step, a drafter round) lends nothing, so the timings its decode
+        steers by hold only its own work. Other jobs' steps still wait their turn. Anywhere
+        but on the model thread this does nothing.
         """
         if threading.get_ident() != self.ident:
             return
-        while True:
-            with self._cv:
-                call = next((t for t in self._tasks if isinstance(t, _Call)), None)
-                if call is None:
-                    return
+        if time.monotonic() - self._turn_start < LEND_AFTER_S:
+            return
+        with self._cv:
+            call = next((t for t in self._tasks if isinstance(t, _Call)), None)
+            if call is not None:
                 self._tasks.remove(call)
+        if call is not None:
             call()  # a submitted call hands its exception to its future
+            self._turn_start = time.monotonic()  # the turn's own work again before the next
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the model thread and wait (directly when already on it)."""
