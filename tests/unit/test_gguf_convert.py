@@ -350,8 +350,8 @@ def test_a_full_or_read_only_cache_dir_is_told_before_the_de_quantization(tmp_pa
 
     monkeypatch.setattr(gguf_module, "convert_gguf", never)
     monkeypatch.setattr("specrag.models.loading.convert_gguf", never)
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=100 * 2**20))
+    assert 0 < gguf_module.free_bytes(tmp_path) <= shutil.disk_usage(tmp_path).total
+    monkeypatch.setattr(gguf_module, "free_bytes", lambda folder: 100 * 2**20)
     with pytest.raises(ModelLoadError, match=r"need about 0\.5 GiB .* 0\.1 GiB free") as err:
         _load_lm_uncached("embedded", torch.device("cpu"), torch.float32)
     assert "\n" not in str(err.value) and "SPECRAG_CACHE_DIR" in str(err.value)

@@ -171,6 +171,14 @@ def converted_dir(gguf: Path, dtype: torch.dtype, root: Path) -> Path:
     return folder
 
 
+def free_bytes(folder: Path) -> int:
+    """Bytes this process may still write in ``folder``'s file system."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root may use the reserved blocks too
+        stat = os.statvfs(folder)
+        return stat.f_bfree * stat.f_frsize
+    return shutil.disk_usage(folder).free
+
+
 def room_for(gguf: Path, folder: Path, dtype: torch.dtype) -> str | None:
     """Why ``folder`` cannot take ``gguf``'s converted copy, or None (it can, or unknown).
 
@@ -188,10 +196,7 @@ def room_for(gguf: Path, folder: Path, dtype: torch.dtype) -> str | None:
         from gguf import GGUFReader
 
         elements = sum(int(t.n_elements) for t in GGUFReader(str(gguf)).tensors)
-        free = shutil.disk_usage(folder).free
-        if hasattr(os, "geteuid") and os.geteuid() == 0:  # root may use the reserved blocks
-            stat = os.statvfs(folder)
-            free = stat.f_bfree * stat.f_frsize
+        free = free_bytes(folder)
     except Exception:  # noqa: BLE001 - the conversion itself says what is wrong with the file
         return None
     need = elements * torch.empty(0, dtype=dtype).element_size()
