@@ -315,7 +315,7 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
     ran out (a concurrency review: 40 s). Plain calls now run at the prefill's stop checks."""
     from specrag.models.worker import LEND_AFTER_S
 
-    def run(slices):
+    def run(slices, submit=MODEL_THREAD.submit_short, what="query embedded"):
         order = []
         started = threading.Event()
 
@@ -337,9 +337,7 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
         async def main():
             answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
             await asyncio.to_thread(started.wait, 10)
-            await asyncio.to_thread(
-                lambda: MODEL_THREAD.submit(lambda: order.append("query embedded")).result(10)
-            )
+            await asyncio.to_thread(lambda: submit(lambda: order.append(what)).result(10))
             await answer
 
         asyncio.run(main())
@@ -349,3 +347,88 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
     assert run(slices=40) == ["query embedded", "prefill done"]  # 2 s: lent mid-way
     # a short turn (a decode step, a drafter round) lends nothing: its timings are its own
     assert run(slices=1) == ["prefill done", "query embedded"]
+    # only short calls are lent: a model's load (minutes for a conversion) or a cost timing
+    # queued behind the prefill waits for its end (lent, it paused the prefill while its
+    # budget ran, and the run stopped for "time" at the next check)
+    assert run(slices=40, submit=MODEL_THREAD.submit, what="model loaded") == [
+        "prefill done",
+        "model loaded",
+    ]
+
+
+def test_a_stopped_run_lends_nothing_before_it_stops(monkeypatch):
+    """A cancelled run (or one past its budget, or the process exiting) stops at its check;
+    it ran a queued call first (a review of the lending)."""
+    from specrag.models import worker
+
+    monkeypatch.setattr(worker, "LEND_AFTER_S", 0.0)  # every check may lend
+    order = []
+    started, ready, ended = threading.Event(), threading.Event(), threading.Event()
+
+    class LongPrefill(SlowLocal):
+        def _job(self, messages, options):
+            job = super()._job(messages, options)
+
+            def produce(should_stop):
+                started.set()
+                ready.wait(10)  # the first check comes once the run is cancelled
+                for _ in range(40):
+                    if reason := should_stop(0):
+                        order.append(f"prefill stopped: {reason}")
+                        break
+                    time.sleep(0.05)
+                ended.set()
+                yield [Token(0, -0.1, "model")]
+
+            job.produce = produce
+            return job
+
+    async def main():
+        answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
+        await asyncio.to_thread(started.wait, 10)
+        answer.cancel()
+        await asyncio.gather(answer, return_exceptions=True)
+        query = MODEL_THREAD.submit_short(lambda: order.append("query embedded"))
+        ready.set()
+        await asyncio.to_thread(query.result, 10)
+        await asyncio.to_thread(ended.wait, 10)
+
+    asyncio.run(main())
+    assert order == ["prefill stopped: cancelled", "query embedded"]
+
+
+def test_time_lent_to_other_calls_is_not_in_the_decodes_timings(monkeypatch):
+    """The timings a decode steers by (its prefill, the drafter's first reading, booked in
+    pass-timings.json) left out the seconds its turn lent to others' calls (a review)."""
+    from specrag.models import worker
+
+    monkeypatch.setattr(state_module, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(worker, "LEND_AFTER_S", 0.0)
+    model = tiny()
+    lent = []
+
+    def stop(n_generated):
+        if not lent:  # another run's call arrives during this decode's prefill
+            lent.append(MODEL_THREAD.submit_short(time.sleep, 0.6))
+        MODEL_THREAD.run_waiting_calls()
+        return None
+
+    def run():
+        stats = DecodeStats()
+        t0 = time.perf_counter()
+        out = list(
+            decode(
+                LMState(model),
+                list(range(1, 64)) * 2,
+                max_new_tokens=3,
+                sampler=Sampler(0.0),
+                should_stop=stop,
+                stats=stats,
+            )
+        )
+        return out, stats, time.perf_counter() - t0
+
+    out, stats, wall = MODEL_THREAD.call(run)
+    assert out and lent[0].done()  # the call was lent mid-decode ...
+    assert wall >= 0.6
+    assert stats.prefill_s + stats.decode_s <= wall - 0.6  # ... and is not the decode's time

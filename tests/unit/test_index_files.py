@@ -1309,6 +1309,15 @@ def test_a_heading_opens_the_chunk_of_the_section_it_heads():
 
     pair = ["Intro.\n\n## A\n\n### B", "### B\n\nThe body."]
     assert _carry_headings(pair, "", lambda h: True) == ["Intro.", "## A\n\n### B\n\nThe body."]
+    # a heading is found as whole lines: "## Use" is not the start of "## Users guide" (it was
+    # taken as already there, and dropped from both chunks; a review of this change)
+    pair = ["Intro.\n\n## Use", "## Users guide\n\nThe body."]
+    assert _carry_headings(pair, "", lambda h: True) == [
+        "Intro.",
+        "## Use\n\n## Users guide\n\nThe body.",
+    ]
+    pair = ["Intro.\n\n## A\n\n### B", "### Bees\n\nThe body."]
+    assert _carry_headings(pair, "", lambda h: True)[1] == "## A\n\n### B\n\n### Bees\n\nThe body."
     # a heading longer than an eighth of the chunk size stays where the splitter put it
     long_heading = "## " + " ".join(["Install"] * 8)
     text = f"{' '.join(lead)}\n\n{long_heading}\n\n{' '.join(section)}"

@@ -475,3 +475,31 @@ def test_one_runs_small_budgets_never_evict_what_other_runs_keep(tmp_path):
     starts.put(key, part)
     starts.put(key, prefilled(model, tokens), memory=0)
     assert len(starts.get(key)) == 20
+
+
+def test_a_start_in_memory_stays_until_the_whole_prefix_is_on_disk(tmp_path, monkeypatch):
+    """A whole prefix put by a run that keeps nothing in memory dropped the shorter start
+    memory held when its disk write began; a write that then gave up (a full disk, no room)
+    left neither copy, and the next question prefilled from scratch (a review)."""
+    from specrag.decoding import prefix_cache
+
+    model = tiny_llama()
+    tokens = list(range(3, 60))
+    key = prefix_key("m", tokens)
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(key, prefilled(model, tokens[:20]), disk=0)  # a start, in memory only
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prefix_cache.torch, "save", disk_full)
+        cache.put(key, prefilled(model, tokens), memory=0)
+        cache.flush()
+    assert not list(tmp_path.glob("*.kv"))
+    assert len(cache.get(key)) == 20  # the start is kept: the only copy
+    # once the whole prefix is on disk, the start no longer hides it
+    cache.put(key, prefilled(model, tokens), memory=0)
+    cache.flush()
+    assert cache.get(key) is None  # not in memory (that run kept nothing there) ...
+    assert cache.get(key, model).tokens == tokens  # ... read whole from disk

@@ -22,7 +22,6 @@ configured is exact in distribution but not reproducible draw for draw.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specrag.decoding.candidates import NgramProposer, Proposal
+from specrag.decoding.clock import own_clock
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState, Stopped, sync
 from specrag.decoding.vocab import fit_rows
@@ -198,7 +198,7 @@ class DrafterProposer:
         """
         if k <= 0:  # no room for a candidate: no drafter step either
             return Proposal([], "drafter")
-        t0 = time.perf_counter()
+        t0 = own_clock()
         if self.vocab_first and not self._restricted:
             self.stats.vocab_rows = self.lm.restrict(
                 self.vocab_first, self.prompt + [*self.eos_ids]
@@ -214,13 +214,13 @@ class DrafterProposer:
             last = self.lm.extend(missing, all_logits=False, should_stop=self.should_stop)[-1]
         except Stopped:  # what it read stays cached: a later call goes on from there
             self.stats.passes = self.lm.forward_passes
-            self.stats.draft_s += time.perf_counter() - t0
+            self.stats.draft_s += own_clock() - t0
             return Proposal([], "drafter")
         logits = self._fit(last)
         if first_fill:
             sync(self.lm.device)  # a GPU runs ahead of the clock
             self.stats.prefill_tokens += len(missing)
-            self.stats.prefill_s += time.perf_counter() - t0
+            self.stats.prefill_s += own_clock() - t0
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         while True:
@@ -239,7 +239,7 @@ class DrafterProposer:
         self.stats.passes = self.lm.forward_passes  # the drafter's own counter (slices included)
         self.stats.cache_refills, self.stats.cache_restores = self.lm.refills, self.lm.restores
         self.stats.proposed += len(tokens)
-        self.stats.draft_s += time.perf_counter() - t0
+        self.stats.draft_s += own_clock() - t0
         return Proposal(tokens, "drafter", None if self.sampler.greedy else torch.stack(rows))
 
 
@@ -433,7 +433,7 @@ class MergedProposer:
             return False
         if self._joined:
             return True
-        now = time.perf_counter()
+        now = own_clock()
         if self._started is None:
             self._started = now
         ratio, basis = self.paid.ratio(self.costs.prefill)
@@ -461,7 +461,7 @@ class MergedProposer:
         """See the class docstring."""
         self._settle(generated)
         if self._started is None:  # the join wait counts decoding time, whatever proposes
-            self._started = time.perf_counter()
+            self._started = own_clock()
         tokens, source = self.ngrams.propose(generated, k)
         strong = bool(tokens) and self.ngrams.strong
         first = strong or (self.ngrams_first and bool(tokens) and not self._weak_off)

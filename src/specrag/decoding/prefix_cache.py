@@ -196,9 +196,6 @@ class PrefixCache:
                 self._entries[key] = snapshot
                 self._entries.move_to_end(key)
                 self._evict()
-            elif kv is not None and (kept := self._entries.get(key)) is not None:
-                if len(kept) < len(state):  # a shorter start must not hide this one on disk
-                    self._entries.pop(key)
         if kv is not None and self._exiting:  # a thread started now would outlive the
             self._write(key, list(state.tokens), kv)  # flush: killed at exit, it aborts
         elif kv is not None:
@@ -255,7 +252,7 @@ class PrefixCache:
                 # written before: only a longer partial prefix replaces a shorter one
                 if _holds_at_least(path, len(tokens)):
                     os.utime(path)
-                    return
+                    return self._on_disk(key, len(tokens))
                 kv = [(k.cpu(), v.cpu()) for k, v in kv]
                 tmp = path.with_name(f"{path.name}{TMP}{os.getpid()}.{threading.get_ident()}")
                 try:
@@ -263,14 +260,25 @@ class PrefixCache:
                     torch.save({"key": key, "tokens": tokens, "kv": kv, "crc": crc}, tmp)
                     if tmp.stat().st_size > self.disk_max_bytes:  # the file's own bytes: no room
                         return
-                    if _holds_at_least(path, len(tokens)):  # another process's, meanwhile
-                        return
-                    os.replace(tmp, path)  # atomic: a reader never sees half a file
+                    if not _holds_at_least(path, len(tokens)):  # another process's, meanwhile
+                        os.replace(tmp, path)  # atomic: a reader never sees half a file
                 finally:
                     tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing
+            self._on_disk(key, len(tokens))
             self._prune_disk()
         except Exception as exc:  # noqa: BLE001 - a cache must never fail a run
             log.warning("prefix cache: could not write to %s: %s", self.disk_dir, exc)
+
+    def _on_disk(self, key: str, length: int) -> None:
+        """A prefix of ``length`` tokens is on disk: a shorter start in memory must not hide it.
+
+        Dropped once the file is there, not when the write began: a write that gives up (no
+        room, a full disk) leaves the start in memory, the only copy then.
+        """
+        with self._lock:
+            kept = self._entries.get(key)
+            if kept is not None and len(kept) < length:
+                self._entries.pop(key)
 
     def _read(self, key: str, model: Any) -> LMState | None:
         if self.disk_dir is None:

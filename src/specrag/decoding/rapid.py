@@ -25,13 +25,13 @@ Greedy mode accepts ``d`` iff ``d == argmax p_hat`` and corrects with ``argmax p
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from specrag.decoding.clock import own_clock
 from specrag.decoding.sampling import Sampler, token_logprob
 from specrag.decoding.speculative import Token, prefill, prefill_stop
 from specrag.decoding.state import LMState, Stopped, settle
@@ -181,7 +181,7 @@ def rapid_decode(
     def finish(reason: str) -> None:
         st.finish_reason = reason
         st.new_tokens = len(generated)
-        st.decode_s = 0.0 if t_start is None else time.perf_counter() - t_start
+        st.decode_s = 0.0 if t_start is None else own_clock() - t_start
         st.cache_refills = target.refills + drafter.refills
         st.cache_restores = target.restores + drafter.restores
 
@@ -189,21 +189,21 @@ def rapid_decode(
         return finish("length")
     before = prefill_stop(should_stop)
     try:  # budgets apply to both prefills
-        t0 = time.perf_counter()
+        t0 = own_clock()
         z0 = settle(prefill(target, target_prompt, before))  # [vocab]
         rows = z0.shape[-1]
-        st.target_prefill_s = time.perf_counter() - t0
+        st.target_prefill_s = own_clock() - t0
         st.prefilled = True
-        t0 = time.perf_counter()
+        t0 = own_clock()
         if cfg.drafter_vocab and cfg.lossless:  # with transfer q shapes the answer: all rows
             # counted in the drafter's prefill: it copies the kept rows
             st.drafter_vocab_rows = drafter.restrict(cfg.drafter_vocab, [*drafter_prompt, *eos_ids])
         d0 = settle(prefill(drafter, drafter_prompt, before))
-        st.drafter_prefill_s = time.perf_counter() - t0
+        st.drafter_prefill_s = own_clock() - t0
         st.drafter_prefilled = True
     except Stopped as stop:
         return finish(stop.reason)
-    t_start = time.perf_counter()
+    t_start = own_clock()
 
     # First token: from the transfer distribution at the prompt's last position.
     _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specrag.decoding.candidates import Proposal, Proposer
+from specrag.decoding.clock import own_clock
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.state import LMState, Stopped, settle, shared_prefix
 
@@ -60,7 +61,7 @@ class DecodeStats:
     sources: dict[str, int] | None = None
     rebuilds: list[dict[str, float | int]] = field(default_factory=list)
     segment: DecodeStats | None = None  # the segment being decoded (its counters are live)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # wall clock (rebuilds' at_s)
 
     def count(self, source: str, candidates: int, accepted: int, hit_eos: bool) -> None:
         """Count one verified proposal of ``candidates`` tokens from ``source``.
@@ -255,7 +256,7 @@ def decode(
     """
     stats = stats if stats is not None else DecodeStats()
     stats.prompt_tokens = len(prompt)
-    t0 = time.perf_counter()
+    t0 = own_clock()
     t1 = t0
     prior = prior or []
     before = [t.id for t in prior][:max_new_tokens]
@@ -267,7 +268,7 @@ def decode(
     def finish(reason: str) -> None:
         stats.finish_reason = reason
         stats.new_tokens = len(generated)
-        stats.decode_s = time.perf_counter() - t1
+        stats.decode_s = own_clock() - t1
         stats.cache_refills, stats.cache_restores = lm.refills, lm.restores
 
     if max_new_tokens <= 0:  # nothing to decode: no pass runs, what was shown goes
@@ -277,7 +278,7 @@ def decode(
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
         logits_all = settle(prefill_verify(lm, prompt, before or opened, prefill_stop(should_stop)))
     except Stopped as stop:
-        stats.prefill_s = time.perf_counter() - t0
+        stats.prefill_s = own_clock() - t0
         if before:  # nothing was verified: what was shown stays as it is ...
             generated.extend(before)
         if len(prior) > len(before):  # ... up to a lower max_new_tokens than before
@@ -285,8 +286,8 @@ def decode(
         finish(stop.reason)
         stats.decode_s = 0.0  # decoding never began: the time was the prefill's
         return
-    stats.prefill_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    stats.prefill_s = own_clock() - t0
+    t1 = own_clock()
 
     cands, source = (opened, "draft") if opened else (before, "kept")
     first, n_accepted, hit_eos = _verify(
@@ -321,13 +322,13 @@ def decode(
         # a proposer that spent the budget (a drafter reading its prompt) proposes nothing
         if not cands and should_stop is not None and (reason := should_stop(len(generated))):
             return finish(reason)
-        t_pass = time.perf_counter()
+        t_pass = own_clock()
         logits_all = lm.extend([last, *cands])  # [1 + len(cands), vocab]
         step, n_accepted, hit_eos = _verify(
             logits_all, cands, source, q, sampler, generator, eos_ids
         )
         # timed after verifying: reading the logits waits for the device (CUDA is async)
-        pass_s = time.perf_counter() - t_pass
+        pass_s = own_clock() - t_pass
         stats.forward_passes += 1
         if not cands:
             stats.plain_steps += 1

@@ -664,6 +664,15 @@ def chunk_ids(source: str, texts: list[str]) -> list[str]:
 _HEADING_LINE = re.compile(r"#{1,6}[ \t]+\S[^\n]*")
 
 
+def _find_lines(text: str, lines: str) -> int:
+    """Where ``lines`` stand in ``text`` as whole lines (``## Use`` is not ``## Users``), or -1."""
+    for m in re.finditer(re.escape(lines), text):
+        start, end = m.start(), m.end()
+        if (start == 0 or text[start - 1] == "\n") and (end == len(text) or text[end] == "\n"):
+            return start
+    return -1
+
+
 def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]) -> list[str]:
     """Chunks whose closing paragraphs are Markdown headings give them to the next chunk.
 
@@ -684,14 +693,14 @@ def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]
             at = document.find(text, seen)
             seen = at if at >= 0 else seen
             in_code = at < 0 or bisect.bisect_left(fences, at + len(text)) % 2 == 1
-        made, at = text, text.find(carried) if carried else -1
+        made, at = text, _find_lines(text, carried) if carried else -1
         if carried and at > 0 and before.endswith(text[: at + len(carried)]):
             text = text[at:]  # the overlap repeated the chunk before's end, heading included
         elif carried and at != 0:
             # the overlap may have brought the carried headings' last lines: the rest only
             lines = carried.split("\n\n")
             have = next(
-                (k for k in range(1, len(lines)) if text.startswith("\n\n".join(lines[k:]))),
+                (k for k in range(1, len(lines)) if _find_lines(text, "\n\n".join(lines[k:])) == 0),
                 len(lines),
             )
             text = "\n\n".join([*lines[:have], text])

@@ -321,6 +321,13 @@ def on_model_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return MODEL_THREAD.call(fn, *args, **kwargs)
 
 
+def on_model_thread_short(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """As :func:`on_model_thread`, for a short call a long prefill may run between its slices."""
+    from specrag.models.worker import MODEL_THREAD
+
+    return MODEL_THREAD.call_short(fn, *args, **kwargs)
+
+
 LAYOUT_VERDICTS = "layout-verdicts.json"  # in the cache dir: timed weight-layout verdicts
 
 _LM_CACHE: dict[tuple[str, str, str], LoadedLM] = {}
@@ -930,9 +937,11 @@ class ModelThreadEmbeddings(Embeddings):
         """
         out: list[list[float]] = []
         for start in range(0, len(texts), self.batch):
-            out += on_model_thread(self.inner.embed_documents, texts[start : start + self.batch])
+            out += on_model_thread_short(
+                self.inner.embed_documents, texts[start : start + self.batch]
+            )
         return out
 
     def embed_query(self, text: str) -> list[float]:
         """Embed a question."""
-        return on_model_thread(self.inner.embed_query, text)
+        return on_model_thread_short(self.inner.embed_query, text)

@@ -464,7 +464,13 @@ class _Run:
         self.shown = ""  # the text sent in chunks so far (what a client shows)
 
     def should_stop(self, n: int) -> str | None:
-        MODEL_THREAD.run_waiting_calls()  # asked between prefill slices: others' calls go on
+        reason = self._stop_reason(n)
+        if reason is None:  # asked between prefill slices: others' short calls go on ...
+            MODEL_THREAD.run_waiting_calls()
+            reason = self._stop_reason(n)  # ... and what they took may have spent the budget
+        return reason
+
+    def _stop_reason(self, n: int) -> str | None:
         if self.cancel.is_set() or MODEL_THREAD.closing:
             return "cancelled"
         if self.deadline is not None and time.monotonic() >= self.deadline:

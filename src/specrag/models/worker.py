@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from specrag.decoding.clock import count_lent
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -33,12 +35,17 @@ LEND_AFTER_S = 0.5  # a turn this long lends the model thread to one queued plai
 
 
 class _Call:
-    """A plain call queued on the model thread (``submit``), not a decode job's step."""
+    """A plain call queued on the model thread (``submit``), not a decode job's step.
 
-    __slots__ = ("run",)
+    ``short``: a call a long turn may run at its stop checks (``submit_short``: a question's
+    embedding, a batch of passages); a model's load or a timing never is.
+    """
 
-    def __init__(self, run: Callable[[], None]) -> None:
+    __slots__ = ("run", "short")
+
+    def __init__(self, run: Callable[[], None], short: bool = False) -> None:
         self.run = run
+        self.short = short
 
     def __call__(self) -> None:
         self.run()
@@ -108,6 +115,19 @@ class ModelThread:
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         """Run ``fn`` on the model thread; the future holds its result or exception."""
+        return self._submit(False, fn, args, kwargs)
+
+    def submit_short(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+        """As :meth:`submit`, for a short call a long turn may run at its stop checks.
+
+        Only calls of a fraction of a second belong here (a question's embedding, a batch of
+        32 passages): a lent call pauses the turn that lends it, whose budget keeps running.
+        """
+        return self._submit(True, fn, args, kwargs)
+
+    def _submit(
+        self, short: bool, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Future[T]:
         future: Future[T] = Future()
 
         def task() -> None:
@@ -118,30 +138,37 @@ class ModelThread:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 future.set_exception(exc)
 
-        self._push(_Call(task))
+        self._push(_Call(task, short))
         return future
 
     def run_waiting_calls(self) -> None:
-        """On the model thread, inside a long turn: run the first plain call queued behind it.
+        """On the model thread, inside a long turn: run the first short call queued behind it.
 
         A decode checks its stop between prefill slices and steps; a RAPID document's
         prefill (thousands of tokens) is one turn, and a question's embedding queued behind
         it waited the whole prefill while its retrieval budget ran out. A turn lends the
-        thread once it has run :data:`LEND_AFTER_S` of its own work, one call at a time: a
-        short turn (a decode step, a drafter round) lends nothing, so the timings its decode
-        steers by hold only its own work. Other jobs' steps still wait their turn. Anywhere
-        but on the model thread this does nothing.
+        thread once it has run :data:`LEND_AFTER_S` of its own work, one call at a time, and
+        only to calls queued by :meth:`submit_short`: a model's load or a cost timing queued
+        behind it waits for the turn's end (lent, it would pause the turn for seconds while
+        the turn's budget ran). The lent seconds are booked on this thread
+        (:func:`specrag.decoding.clock.count_lent`), so the timings a decode steers by - its
+        prefill, its drafter's reading - hold only its own work. Other jobs' steps still wait
+        their turn. Anywhere but on the model thread this does nothing.
         """
         if threading.get_ident() != self.ident:
             return
         if time.monotonic() - self._turn_start < LEND_AFTER_S:
             return
         with self._cv:
-            call = next((t for t in self._tasks if isinstance(t, _Call)), None)
+            call = next((t for t in self._tasks if isinstance(t, _Call) and t.short), None)
             if call is not None:
                 self._tasks.remove(call)
         if call is not None:
-            call()  # a submitted call hands its exception to its future
+            lent = time.perf_counter()
+            try:
+                call()  # a submitted call hands its exception to its future
+            finally:
+                count_lent(time.perf_counter() - lent)
             self._turn_start = time.monotonic()  # the turn's own work again before the next
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -149,6 +176,12 @@ class ModelThread:
         if threading.get_ident() == self.ident:
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
+
+    def call_short(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """As :meth:`call`, queued by :meth:`submit_short` (a long turn may lend to it)."""
+        if threading.get_ident() == self.ident:
+            return fn(*args, **kwargs)
+        return self.submit_short(fn, *args, **kwargs).result()
 
     @property
     def others_waiting(self) -> bool:
