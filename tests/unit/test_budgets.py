@@ -356,6 +356,34 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
     ]
 
 
+def test_a_long_turn_keeps_as_much_of_the_thread_as_it_lends(monkeypatch):
+    """A long prefill lent the thread after every 0.5 s of its own work, whatever the lent
+    calls took: a document being indexed (a batch of 32 passages, ~1 s on 2 cores) took two
+    thirds of the thread while the prefill's budget ran (a review). After a lent call the turn
+    works as long as that call took before it lends again."""
+    from specrag.models import worker
+
+    monkeypatch.setattr(worker, "LEND_AFTER_S", 0.1)
+    order = []
+
+    def prefill():
+        batches = [
+            MODEL_THREAD.submit_short(lambda: (time.sleep(1.0), order.append("batch")))
+            for _ in range(3)
+        ]
+        for _ in range(30):  # 0.6 s of its own work, checked every 0.02 s
+            MODEL_THREAD.run_waiting_calls()
+            time.sleep(0.02)
+        order.append("prefill done")
+        return batches
+
+    batches = MODEL_THREAD.submit(prefill).result(30)
+    # one batch lent (after 0.1 s); the next was due after 1 s more of the turn's own work
+    assert order == ["batch", "prefill done"]
+    for batch in batches:  # the rest run after the turn
+        batch.result(30)
+
+
 def test_a_stopped_run_lends_nothing_before_it_stops(monkeypatch):
     """A cancelled run (or one past its budget, or the process exiting) stops at its check;
     it ran a queued call first (a review of the lending)."""

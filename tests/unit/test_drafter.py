@@ -349,7 +349,7 @@ def test_drafter_joins_after_decoding_repays_its_estimated_prefill(pair, monkeyp
     target, drafter = pair
     prompt = list(range(5, 25))
     clock = {"t": 100.0}
-    monkeypatch.setattr(drafter_module, "own_clock", lambda: clock["t"])
+    monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
     proposer = MergedProposer(
         NgramProposer({}),
         DrafterProposer(LMState(drafter), prompt, Sampler(0.0)),
@@ -390,7 +390,7 @@ def test_the_join_waits_for_the_prefill_ratio_earlier_joins_paid(pair, monkeypat
     target, drafter = pair
     prompt = list(range(5, 25))
     clock = {"t": 100.0}
-    monkeypatch.setattr(drafter_module, "own_clock", lambda: clock["t"])
+    monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
     paid = PaidPrefills()
 
     def answer(book=True):
@@ -449,7 +449,7 @@ def test_a_drafter_reading_a_shorter_prompt_waits_as_long_and_books_per_token(pa
     target, drafter = pair
     prompt = list(range(5, 25))
     clock = {"t": 100.0}
-    monkeypatch.setattr(drafter_module, "own_clock", lambda: clock["t"])
+    monkeypatch.setattr(drafter_module.time, "perf_counter", lambda: clock["t"])
     paid = PaidPrefills()
     proposer = MergedProposer(
         NgramProposer({}),

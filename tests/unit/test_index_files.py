@@ -1316,6 +1316,9 @@ def test_a_heading_opens_the_chunk_of_the_section_it_heads():
         "Intro.",
         "## Use\n\n## Users guide\n\nThe body.",
     ]
+    # the overlap repeated a heading with trailing blanks: still the same line, added once
+    pair = ["Intro.\n\n## Setup", "## Setup  \n\nThe body."]
+    assert _carry_headings(pair, "", lambda h: True) == ["Intro.", "## Setup  \n\nThe body."]
     pair = ["Intro.\n\n## A\n\n### B", "### Bees\n\nThe body."]
     assert _carry_headings(pair, "", lambda h: True)[1] == "## A\n\n### B\n\n### Bees\n\nThe body."
     # a heading longer than an eighth of the chunk size stays where the splitter put it

@@ -4,7 +4,9 @@ A long turn of the model thread (a long prompt's prefill) runs one queued short 
 stop checks (:meth:`specrag.models.worker.ModelThread.run_waiting_calls`). The timings a
 decode steers by - its prefill, its drafter's first reading, the prefill ratio a join books
 into ``pass-timings.json`` - must hold its own work only, so they read :func:`own_clock`,
-which leaves out the seconds this thread spent on calls it was lent.
+which leaves out the seconds this thread spent on calls it was lent. Durations that span
+turns (``decode_s``, the drafter's join wait) are wall time: other runs' steps are in them
+anyway, and a lent total is the thread's, not the run's.
 """
 
 from __future__ import annotations

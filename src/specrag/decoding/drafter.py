@@ -22,6 +22,7 @@ configured is exact in distribution but not reproducible draw for draw.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -433,7 +434,7 @@ class MergedProposer:
             return False
         if self._joined:
             return True
-        now = own_clock()
+        now = time.perf_counter()  # wall: the wait spans turns
         if self._started is None:
             self._started = now
         ratio, basis = self.paid.ratio(self.costs.prefill)
@@ -461,7 +462,7 @@ class MergedProposer:
         """See the class docstring."""
         self._settle(generated)
         if self._started is None:  # the join wait counts decoding time, whatever proposes
-            self._started = own_clock()
+            self._started = time.perf_counter()
         tokens, source = self.ngrams.propose(generated, k)
         strong = bool(tokens) and self.ngrams.strong
         first = strong or (self.ngrams_first and bool(tokens) and not self._weak_off)

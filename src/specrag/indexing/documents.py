@@ -666,11 +666,8 @@ _HEADING_LINE = re.compile(r"#{1,6}[ \t]+\S[^\n]*")
 
 def _find_lines(text: str, lines: str) -> int:
     """Where ``lines`` stand in ``text`` as whole lines (``## Use`` is not ``## Users``), or -1."""
-    for m in re.finditer(re.escape(lines), text):
-        start, end = m.start(), m.end()
-        if (start == 0 or text[start - 1] == "\n") and (end == len(text) or text[end] == "\n"):
-            return start
-    return -1
+    found = re.search(rf"(?m)^{re.escape(lines)}[ \t]*$", text)  # a line's trailing blanks too
+    return found.start() if found else -1
 
 
 def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]) -> list[str]:

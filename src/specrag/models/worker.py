@@ -31,11 +31,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-LEND_AFTER_S = 0.5  # a turn this long lends the model thread to one queued plain call
+LEND_AFTER_S = 0.5  # a turn this long lends the model thread to one queued short call
 
 
 class _Call:
-    """A plain call queued on the model thread (``submit``), not a decode job's step.
+    """A call queued on the model thread (``submit``), not a decode job's step.
 
     ``short``: a call a long turn may run at its stop checks (``submit_short``: a question's
     embedding, a batch of passages); a model's load or a timing never is.
@@ -64,6 +64,7 @@ class ModelThread:
         self._active = 0
         self._busy = False
         self._turn_start = 0.0  # when the running task began, or last lent the thread
+        self._own_s = LEND_AFTER_S  # its own work due before it lends (again)
         self.closing = False  # set at interpreter exit: decode jobs stop at their next check
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="specrag-model", daemon=True)
@@ -93,6 +94,7 @@ class ModelThread:
                 task = self._tasks.popleft()
                 self._busy = True
                 self._turn_start = time.monotonic()
+                self._own_s = LEND_AFTER_S
             try:
                 task()  # tasks report through futures or callbacks ...
             except BaseException:  # noqa: BLE001 - ... and one that raises fails alone
@@ -147,8 +149,9 @@ class ModelThread:
         A decode checks its stop between prefill slices and steps; a RAPID document's
         prefill (thousands of tokens) is one turn, and a question's embedding queued behind
         it waited the whole prefill while its retrieval budget ran out. A turn lends the
-        thread once it has run :data:`LEND_AFTER_S` of its own work, one call at a time, and
-        only to calls queued by :meth:`submit_short`: a model's load or a cost timing queued
+        thread once it has run :data:`LEND_AFTER_S` of its own work (after a lent call: as
+        long as that call took), one call at a time, and only to calls queued by
+        :meth:`submit_short`: a model's load or a cost timing queued
         behind it waits for the turn's end (lent, it would pause the turn for seconds while
         the turn's budget ran). The lent seconds are booked on this thread
         (:func:`specrag.decoding.clock.count_lent`), so the timings a decode steers by - its
@@ -157,7 +160,7 @@ class ModelThread:
         """
         if threading.get_ident() != self.ident:
             return
-        if time.monotonic() - self._turn_start < LEND_AFTER_S:
+        if time.monotonic() - self._turn_start < self._own_s:
             return
         with self._cv:
             call = next((t for t in self._tasks if isinstance(t, _Call) and t.short), None)
@@ -168,8 +171,11 @@ class ModelThread:
             try:
                 call()  # a submitted call hands its exception to its future
             finally:
-                count_lent(time.perf_counter() - lent)
-            self._turn_start = time.monotonic()  # the turn's own work again before the next
+                took = time.perf_counter() - lent
+                count_lent(took)
+            # the turn's own work again before the next, as long as the call took: a turn
+            # lending batches of passages (~1 s each on 2 cores) keeps half the thread
+            self._turn_start, self._own_s = time.monotonic(), max(LEND_AFTER_S, took)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the model thread and wait (directly when already on it)."""
