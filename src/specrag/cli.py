@@ -398,6 +398,7 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
 
 
 _JSON_PRINTED = False  # this process printed its one --json document
+_FINISHED: list[Any] = []  # what a --json command finished before it failed (its error says)
 _ARGV: list[str] = []  # the command line main() parses (a subcommand's parser sees its part)
 
 
@@ -431,6 +432,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
         raise InputError("--thread needs a conversation id (got an empty one)")
     if args.document is not None and not args.document.strip():  # an unset $FILE
         raise InputError("--document needs a file (got an empty name)")
+    if args.document and (given := [k for k in INDEX_KEYS if cli_overrides(args).get(k)]):
+        flag = f"--{given[0].replace('_', '-')}"  # it was dropped without a word
+        raise InputError(
+            f"--document searches the file it names, not an index: drop {flag} (or drop "
+            "--document to ask the index)"
+        )
     # a resumed run goes on with its own settings (--models, --set, ...); flags given now win
     ctx = make_context(args, thread_settings(args.thread) if args.resume and args.thread else None)
     if args.resume:
@@ -580,18 +587,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         doc = document if scenario.long_document else None
         result = asyncio.run(run_graph(scenario.question, run_ctx, doc, stream=not args.json))
         rows.append((scenario, result_json(result)))
-    if args.json:
-        print_json(
-            [
-                {
-                    "scenario": s.name,
-                    "question": s.question,
-                    "expected_route": s.expected_route,
-                    **r,
-                }
-                for s, r in rows
-            ]
+        _FINISHED.append(
+            {
+                "scenario": scenario.name,
+                "question": scenario.question,
+                "expected_route": scenario.expected_route,
+                **rows[-1][1],
+            }
         )
+    if args.json:
+        print_json(list(_FINISHED))
         return 0
     print_demo_summary(rows)
     return 0
@@ -950,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     global _JSON_PRINTED, _ARGV
     _JSON_PRINTED = False
+    _FINISHED.clear()
     parser = build_parser()
     raw = _ARGV = sys.argv[1:] if argv is None else list(argv)
     wants_json = json_requested(raw)
@@ -987,8 +993,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
         line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print_error(line)
-        send_traces()
-        return _json_error(args, line, 2)
+        code = _json_error(args, line, 2)  # before the trace's send (up to ~10 s)
+        send_traces(after_error=True)
+        return code
     except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
         return _drop_stdout(141)  # as a process killed by SIGPIPE
     except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
@@ -999,8 +1006,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         line = short_error(exc)
         print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
-        send_traces()  # (not after Ctrl-C: the user asked to stop now)
-        return _json_error(args, line, 1)
+        code = _json_error(args, line, 1)  # before the trace's send (up to ~10 s)
+        send_traces(after_error=True)  # (not after Ctrl-C: the user asked to stop now)
+        return code
 
 
 def _drop_stdout(code: int) -> int:
@@ -1017,12 +1025,14 @@ def _drop_stdout(code: int) -> int:
     return code
 
 
-def send_traces() -> None:
+def send_traces(after_error: bool = False) -> None:
     """Send the run's LangSmith trace before exit, saying so first.
 
     langsmith sends it in the background, and at exit waits for it: with its endpoint down
     (or slow) the process sat ~10 s after the answer, silent. The wait is langsmith's own
     (its timeouts and retries); this line explains it. Nothing when no trace is pending.
+    ``after_error``: a failed run's error is told already; Ctrl-C during the send stops it
+    there (it escaped the error handler as a traceback).
     """
     run_trees = sys.modules.get("langsmith.run_trees")
     client = getattr(run_trees, "_CLIENT", None)  # the client tracing made, if any
@@ -1031,8 +1041,14 @@ def send_traces() -> None:
         return
     endpoint = getattr(client, "api_url", "") or "LangSmith"
     err.print(f"[dim]sending the trace to {escape(str(endpoint))} ...[/dim]")
-    with contextlib.suppress(Exception):  # tracing never fails a run
+    try:
         client.flush()
+    except KeyboardInterrupt:
+        if not after_error:
+            raise  # a finished run: "interrupted", as anywhere else
+        err.print("\nspecrag: interrupted (the trace was not sent)", highlight=False, markup=False)
+    except Exception:  # noqa: BLE001, S110 - tracing never fails a run
+        pass
 
 
 def print_error(line: str) -> None:
@@ -1048,11 +1064,16 @@ def debug_mode() -> bool:
 def _json_error(args: argparse.Namespace, message: str, code: int) -> int:
     """Under ``--json``, a failed run's error as its one JSON document on stdout.
 
-    ``{"error": ..., "exit_code": ...}``, so a script reading stdout gets JSON either way.
+    ``{"error": ..., "exit_code": ...}``, so a script reading stdout gets JSON either way;
+    with ``"finished": [...]`` where the command had finished some of its work (the demo's
+    scenarios before the one that failed or was interrupted).
     """
     if getattr(args, "json", False) and not _JSON_PRINTED:
+        doc: dict[str, Any] = {"error": message, "exit_code": code}
+        if _FINISHED:
+            doc["finished"] = list(_FINISHED)
         with contextlib.suppress(OSError):
-            print_json({"error": message, "exit_code": code})
+            print_json(doc)
             sys.stdout.flush()
     return code
 

@@ -733,6 +733,9 @@ def test_a_thread_keeps_an_index_dir_named_like_a_model_absolute(tmp_path, monke
         (["ask", "q", "--document", ""], "--document needs a file"),
         (["ask", "q", "--document", "."], "is a folder, not a file"),
         (["ask", "q", "--index-dir", ""], "--index-dir is empty: give a folder"),
+        # --document searches its file: an index named beside it was dropped without a word
+        (["ask", "q", "--document", "x.txt", "--index-dir", "idx"], "drop --index-dir"),
+        (["ask", "q", "--document", "x.txt", "--set", "index_url=http://h:1"], "drop --index-url"),
         (["index", "x", "--index-url", " "], "--index-url is empty: give a URL"),
         (["config", "--index-dir", "a", "--index-url", "http://h:1"], "name two indexes"),
         (["bench", "rag", "--out", ""], "--out is empty"),
@@ -976,3 +979,36 @@ def test_config_refuses_what_index_and_ask_refuse(capsys, tmp_path, monkeypatch,
     assert said in one_line_error(capsys, main(["config", *argv]))
     if "300" in said:
         assert said in one_line_error(capsys, main(["index", str(tmp_path), *argv]))
+
+
+def test_demo_json_keeps_the_scenarios_it_finished_when_a_later_one_fails(monkeypatch, capsys):
+    """`demo --json` printed its scenarios only after the last: a failure or Ctrl-C in the
+    third left stdout with only {"error": ...} (a CLI review). The error now carries them."""
+    import json
+    from types import SimpleNamespace
+
+    from specrag import cli
+    from specrag.data import datasets
+
+    monkeypatch.setattr(datasets, "squad_paragraphs", lambda: [])
+    report = SimpleNamespace(chunks_total=0, chunks_added=0)
+    monkeypatch.setattr(cli, "index_with_progress", lambda *a, **k: report)
+    monkeypatch.setattr(cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "result_json", lambda result: {"answer": result})
+    asked = []
+
+    async def run_graph(question, *args, **kwargs):
+        asked.append(question)
+        if len(asked) == 2:
+            raise KeyboardInterrupt
+        return f"answer to {question}"
+
+    monkeypatch.setattr(cli, "run_graph", run_graph)
+    argv = ["demo", "--json", "--question", "One?", "--question", "Two?", "--question", "3?"]
+    assert cli.main(argv) == 130
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "interrupted" and doc["exit_code"] == 130
+    assert [(f["question"], f["answer"]) for f in doc["finished"]] == [("One?", "answer to One?")]
+    # a run that fails before finishing anything says only its error, as before
+    assert cli.main(["config", "--json", "--set", "nosuchkey=1"]) == 2
+    assert "finished" not in json.loads(capsys.readouterr().out)

@@ -190,3 +190,40 @@ def test_the_cli_says_it_sends_a_pending_trace_before_the_exit_waits(monkeypatch
     cli.send_traces()
     assert flushed == [True]
     assert "sending the trace to http://127.0.0.1:9 ..." in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_failed_runs_trace_is_sent_is_one_line_after_its_error(monkeypatch, capsys):
+    """A failed run's error handler sent the pending trace (up to ~10 s with the endpoint
+    down) before its JSON error, and Ctrl-C there escaped as a traceback (a CLI review)."""
+    import json
+    import queue
+
+    from langsmith import run_trees
+
+    from specrag import cli
+    from specrag.errors import InputError
+
+    order = []
+
+    class Client:
+        api_url = "http://127.0.0.1:9"
+        tracing_queue = queue.Queue()
+
+        def flush(self):
+            order.append(("flush", capsys.readouterr().out))
+            raise KeyboardInterrupt
+
+    Client.tracing_queue.put("a run")
+    monkeypatch.setattr(run_trees, "_CLIENT", Client())
+
+    def fails(args):
+        raise InputError("no such thing")
+
+    monkeypatch.setattr(cli, "cmd_config", fails)  # bound when main builds its parser
+    assert cli.main(["config", "--json"]) == 2
+    ((_, out_before_flush),) = order
+    assert json.loads(out_before_flush) == {"error": "no such thing", "exit_code": 2}
+    assert "the trace was not sent" in capsys.readouterr().err
+    # a run that finished: Ctrl-C during the send is "interrupted", as anywhere else
+    with pytest.raises(KeyboardInterrupt):
+        cli.send_traces()
