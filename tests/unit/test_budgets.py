@@ -309,6 +309,18 @@ def test_a_long_documents_embedding_lets_other_model_work_through_between_batche
     assert order == ["batch of 32", "other run", "batch of 32", "batch of 6"]
 
 
+def long_prefill(produce):
+    """A local model whose decode job is ``produce`` (a long prefill: one model-thread turn)."""
+
+    class LongPrefill(SlowLocal):
+        def _job(self, messages, options):
+            job = super()._job(messages, options)
+            job.produce = produce
+            return job
+
+    return LongPrefill()
+
+
 def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
     """A RAPID document's prefill (thousands of tokens) is one turn of the model thread: a
     question's embedding queued behind it waited the whole prefill while its retrieval budget
@@ -319,23 +331,16 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
         order = []
         started = threading.Event()
 
-        class LongPrefill(SlowLocal):
-            def _job(self, messages, options):
-                job = super()._job(messages, options)
-
-                def produce(should_stop):
-                    started.set()
-                    for _ in range(slices):  # prefill slices in one turn, checked between
-                        should_stop(0)
-                        time.sleep(0.05)
-                    order.append("prefill done")
-                    yield [Token(0, -0.1, "model")]
-
-                job.produce = produce
-                return job
+        def produce(should_stop):
+            started.set()
+            for _ in range(slices):  # prefill slices in one turn, checked between
+                should_stop(0)
+                time.sleep(0.05)
+            order.append("prefill done")
+            yield [Token(0, -0.1, "model")]
 
         async def main():
-            answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
+            answer = asyncio.create_task(long_prefill(produce).ainvoke("a long document"))
             await asyncio.to_thread(started.wait, 10)
             await asyncio.to_thread(lambda: submit(lambda: order.append(what)).result(10))
             await answer
@@ -393,26 +398,19 @@ def test_a_stopped_run_lends_nothing_before_it_stops(monkeypatch):
     order = []
     started, ready, ended = threading.Event(), threading.Event(), threading.Event()
 
-    class LongPrefill(SlowLocal):
-        def _job(self, messages, options):
-            job = super()._job(messages, options)
-
-            def produce(should_stop):
-                started.set()
-                ready.wait(10)  # the first check comes once the run is cancelled
-                for _ in range(40):
-                    if reason := should_stop(0):
-                        order.append(f"prefill stopped: {reason}")
-                        break
-                    time.sleep(0.05)
-                ended.set()
-                yield [Token(0, -0.1, "model")]
-
-            job.produce = produce
-            return job
+    def produce(should_stop):
+        started.set()
+        ready.wait(10)  # the first check comes once the run is cancelled
+        for _ in range(40):
+            if reason := should_stop(0):
+                order.append(f"prefill stopped: {reason}")
+                break
+            time.sleep(0.05)
+        ended.set()
+        yield [Token(0, -0.1, "model")]
 
     async def main():
-        answer = asyncio.create_task(LongPrefill().ainvoke("a long document"))
+        answer = asyncio.create_task(long_prefill(produce).ainvoke("a long document"))
         await asyncio.to_thread(started.wait, 10)
         answer.cancel()
         await asyncio.gather(answer, return_exceptions=True)
