@@ -172,7 +172,7 @@ def make_context(
         for key in INDEX_KEYS:
             base.pop(key, None)
     ctx = SpecRagContext.from_overrides({**base, **given})
-    from specrag.models.loading import check_local_model
+    from specrag.models.loading import check_embedding_path, check_local_model
     from specrag.models.pair import PAIR
     from specrag.models.registry import check_remote_spec, local_model_name
 
@@ -185,6 +185,9 @@ def make_context(
             check_local_model(name)
         else:
             check_remote_spec(spec)
+    # an embedding model path that is not there: before `index` reads its files and before
+    # `ask --document` loads both chat models (minutes for the pair); the index checked it
+    check_embedding_path(ctx.embedding_model)
     return ctx
 
 

@@ -1012,3 +1012,29 @@ def test_demo_json_keeps_the_scenarios_it_finished_when_a_later_one_fails(monkey
     # a run that fails before finishing anything says only its error, as before
     assert cli.main(["config", "--json", "--set", "nosuchkey=1"]) == 2
     assert "finished" not in json.loads(capsys.readouterr().out)
+
+
+def test_an_embedding_model_path_that_is_not_there_is_told_before_anything_loads(
+    monkeypatch, capsys, tmp_path
+):
+    """`ask --document F --set embedding_model=./no-such-dir` loaded both chat models first
+    (minutes for the pair), and `index` read every file first (a CLI review)."""
+    import specrag.cli
+
+    def no_load(*a, **k):
+        raise AssertionError("models loaded before the embedding model was checked")
+
+    monkeypatch.setattr(specrag.cli, "preload", no_load)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Rollo led the Norse settlers of Normandy.")
+    bad = ["--set", "embedding_model=./no-such-dir"]
+    line = one_line_error(capsys, main(["ask", "Who?", "--document", str(doc), *bad]))
+    assert "embedding model path not found: ./no-such-dir" in line
+
+    def no_read(*a, **k):
+        raise AssertionError("files read before the embedding model was checked")
+
+    monkeypatch.setattr(specrag.cli, "index_with_progress", no_read)
+    monkeypatch.setattr("specrag.indexing.pipeline.load_files", no_read)
+    line = one_line_error(capsys, main(["index", str(doc), *bad]))
+    assert "embedding model path not found: ./no-such-dir" in line
