@@ -13,6 +13,7 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from specrag.errors import DataDirError
@@ -37,20 +38,31 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
         raise DataDirError(
             f"cannot use the data dir {path.parent}: {exc.strerror or exc}{WRITABLE_HINT}"
         ) from exc
+    try:
+        # Opened once here first: aiosqlite's own failed open queues its thread's stop without
+        # waiting for it, and that thread then finds the event loop closed (a warning, or a
+        # traceback at exit). A file SQLite cannot open never reaches aiosqlite.
+        sqlite3.connect(path).close()
+    except sqlite3.Error as exc:
+        raise _unusable(path, exc) from exc
     async with AsyncExitStack() as stack:
         try:
             saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
             await saver.setup()  # reads the file now: a corrupt one is told here, not mid-run
         except sqlite3.Error as exc:
-            if not os.access(path.parent, os.W_OK):  # a read-only folder, file or not
-                raise DataDirError(
-                    f"cannot use the data dir {path.parent}: it is not writable{WRITABLE_HINT}"
-                ) from exc
-            raise DataDirError(
-                f"cannot use the thread checkpoints at {path}: {exc} (move the file aside "
-                "to start every thread over)"
-            ) from exc
+            raise _unusable(path, exc) from exc
         yield saver
+
+
+def _unusable(path: Path, exc: sqlite3.Error) -> DataDirError:
+    if not os.access(path.parent, os.W_OK):  # a read-only folder, file or not
+        return DataDirError(
+            f"cannot use the data dir {path.parent}: it is not writable{WRITABLE_HINT}"
+        )
+    return DataDirError(
+        f"cannot use the thread checkpoints at {path}: {exc} (move the file aside "
+        "to start every thread over)"
+    )
 
 
 async def keep_latest(saver: Any, thread: str) -> None:
