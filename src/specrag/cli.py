@@ -312,8 +312,10 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
         no_text,
         prune_prefixes,
     )
-    from specrag.indexing.store import local_index_at, stored_sources
+    from specrag.indexing.store import check_recorded_model, local_index_at, stored_sources
 
+    if not args.forget:  # another model's index, a server that does not answer: said before
+        check_recorded_model(directory, ctx.collection, ctx.index_url, ctx.embedding_model)
     if args.forget:  # checked against the index before the embedding model loads: a typo
         held = stored_sources(directory, ctx.collection, ctx.index_url)  # removes nothing
         loaded, gone = Loaded([], []), forget_entries(args.paths, held)

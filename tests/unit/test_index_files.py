@@ -371,8 +371,12 @@ def test_another_embedding_model_is_refused_before_it_loads(tmp_path, monkeypatc
     def no_load(name):
         raise AssertionError(f"loaded {name}")
 
+    def no_read(*a, **k):  # `index` read every file first (minutes on a large PDF folder)
+        raise AssertionError("files read before the index's embedding model was checked")
+
     for module in (services, specrag.indexing.pipeline):
         monkeypatch.setattr(module, "load_embeddings", no_load)
+    monkeypatch.setattr(specrag.indexing.pipeline, "load_files", no_read)
     services._INDEXES.clear()
     hub = ["--set", "embedding_model=sentence-transformers/all-mpnet-base-v2"]
     capsys.readouterr()
