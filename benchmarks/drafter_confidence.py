@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specrag.evaluation.script import Parser, ScriptError, run_script
+
 BINS = [(0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.9), (0.9, 1.01)]
 CUTS = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 KS = [2, 4, 8, 16]
@@ -248,7 +250,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=10, help="long-set questions")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
@@ -265,20 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         width_cost(args.verify_table)(1)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(
-            f"drafter_confidence: error: --verify-cost {args.verify_cost}: not a verify_cost "
-            f"results file with relative_to_width_1.target@400 ({type(exc).__name__}: {exc})",
-            file=sys.stderr,
-        )
-        return 2
-
-    from specrag.errors import ModelLoadError
-
-    try:
-        result = measure(args)
-    except ModelLoadError as exc:
-        print(f"drafter_confidence: error: {exc}", file=sys.stderr)
-        return 2
+        raise ScriptError(
+            f"--verify-cost {args.verify_cost}: not a verify_cost results file with "
+            f"relative_to_width_1.target@400 ({type(exc).__name__}: {exc})"
+        ) from None
+    result = measure(args)  # a model that does not load: one line (run_script)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     (args.out / "table.md").write_text(markdown(result))
@@ -288,4 +281,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("drafter_confidence", main))

@@ -14,7 +14,6 @@ results as one JSON document on stdout; progress goes to stderr.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -47,7 +46,11 @@ def found(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu_identity", description=__doc__.split("\n")[0])
+    """The script; its failures are raised for :func:`cli` to tell."""
+    engines_only()  # before the package's script helpers are imported (a bare GPU machine)
+    from specrag.evaluation.script import Parser, ScriptError
+
+    parser = Parser(prog="gpu_identity", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="write the token-id prompts (needs the full package)")
     prep.add_argument("--models", choices=["embedded", "pair"], default="embedded")
@@ -70,36 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[identity {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    def fail(line: str) -> int:
-        """One error line on stderr (with --json also ``{"error": line}`` on stdout); 2."""
-        print(f"gpu_identity: error: {line}", file=sys.stderr)
-        if getattr(args, "json", False):
-            print(json.dumps({"error": line}))
-        return 2
-
-    def prepared(*a: object) -> dict[str, object] | None:
-        """The prompts, or None after a one-line error (e.g. the pair is not installed)."""
-        from specrag.errors import SpecRagError
+    if args.command == "prepare":  # the pair not installed: one line (run_script)
         from specrag.evaluation.identity import prepare
 
-        try:
-            return prepare(*a)  # type: ignore[arg-type]
-        except SpecRagError as exc:
-            fail(str(exc))
-            return None
-
-    if args.command == "prepare":
-        spec = prepared(args.models, args.terse, args.long, args.rapid, args.rapid_tokens)
-        if spec is None:
-            return 2
+        spec = prepare(args.models, args.terse, args.long, args.rapid, args.rapid_tokens)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(spec))
         n, h = len(spec["cases"]), len(spec["haystacks"])
         log(f"wrote {n} prompts and {h} haystacks to {args.out}")
         return 0
 
-    engines_only()
-    from specrag.evaluation.identity import DTYPES, markdown, run, sources
+    from specrag.evaluation.identity import DTYPES, markdown, prepare, run, sources
 
     aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
     # once each: "bf16,bfloat16" ran twice and compared the second run with itself
@@ -107,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = list(dict.fromkeys(named))
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or not dtypes:
-        return fail(f"unknown dtype {unknown} (use {', '.join(DTYPES)})")
+        raise ScriptError(f"unknown dtype {unknown} (use {', '.join(DTYPES)})")
     missing = [p for p in (args.prompts, args.target, args.drafter) if p and not found(p)]
     if missing:
-        return fail(f"not found: {', '.join(missing)}")
+        raise ScriptError(f"not found: {', '.join(missing)}")
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        return fail(f"--device {args.device}: no CUDA here")
+        raise ScriptError(f"--device {args.device}: no CUDA here")
     if args.prompts:
         try:  # a cut or foreign file: one line, not a traceback
             spec = json.loads(Path(args.prompts).read_text(encoding="utf-8"))
@@ -123,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 raise ValueError("not a prompts file of `gpu_identity.py prepare`")
         except (OSError, UnicodeDecodeError, ValueError) as exc:
-            return fail(f"--prompts {args.prompts}: {exc}")
-    elif (spec := prepared(args.models)) is None:
-        return 2
+            raise ScriptError(f"--prompts {args.prompts}: {exc}") from None
+    else:
+        spec = prepare(args.models)
     models = sources(spec, args.target, args.drafter)
     if missing := [m for m in dict.fromkeys(models) if not found(m)]:
-        return fail(
+        raise ScriptError(
             f"model not found here: {', '.join(missing)} (name the files with --target/--drafter)"
         )
     result = run(spec, args.device, dtypes, *models, progress=log)
@@ -147,5 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """:func:`main` with its errors as one line (and ``{"error": ...}`` with ``--json``)."""
+    engines_only()
+    from specrag.evaluation.script import run_script
+
+    return run_script("gpu_identity", main, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -21,13 +21,14 @@ same document on stdout; progress goes to stderr.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from specrag.evaluation.script import Parser, ScriptError, run_script
 
 DEFAULT_VARIANTS = {"default": {}, "no_cutoff": {"min_draft_confidence": 0.0}}
 FIXED = {  # ChatRapid settings this script sets itself
@@ -57,28 +58,26 @@ def parse_variants(text: str) -> dict[str, dict[str, Any]]:
     try:
         variants = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"rapid_variants: error: --variants is not JSON: {exc}") from None
+        raise ScriptError(f"--variants is not JSON: {exc}") from None
     if not isinstance(variants, dict) or not variants:
-        raise SystemExit("rapid_variants: error: --variants must be a non-empty JSON object")
+        raise ScriptError("--variants must be a non-empty JSON object")
     for name, settings in variants.items():
         if name in RESERVED_NAMES:
-            raise SystemExit(f"rapid_variants: error: {name!r} cannot name a variant")
+            raise ScriptError(f"{name!r} cannot name a variant")
         if not isinstance(settings, dict):
-            raise SystemExit(f"rapid_variants: error: variant {name!r} is not a JSON object")
+            raise ScriptError(f"variant {name!r} is not a JSON object")
         unknown = sorted(set(settings) - set(ChatRapid.model_fields))
         if unknown:
-            raise SystemExit(f"rapid_variants: error: variant {name!r}: unknown {unknown}")
+            raise ScriptError(f"variant {name!r}: unknown {unknown}")
         fixed = sorted(set(settings) & FIXED)
         if fixed:
-            raise SystemExit(f"rapid_variants: error: variant {name!r}: {fixed} are set here")
+            raise ScriptError(f"variant {name!r}: {fixed} are set here")
         try:
             ChatRapid(**settings)
         except ValidationError as exc:
             problem = exc.errors()[0]
             where = ".".join(map(str, problem["loc"]))
-            raise SystemExit(
-                f"rapid_variants: error: variant {name!r}: {where}: {problem['msg']}"
-            ) from None
+            raise ScriptError(f"variant {name!r}: {where}: {problem['msg']}") from None
     return variants
 
 
@@ -109,7 +108,7 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", choices=["pair", "embedded"], default="pair")
     ap.add_argument("--questions", type=int, default=5, help="HotpotQA questions (default 5)")
     ap.add_argument(
@@ -124,15 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the results as one JSON document")
     args = ap.parse_args(argv)
     if args.questions < 1:
-        raise SystemExit("rapid_variants: error: --questions must be >= 1")
+        raise ScriptError("--questions must be >= 1")
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(
-            f"rapid_variants: error: --lengths {args.lengths!r}: not integers"
-        ) from None
+        raise ScriptError(f"--lengths {args.lengths!r}: not integers") from None
     if not lengths or min(lengths) < 512:
-        raise SystemExit("rapid_variants: error: --lengths must be token counts >= 512")
+        raise ScriptError("--lengths must be token counts >= 512")
     variants = parse_variants(args.variants)
 
     from langchain_core.messages import HumanMessage
@@ -156,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log = Console(stderr=True)
     if args.models == "pair" and not installed():
-        raise SystemExit("rapid_variants: error: the pair is not installed: run make models-pair")
+        raise ScriptError("the pair is not installed: run make models-pair")
     drafter_name, target_name = MODEL_PRESETS[args.models]
     same = drafter_name == target_name  # embedded: one model in both roles, one copy
     try:  # as bench rapid loads them (auto: fp32 on a CPU, bf16 on a GPU)
@@ -164,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = drafter_dtype(args.drafter_dtype, "auto", "auto", same)
         drafter = target if same else load_lm(drafter_name, "auto", dtype)
     except SpecRagError as exc:
-        raise SystemExit(f"rapid_variants: error: {exc}") from None
+        raise ScriptError(f"{exc}") from None
     pool = hotpot_questions()
     picked = sample(pool, args.questions, SEED)
     distractors = sample(pool, 300, SEED + 1)
@@ -267,4 +264,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("rapid_variants", main))

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specrag.evaluation.script import Parser, run_script
+
 
 def ints(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]`` (an argparse type: a bad list is a usage error)."""
@@ -66,7 +68,7 @@ def widths_cost(loaded: Any, cache: int, widths: list[int], reps: int) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", choices=["embedded", "pair"], default="pair")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
@@ -81,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1:
         parser.error("--reps must be >= 1")
 
-    from specrag.errors import ModelLoadError
     from specrag.graph.context import MODEL_PRESETS
     from specrag.models import layout
     from specrag.models.loading import (
@@ -94,15 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     drafter_name, target_name = MODEL_PRESETS[args.models]
-    try:
-        target = load_lm(target_name, args.device, args.dtype)
-        same = drafter_name == target_name
-        # the drafter in the dtype the package gives it (int8 beside an fp32 or bf16 target on x86)
-        ddtype = drafter_dtype(args.drafter_dtype, args.dtype, args.device, same)
-        drafter = load_lm(drafter_name, args.device, ddtype)
-    except ModelLoadError as exc:
-        print(f"verify_cost: error: {exc}", file=sys.stderr)
-        return 2
+    target = load_lm(target_name, args.device, args.dtype)  # a load error: one line (run_script)
+    same = drafter_name == target_name
+    # the drafter in the dtype the package gives it (int8 beside an fp32 or bf16 target on x86)
+    ddtype = drafter_dtype(args.drafter_dtype, args.dtype, args.device, same)
+    drafter = load_lm(drafter_name, args.device, ddtype)
     models = {"target": target}
     if drafter.key != target.key:
         models["drafter"] = drafter
@@ -146,4 +143,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("verify_cost", main))

@@ -149,7 +149,7 @@ def test_the_gpu_script_refuses_a_bad_prompts_file_in_one_line(tmp_path, capsys)
     foreign.write_text("{}")
     for bad in (cut, foreign):
         argv = ["run", "--prompts", str(bad), "--device", "cpu", "--json"]
-        assert script.main(argv) == 2
+        assert script.cli(argv) == 2
         out, err = capsys.readouterr()
         assert json.loads(out)["error"].startswith(f"--prompts {bad}")
         assert err.startswith("gpu_identity: error: --prompts") and err.count("\n") == 1

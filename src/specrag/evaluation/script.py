@@ -1,0 +1,66 @@
+"""The edges of the ``benchmarks/*.py`` scripts, as the ``specrag`` command has them.
+
+A usage error or a known failure is one ``NAME: error: ...`` line on stderr and exit 2; with
+``--json`` the script also prints ``{"error": ...}`` on stdout (one JSON document on stdout,
+whatever happens). Ctrl-C is one line and exit 130. A package error (a model that does not
+load, the pair not installed) is a known failure. Standard library only:
+``gpu_identity.py`` runs on a bare GPU machine where the package's dependencies are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+
+class ScriptError(Exception):
+    """A failure a script tells in one line (its message is the line)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` whose usage errors are :class:`ScriptError` (one line, not usage + exit 2).
+
+    Abbreviated options are off: ``--js`` is not ``--json`` (``run_script`` looks for the
+    whole flag to know that an error goes to stdout as JSON too).
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        """Raise the usage error for :func:`run_script` to tell."""
+        raise ScriptError(f"{message} (see --help)")
+
+
+def _package_error(exc: BaseException) -> bool:
+    """One of the package's own one-line errors (found by name: no import of the package)."""
+    return any(c.__name__ == "SpecRagError" for c in type(exc).__mro__)
+
+
+def run_script(
+    name: str, main: Callable[[list[str]], int], argv: Sequence[str] | None = None
+) -> int:
+    """``main(argv)``, its exit status; failures told as the module docstring says."""
+    args = list(sys.argv[1:] if argv is None else argv)
+
+    def fail(line: str, code: int) -> int:
+        said = "interrupted" if code == 130 else f"error: {line}"  # as the specrag command
+        print(f"{name}: {said}", file=sys.stderr, flush=True)
+        if "--json" in args:
+            print(json.dumps({"error": line}), flush=True)
+        return code
+
+    try:
+        return main(args)
+    except ScriptError as exc:
+        return fail(str(exc), 2)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except Exception as exc:
+        if not _package_error(exc):
+            raise  # a bug: its traceback
+        return fail(str(exc), 2)

@@ -1,0 +1,71 @@
+"""The edges of the ``benchmarks/*.py`` scripts: one error line, one JSON document, Ctrl-C."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from specrag.errors import ModelLoadError
+from specrag.evaluation.script import run_script
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def told(capsys, code, expected=2):
+    """The one stderr line and the stdout JSON of a failed run."""
+    assert code == expected
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1, err
+    return err.strip(), json.loads(out)
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "said"),
+    [  # usage errors were argparse's usage block and no JSON; rapid_variants' exited 1
+        ("verify_cost", ["--reps", "0", "--json"], "--reps must be >= 1"),
+        ("verify_cost", ["--widths", "1,x", "--json"], "not a comma-separated list"),
+        ("drafter_confidence", ["--no-such-flag", "--json"], "unrecognized arguments"),
+        ("rapid_variants", ["--questions", "0", "--json"], "--questions must be >= 1"),
+        ("rapid_variants", ["--variants", "[1]", "--json"], "non-empty JSON object"),
+        ("gpu_identity", ["run", "--dtypes", "fp64", "--json"], "unknown dtype"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_one_json_document(capsys, name, argv, said):
+    line, doc = told(capsys, run_script(name, script(name).main, argv))
+    assert line.startswith(f"{name}: error: ") and said in line, line
+    assert said in doc["error"]
+
+
+def test_without_json_nothing_goes_to_stdout(capsys):
+    assert run_script("verify_cost", script("verify_cost").main, ["--reps", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("verify_cost: error: --reps must be >= 1")
+
+
+def test_ctrl_c_and_package_errors_are_one_line(capsys):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    def not_loaded(argv):
+        raise ModelLoadError("cannot load model x: not found")
+
+    line, doc = told(capsys, run_script("s", interrupted, ["--json"]), 130)
+    assert (line, doc) == ("s: interrupted", {"error": "interrupted"})
+    line, doc = told(capsys, run_script("s", not_loaded, ["--json"]))
+    assert line == "s: error: cannot load model x: not found" and doc["error"].startswith("cannot")
+
+
+def test_a_bug_keeps_its_traceback():
+    def bug(argv):
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        run_script("s", bug, [])
