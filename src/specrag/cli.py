@@ -298,6 +298,7 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
     from specrag.errors import IndexError_
     from specrag.indexing.documents import (
         Skipped,
+        checked_path,
         describe_skipped,
         folder_prefix,
         one_line,
@@ -314,7 +315,9 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
     )
     from specrag.indexing.store import check_recorded_model, local_index_at, stored_sources
 
-    if not args.forget:  # another model's index, a server that does not answer: said before
+    if not args.forget:  # a typo first; then another model's index, a server that does not
+        for path in args.paths:  # answer: both before the files are read (minutes for PDFs)
+            checked_path(path)
         check_recorded_model(directory, ctx.collection, ctx.index_url, ctx.embedding_model)
     if args.forget:  # checked against the index before the embedding model loads: a typo
         held = stored_sources(directory, ctx.collection, ctx.index_url)  # removes nothing

@@ -1330,3 +1330,35 @@ def test_a_heading_opens_the_chunk_of_the_section_it_heads():
     text = f"{' '.join(lead)}\n\n{long_heading}\n\n{' '.join(section)}"
     chunks = [c.text for c in split_document("l.md", text, splitter)]
     assert chunks[0].endswith(long_heading), chunks
+
+
+def test_index_tells_a_typo_before_it_opens_the_index(tmp_path, monkeypatch, capsys):
+    """With the index checked before the files are read (a review, 2026-12-06), `index typo.txt
+    --index-url URL` said the server did not answer: a path that is not there comes first."""
+    import specrag.indexing.store
+
+    def no_open(*a, **k):
+        raise AssertionError("the index was opened before the named paths were checked")
+
+    monkeypatch.setattr(specrag.indexing.store, "check_recorded_model", no_open)
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG")
+    for argv, said in (
+        (["index", str(tmp_path / "typo.txt")], "no such file or folder"),
+        (["index", str(tmp_path / "photo.png"), "--index-url", "http://127.0.0.1:9"], ".png"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err
+
+
+def test_a_moved_embedding_model_is_warned_of_once(tmp_path, caplog):
+    """`index` checks the recorded model before it reads the files and again as it opens the
+    index: the "which is gone" warning was printed two or three times in one run."""
+    from specrag.indexing.store import check_embedding_stamp
+
+    gone = str(tmp_path / "moved-model")
+    with caplog.at_level("WARNING", logger="specrag"):
+        for _ in range(3):
+            check_embedding_stamp(gone, "embedded", "docs", str(tmp_path))
+    assert sum("which is gone" in r.getMessage() for r in caplog.records) == 1

@@ -509,6 +509,20 @@ class Collected(NamedTuple):
     """The named folders (prefixes) whose walk met something it could not read."""
 
 
+def checked_path(item: str | Path) -> Path:
+    """A named path that exists; a named file of a supported type (else one-line ``InputError``).
+
+    The checks that read no file and walk no folder: ``index`` makes them before it opens the
+    index, so a typo is told before a server that does not answer.
+    """
+    path = named_path(item)
+    if not path.exists():
+        raise InputError(f"no such file or folder: {item}")
+    if not path.is_dir():
+        require_supported(path, item)
+    return path
+
+
 def collect_files_report(paths: Iterable[str | Path]) -> Collected:
     """Folders expanded to their files; what was left out; the real folders walked; the reach.
 
@@ -520,9 +534,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
     reach: dict[str, list[str]] = {}
     incomplete: list[str] = []
     for item in paths:
-        path = named_path(item)
-        if not path.exists():
-            raise InputError(f"no such file or folder: {item}")
+        path = checked_path(item)
         if path.is_dir():
             found, left_out, walked = _walk(path)
             files += found
@@ -540,7 +552,6 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
             if any(s.reason.startswith(UNREADABLE) for s in left_out):
                 incomplete.append(key)
         else:
-            require_supported(path, item)
             files.append(path)
             reach.setdefault(source_name(path.resolve()), [])
     skipped = list(dict.fromkeys(skipped))  # once, where two named folders overlap

@@ -56,6 +56,9 @@ def embedding_stamp(name: str) -> str:
     return EMBEDDED_LM if real == bundled else str(real)
 
 
+_TOLD_GONE: set[tuple[str, str, str]] = set()  # (collection, recorded folder, model used)
+
+
 def check_embedding_stamp(built_with: str | None, using: str, collection: str, where: str) -> None:
     """Refuse to open a collection built with another embedding model (one-line error).
 
@@ -65,6 +68,9 @@ def check_embedding_stamp(built_with: str | None, using: str, collection: str, w
     if not built_with or built_with == using:
         return
     if Path(built_with).is_absolute() and not Path(built_with).exists():
+        if (told := (collection, built_with, using)) in _TOLD_GONE:
+            return  # said once per process (an index run checks before and as it opens)
+        _TOLD_GONE.add(told)
         log.warning(
             "collection %r was built with the embedding model at %s, which is gone; using %s "
             "as if it were the same model",
