@@ -57,8 +57,9 @@ def test_ctrl_c_and_package_errors_are_one_line(capsys):
     def not_loaded(argv):
         raise ModelLoadError("cannot load model x: not found")
 
-    line, doc = told(capsys, run_script("s", interrupted, ["--json"]), 130)
-    assert (line, doc) == ("s: interrupted", {"error": "interrupted"})
+    assert run_script("s", interrupted, ["--json"]) == 130
+    out, err = capsys.readouterr()  # on a line of its own, as the specrag command's
+    assert (err, json.loads(out)) == ("\ns: interrupted\n", {"error": "interrupted"})
     line, doc = told(capsys, run_script("s", not_loaded, ["--json"]))
     assert line == "s: error: cannot load model x: not found" and doc["error"].startswith("cannot")
 
@@ -69,3 +70,28 @@ def test_a_bug_keeps_its_traceback():
 
     with pytest.raises(ZeroDivisionError):
         run_script("s", bug, [])
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_line(capsys, tmp_path):
+    """`--out` under a file: a FileExistsError traceback after the measurement, no JSON."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+
+    def writes(argv):
+        (blocker / "results").mkdir(parents=True)
+        return 0
+
+    line, doc = told(capsys, run_script("s", writes, ["--json"]))
+    assert line.startswith("s: error: ") and str(blocker) in line, line
+    assert str(blocker) in doc["error"]
+
+
+def test_a_model_the_gpu_script_cannot_load_is_one_line(capsys, tmp_path):
+    """A foreign folder (or a hub id offline) as --target: transformers' OSError traceback."""
+    import torch
+
+    from specrag.evaluation.identity import load_model
+
+    (tmp_path / "config.json").write_text("{}")  # a folder that is no model
+    with pytest.raises(ModelLoadError, match=f"cannot load model {tmp_path}"):
+        load_model(str(tmp_path), torch.float32, torch.device("cpu"))

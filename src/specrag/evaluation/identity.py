@@ -149,14 +149,20 @@ def load_model(source: str, dtype: torch.dtype, device: torch.device) -> Any:
     """
     from transformers import AutoModelForCausalLM
 
+    from specrag.errors import ModelLoadError
+
     path = Path(source)
-    if path.suffix == ".gguf":
-        folder = converted_dir(path, torch.float32, _cache_root())
-        if not is_converted(folder):
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            convert_gguf(path, folder, torch.float32)
-        source = str(folder)
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    try:  # a corrupt file, a foreign folder, a hub id offline: one line (run_script)
+        if path.suffix == ".gguf":
+            folder = converted_dir(path, torch.float32, _cache_root())
+            if not is_converted(folder):
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                convert_gguf(path, folder, torch.float32)
+            source = str(folder)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ModelLoadError(f"cannot load model {source}: {reason}") from exc
     return model.to(device).eval()
 
 

@@ -3,7 +3,8 @@
 A usage error or a known failure is one ``NAME: error: ...`` line on stderr and exit 2; with
 ``--json`` the script also prints ``{"error": ...}`` on stdout (one JSON document on stdout,
 whatever happens). Ctrl-C is one line and exit 130. A package error (a model that does not
-load, the pair not installed) is a known failure. Standard library only:
+load, the pair not installed) and an ``OSError`` (an ``--out`` that cannot be written) are
+known failures. Standard library only:
 ``gpu_identity.py`` runs on a bare GPU machine where the package's dependencies are missing.
 """
 
@@ -48,8 +49,9 @@ def run_script(
     args = list(sys.argv[1:] if argv is None else argv)
 
     def fail(line: str, code: int) -> int:
-        said = "interrupted" if code == 130 else f"error: {line}"  # as the specrag command
-        print(f"{name}: {said}", file=sys.stderr, flush=True)
+        # as the specrag command: Ctrl-C's line starts on a line of its own (after a bar's)
+        said = f"\n{name}: interrupted" if code == 130 else f"{name}: error: {line}"
+        print(said, file=sys.stderr, flush=True)
         if "--json" in args:
             print(json.dumps({"error": line}), flush=True)
         return code
@@ -60,6 +62,8 @@ def run_script(
         return fail(str(exc), 2)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
+    except OSError as exc:  # a results folder that cannot be written, a full disk
+        return fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
     except Exception as exc:
         if not _package_error(exc):
             raise  # a bug: its traceback
