@@ -584,7 +584,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         scenarios = [Scenario(f"question {n}", q, "", "") for n, q in enumerate(args.questions, 1)]
     document = normans_document() if any(s.long_document for s in scenarios) else None
     preload(ctx, document, index=any(not s.long_document for s in scenarios))
-    rows = []
     for scenario in scenarios:
         err.print(
             f"\n[bold]{escape(scenario.name)}:[/bold] {escape(scenario.question)}", soft_wrap=True
@@ -594,24 +593,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
             err.print(f"[dim]{escape(scenario.describe(run_ctx))}[/dim]", soft_wrap=True)
         doc = document if scenario.long_document else None
         result = asyncio.run(run_graph(scenario.question, run_ctx, doc, stream=not args.json))
-        rows.append((scenario, result_json(result)))
-        _FINISHED.append(
+        _FINISHED.append(  # the --json rows; a later failure's JSON error carries them too
             {
                 "scenario": scenario.name,
                 "question": scenario.question,
                 "expected_route": scenario.expected_route,
-                **rows[-1][1],
+                **result_json(result),
             }
         )
     if args.json:
         print_json(list(_FINISHED))
         return 0
-    print_demo_summary(rows)
+    print_demo_summary(_FINISHED)
     return 0
 
 
-def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
+def print_demo_summary(rows: list[dict[str, Any]]) -> None:
     """One block per scenario (wraps at word boundaries in any width), then a narrow table.
+
+    ``rows``: the demo's ``--json`` rows (scenario, question, expected_route, the run's result).
 
     A wide table squeezed into 80 columns (stdout not a terminal) wrapped every cell letter by
     letter; blocks read the same in a log and in a terminal.
@@ -620,18 +620,18 @@ def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
 
     from specrag.demo import savings
 
-    for n, (scenario, r) in enumerate(rows, start=1):
+    for n, r in enumerate(rows, start=1):
         conf = r["draft_confidence"]
         conf_text = f", confidence {conf:.2f}" if conf is not None else ""
         out.print(
-            f"\n[bold]{n}. {escape(scenario.name)}: {escape(scenario.question)}[/bold]",
+            f"\n[bold]{n}. {escape(r['scenario'])}: {escape(r['question'])}[/bold]",
             soft_wrap=True,
         )
         out.print(f"   draft (no evidence{conf_text}): {escape(r['draft'] or '-')}", soft_wrap=True)
         out.print(f"   route: {escape(r['route'])} - because {escape(r['reason'])}", soft_wrap=True)
-        if scenario.expected_route and r["route"] != scenario.expected_route:
+        if r["expected_route"] and r["route"] != r["expected_route"]:
             out.print(
-                f"   (this scenario was set up for {scenario.expected_route}; the gate decided "
+                f"   (this scenario was set up for {r['expected_route']}; the gate decided "
                 "otherwise, for the reason above)",
                 soft_wrap=True,
             )
@@ -640,7 +640,7 @@ def print_demo_summary(rows: list[tuple[Any, dict[str, Any]]]) -> None:
     table = Table(title="what each run cost (seconds from the run's start)", title_justify="left")
     for col in ("#", "route", "draft 1st token", "answer 1st token", "total"):
         table.add_column(col, no_wrap=True)
-    for n, (_, r) in enumerate(rows, start=1):
+    for n, r in enumerate(rows, start=1):
         t = r["timings"]
         table.add_row(
             str(n),

@@ -1,7 +1,6 @@
 """The readable CLI output prints model and user text as it is (never as Rich markup)."""
 
 import json
-from types import SimpleNamespace
 
 from specrag.cli import main, print_demo_summary
 
@@ -11,8 +10,10 @@ TRICKY = "see [source], [bold]this[/bold] and [/evidence] in notes[v2].md"
 
 
 def test_demo_summary_prints_bracketed_text_verbatim(capsys):
-    scenario = SimpleNamespace(name="question [1]", question="what is [/INST]?", expected_route="")
     row = {
+        "scenario": "question [1]",
+        "question": "what is [/INST]?",
+        "expected_route": "",
         "draft_confidence": 0.5,
         "draft": TRICKY,
         "route": "generate",
@@ -21,7 +22,7 @@ def test_demo_summary_prints_bracketed_text_verbatim(capsys):
         "stats": {},
         "timings": {"draft_ttft_s": 0.1, "ttft_s": 0.2, "total_s": 0.3},
     }
-    print_demo_summary([(scenario, row)])
+    print_demo_summary([row])
     out = capsys.readouterr().out
     assert out.count(TRICKY) == 2, out  # the draft and the answer, brackets and all
     assert "what is [/INST]?" in out and "draft too short [x]" in out
