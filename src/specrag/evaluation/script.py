@@ -4,8 +4,8 @@ A usage error or a known failure is one ``NAME: error: ...`` line on stderr and 
 ``--json`` the script also prints ``{"error": ...}`` on stdout (one JSON document on stdout,
 whatever happens). Ctrl-C is one line and exit 130. A package error (a model that does not
 load, the pair not installed) and an ``OSError`` (an ``--out`` that cannot be written) are
-known failures. Standard library only:
-``gpu_identity.py`` runs on a bare GPU machine where the package's dependencies are missing.
+known failures. Standard library and ``specrag.errors`` only: ``gpu_identity.py`` runs on a
+bare GPU machine where the package's dependencies are missing.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
+
+from specrag.errors import SpecRagError  # plain classes: importable on a bare machine too
 
 
 class ScriptError(Exception):
@@ -37,11 +39,6 @@ class Parser(argparse.ArgumentParser):
         raise ScriptError(f"{message} (see --help)")
 
 
-def _package_error(exc: BaseException) -> bool:
-    """One of the package's own one-line errors (found by name: no import of the package)."""
-    return any(c.__name__ == "SpecRagError" for c in type(exc).__mro__)
-
-
 def run_script(
     name: str, main: Callable[[list[str]], int], argv: Sequence[str] | None = None
 ) -> int:
@@ -62,9 +59,7 @@ def run_script(
         return fail(str(exc), 2)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
+    except SpecRagError as exc:  # the package's own one-line errors; a bug keeps its traceback
+        return fail(str(exc), 2)
     except OSError as exc:  # a results folder that cannot be written, a full disk
         return fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
-    except Exception as exc:
-        if not _package_error(exc):
-            raise  # a bug: its traceback
-        return fail(str(exc), 2)
