@@ -137,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from specrag.data.datasets import hotpot_questions, sample
     from specrag.decoding.prefix_cache import PrefixCache
-    from specrag.errors import SpecRagError
     from specrag.evaluation import metrics
     from specrag.evaluation.bench_rapid import (
         MAX_NEW,
@@ -156,12 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         raise ScriptError("the pair is not installed: run make models-pair")
     drafter_name, target_name = MODEL_PRESETS[args.models]
     same = drafter_name == target_name  # embedded: one model in both roles, one copy
-    try:  # as bench rapid loads them (auto: fp32 on a CPU, bf16 on a GPU)
-        target = load_lm(target_name, "auto", "auto")
-        dtype = drafter_dtype(args.drafter_dtype, "auto", "auto", same)
-        drafter = target if same else load_lm(drafter_name, "auto", dtype)
-    except SpecRagError as exc:
-        raise ScriptError(f"{exc}") from None
+    # as bench rapid loads them (auto: fp32 on a CPU, bf16 on a GPU); a load error: one line
+    target = load_lm(target_name, "auto", "auto")
+    dtype = drafter_dtype(args.drafter_dtype, "auto", "auto", same)
+    drafter = target if same else load_lm(drafter_name, "auto", dtype)
     pool = hotpot_questions()
     picked = sample(pool, args.questions, SEED)
     distractors = sample(pool, 300, SEED + 1)
