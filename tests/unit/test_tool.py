@@ -263,3 +263,42 @@ def test_the_public_names_type_check_as_documented(tmp_path):
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout
+
+
+def test_ctrl_c_in_a_sync_call_unwinds_the_run_quietly(caplog):
+    """Ctrl-C during `tool.invoke` (no running loop) left the run's other tasks pending: the
+    private loop closed their async generators under them and destroyed them, printing pages
+    of "already running" / "Task was destroyed" tracebacks around the KeyboardInterrupt (a
+    review, 2026-12-06). They are cancelled and unwound first, as `asyncio.run` does."""
+    import asyncio
+
+    import pytest
+
+    from specrag.tools import _run_on_own_loop
+
+    unwound = []
+
+    async def tokens():
+        try:
+            while True:
+                yield "tok"
+                await asyncio.sleep(0.01)
+        finally:
+            unwound.append("generator")
+
+    async def stream():
+        try:
+            async for _ in tokens():
+                pass
+        finally:
+            unwound.append("task")
+
+    async def run():
+        asyncio.get_running_loop().create_task(stream())
+        await asyncio.sleep(0.05)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _run_on_own_loop(run())
+    assert sorted(unwound) == ["generator", "task"]
+    assert not [r for r in caplog.records if r.name == "asyncio"]

@@ -77,15 +77,28 @@ def _run_on_own_loop(coro: Any) -> Any:
 
     ``asyncio.run`` would wait for every leftover ``to_thread`` worker (e.g. a retrieval stuck
     on a locked store after its budget ended), so the tool could block past every budget.
+    Its tasks are cancelled and awaited first, as ``asyncio.run`` does: after Ctrl-C the run's
+    task was left pending, and closing its async generators under it printed pages of
+    "already running" / "Task was destroyed" tracebacks around the KeyboardInterrupt.
     """
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(coro)
     finally:
         try:
+            _cancel_tasks(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()  # shuts its default executor down with wait=False
+
+
+def _cancel_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel ``loop``'s unfinished tasks and let them unwind (their errors are theirs)."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 def make_specrag_tool(
