@@ -184,8 +184,11 @@ class Query(BaseModel):
 
 
 def test_with_structured_output_forces_the_call(scripted):
-    # the scripted model writes only the arguments: the call's head is forced by tool_choice
-    model = scripted('{"query": "Rollo"}}\n</tool_call>')
+    """The scripted model writes only what follows the forced head, which opens the
+    arguments' object: ending the head at `"arguments": ` let the pair's 0.5B write a bare
+    value (`31` for a person), an invalid call, and the structured output was None (a review,
+    2026-12-06)."""
+    model = scripted('"query": "Rollo"}}\n</tool_call>')
     result = model.with_structured_output(Query).invoke([HumanMessage("Who was Rollo?")])
     assert result == Query(query="Rollo")
 
@@ -375,3 +378,35 @@ def test_models_that_answer_differently_have_different_cache_keys():
     assert ChatLocalLM(wide_candidates=4)._identifying_params != base
     assert "prefix_cache" not in rapid and "prefix_cache_bytes" not in rapid
     assert ChatRapid(prefix_cache_bytes=1)._identifying_params == rapid
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        'Here is the config:\n```json\n{"port": 8080}\n```\nDone.',
+        'A person: {"name": "Bob", "age": 3}. Done.',
+        '<tools>{"name": "other_tool", "arguments": {}}</tools> is not bound. Done.',
+    ],
+)
+def test_json_in_an_answer_that_calls_no_bound_tool_stays_text(scripted, written):
+    """With tools bound, any ```json fence (or `{"name"`, `<tools>`) was taken for a call:
+    the answer was cut before it, the decode stopped there ("Done." never came) and an
+    invalid call was filed (a review, 2026-12-06). JSON that calls no bound tool is text."""
+    msg = scripted(written).bind_tools([search_docs]).invoke([HumanMessage("q")])
+    assert msg.content == written
+    assert msg.tool_calls == [] and msg.invalid_tool_calls == []
+    assert msg.response_metadata["finish_reason"] == "stop"
+
+
+def test_a_call_after_json_text_is_still_a_call():
+    from specrag.models.tools import ToolCapture
+
+    capture = ToolCapture(names=["search_docs"])
+    text = 'Config: ```json\n{"port": 1}\n``` then '
+    shown = "".join(capture.feed(ch) for ch in text)  # a character at a time, as streamed
+    assert shown == text and not capture.done
+    shown += capture.feed('```json\n{"name": "search_docs", "arguments": {"query": "x"}}')
+    assert capture.done
+    content, chunks = capture.finish()
+    assert (shown + content).strip() == text.strip()
+    assert [(c["name"], c["args"]) for c in chunks] == [("search_docs", '{"query": "x"}')]

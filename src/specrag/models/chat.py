@@ -509,7 +509,7 @@ class ChatLocalLM(LocalChatBase):
             },
             finish_reason=lambda: stats.finish_reason,
             model_name=loaded.name,
-            tools=bool(tools),
+            tools=tuple(t["function"]["name"] for t in tools),
             forced=forced,
         )
 

@@ -218,7 +218,7 @@ class DecodeJob:
     finish_reason: Callable[[], str]
     model_name: str = ""
     flatten: bool = False  # also put the decoding statistics at the top of response_metadata
-    tools: bool = False  # tools are bound: tool-call blocks are parsed, not shown as text
+    tools: tuple[str, ...] = ()  # the bound tools' names: their calls are parsed, not shown
     forced: str = ""  # text the answer was forced to start with (a forced tool call)
 
 
@@ -459,7 +459,7 @@ class _Run:
         self._revising_lock = threading.Lock()
         self.starts: list[int] = []  # character where each counted token's text starts
         self.retracted = 0  # tokens streamed before a stop sequence was seen that belong to it
-        self.capture = ToolCapture(job.forced) if job.tools else None
+        self.capture = ToolCapture(job.forced, job.tools) if job.tools else None
         self.ids: list[int] = []  # every answer token so far (a Revise cuts it)
         self.shown = ""  # the text sent in chunks so far (what a client shows)
 

@@ -57,8 +57,13 @@ def tool_choice_name(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str |
 
 
 def forced_call_prefix(name: str) -> str:
-    """The text an answer forced to call ``name`` starts with (fed as part of the prompt)."""
-    return f'{TOOL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+    """The text an answer forced to call ``name`` starts with (fed as part of the prompt).
+
+    It opens the arguments' object too: ending at ``"arguments": `` let a small model write a
+    bare value (the pair's 0.5B wrote ``31`` for a person's schema), an invalid call, so
+    ``with_structured_output`` returned None.
+    """
+    return f'{TOOL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": {{'
 
 
 def forced_prefix(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str:
@@ -145,7 +150,9 @@ def _defuse_values(value: Any, specials: tuple[str, ...]) -> Any:
 
 # Where a tool call starts. The chat template asks for <tool_call> blocks; small models also
 # write the same JSON object in <tools> tags or a ```json fence (Qwen2.5-Coder-1.5B does, on
-# the offline-agent test), so those count as calls too - only while tools are bound.
+# the offline-agent test), so those count as calls too - only while tools are bound, and only
+# where the object names a bound tool: any other JSON there is the answer's text (a config
+# in a fence was cut from the answer, its decode stopped, and an invalid call filed).
 OPENERS = (TOOL_OPEN, "<tools>", "```json", '{"name"')
 
 
@@ -191,26 +198,34 @@ def _as_call(body: str) -> tuple[str, dict[str, Any]] | None:
     return (data["name"], args) if isinstance(args, dict) else None
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCallChunk]]:
-    """Split generated text into (content, tool-call chunks).
+def _named(body: str) -> str | None:
+    """The tool name a (maybe broken) call object gives, from its text."""
+    found = re.search(r'"name"\s*:\s*"([^"]+)"', body)
+    return found.group(1) if found else None
 
-    Each ``<tool_call>`` block (an unclosed one at the end too) becomes one chunk; without any,
-    a tool-call object after another opener (``<tools>``, a ``json`` fence, a bare
-    ``{"name": ...}``) does. A JSON object with a ``name`` gets its ``arguments`` as the
-    chunk's JSON args; anything else keeps its raw text (starting with the opener, so never
-    valid JSON) as args, which LangChain files under ``invalid_tool_calls``.
+
+def _weak_call(body: str, names: Sequence[str]) -> bool:
+    """Whether ``body`` after a weak opener (not ``<tool_call>``) is a call, maybe a broken one.
+
+    A call object (or a broken object naming a tool) of a bound tool (any name where
+    ``names`` is empty); other JSON is text.
     """
-    chunks: list[ToolCallChunk] = []
-    spans: list[tuple[int, int]] = []
-    blocks = list(_BLOCK.finditer(text))
-    if blocks:
-        pieces = [(m.start(), m.end(), m.group(0), m.group(1).strip()) for m in blocks]
-    else:
-        at = min((i for i in (text.find(o) for o in OPENERS) if i >= 0), default=-1)
-        pieces = []
-        if at >= 0:
-            span = _first_object(text[at:])
-            end = at + span[1] if span else len(text)
+    call = _as_call(body)
+    name = call[0] if call is not None else _named(body)
+    return name is not None and (not names or name in names)
+
+
+def _weak_piece(text: str, names: Sequence[str]) -> tuple[int, int, str, str] | None:
+    """The first call after a weak opener: (begin, end, its raw text, its object's text)."""
+    start = 0
+    while True:
+        at = min((i for i in (text.find(o, start) for o in OPENERS) if i >= 0), default=-1)
+        if at < 0:
+            return None
+        span = _first_object(text[at:])
+        end = at + span[1] if span else len(text)
+        body = text[at + span[0] : at + span[1]] if span else text[at:]
+        if _weak_call(body, names):
             tail = text[end:].lstrip()
             for closer in ("</tools>", "</tool_call>", "```"):  # the opener's closing tag/fence
                 if tail.startswith(closer):
@@ -219,8 +234,31 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCallChunk]]:
                 if closer.startswith(tail):  # cut off inside the closer: drop that part too
                     end = len(text)
                     break
-            body = text[at + span[0] : at + span[1]] if span else text[at:]
-            pieces = [(at, end, text[at:end], body)]
+            return at, end, text[at:end], body
+        if not span:
+            return None
+        start = end
+
+
+def parse_tool_calls(text: str, names: Sequence[str] = ()) -> tuple[str, list[ToolCallChunk]]:
+    """Split generated text into (content, tool-call chunks).
+
+    Each ``<tool_call>`` block (an unclosed one at the end too) becomes one chunk; without any,
+    a tool-call object after another opener (``<tools>``, a ``json`` fence, a bare
+    ``{"name": ...}``) does, where it names one of ``names`` (the bound tools; any name where
+    empty): other JSON there stays text. A JSON object with a ``name`` gets its
+    ``arguments`` as the chunk's JSON args; anything else keeps its raw text (starting with
+    the opener, so never valid JSON) as args, which LangChain files under
+    ``invalid_tool_calls``.
+    """
+    chunks: list[ToolCallChunk] = []
+    spans: list[tuple[int, int]] = []
+    blocks = list(_BLOCK.finditer(text))
+    if blocks:
+        pieces = [(m.start(), m.end(), m.group(0), m.group(1).strip()) for m in blocks]
+    else:
+        piece = _weak_piece(text, names)
+        pieces = [piece] if piece else []
     for index, (begin, end, raw, body) in enumerate(pieces):
         call_id = f"call_{uuid.uuid4().hex[:12]}"
         spans.append((begin, end))
@@ -233,10 +271,9 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCallChunk]]:
         else:
             if not raw.startswith("<"):
                 raw = "<tool_call>" + raw  # keep invalid args from ever parsing as JSON
-            name_match = re.search(r'"name"\s*:\s*"([^"]+)"', body)
             chunks.append(
                 tool_call_chunk(
-                    name=name_match.group(1) if name_match else None,
+                    name=_named(body),
                     args=raw,
                     id=call_id,
                     index=index,
@@ -257,13 +294,17 @@ class ToolCapture:
 
     A tail that may still become an opener is held back, so no part of one is shown. Once the
     captured call's JSON object is complete, ``done`` tells the decoder to stop (a small model
-    otherwise goes on to invent the tool's result).
+    otherwise goes on to invent the tool's result). After a weak opener (not ``<tool_call>``)
+    a complete object that calls none of ``names`` (the bound tools) is answer text after
+    all: it is shown then, and the decode goes on.
     """
 
-    def __init__(self, forced: str = "") -> None:
+    def __init__(self, forced: str = "", names: Sequence[str] = ()) -> None:
         self.pending = ""
         self.captured = forced
         self.capturing = bool(forced)
+        self.names = tuple(names)
+        self.weak = False  # captured after a weak opener: may still turn out to be text
 
     @property
     def done(self) -> bool:
@@ -274,13 +315,19 @@ class ToolCapture:
         """The part of ``delta`` that is answer text."""
         if self.capturing:
             self.captured += delta
+            span = _first_object(self.captured) if self.weak else None
+            if span and not _weak_call(self.captured[span[0] : span[1]], self.names):
+                text, rest = self.captured[: span[1]], self.captured[span[1] :]
+                self.capturing, self.weak, self.captured = False, False, ""
+                return text + self.feed(rest)
             return ""
         buf = self.pending + delta
         found = [i for i in (buf.find(o) for o in OPENERS) if i >= 0]
         if found:
             at = min(found)
             self.capturing, self.captured, self.pending = True, buf[at:], ""
-            return buf[:at]
+            self.weak = not buf.startswith(TOOL_OPEN, at)
+            return buf[:at] + self.feed("")
         keep = 0
         for opener in OPENERS:
             for k in range(min(len(opener) - 1, len(buf)), keep, -1):
@@ -299,5 +346,5 @@ class ToolCapture:
         # as a one-token decode stops there (``done``), so the text after it never counts.
         span = _first_object(self.captured)
         captured = self.captured[: span[1]] if span else self.captured
-        content, chunks = parse_tool_calls(captured)
+        content, chunks = parse_tool_calls(captured, self.names)
         return tail + content, chunks
