@@ -375,14 +375,25 @@ index_records([(p.id, p.text) for p in squad_paragraphs() if p.title == "Normans
 from specrag import graph, SpecRagContext
 from langchain_core.tracers.langchain import wait_for_all_tracers
 result = await graph.ainvoke({"question": "Who was the Norse leader?"}, context=SpecRagContext(refine_temperature=0.0))
-wait_for_all_tracers()
 print(result["route"], "-", result["answer"])""",
         ),
         (
             "code",
-            """runs = {r["id"]: dict(r) for r in posted}
-for p in patched:
-    runs.setdefault(p["id"], {}).update({k: v for k, v in p.items() if v is not None})
+            """import time
+def collected():
+    runs = {r["id"]: dict(r) for r in posted}
+    for p in patched:
+        runs.setdefault(p["id"], {}).update({k: v for k, v in p.items() if v is not None})
+    return runs
+# the last runs' records can reach the client a moment after ainvoke returns: wait until the
+# root run has ended and every run seen has (20 s at most)
+wait_for_all_tracers()
+for _ in range(40):
+    runs = collected()
+    if any(r.get("parent_run_id") is None and r.get("end_time") for r in runs.values()) and all(
+        r.get("end_time") for r in runs.values()):
+        break
+    time.sleep(0.5); wait_for_all_tracers()
 children = {}
 for r in runs.values():
     children.setdefault(r.get("parent_run_id"), []).append(r)
@@ -397,13 +408,27 @@ for root in children.get(None, []):
         ),
         (
             "md",
+            "## Switching tracing off\nLangSmith reads `LANGSMITH_TRACING` once and keeps it: setting it to `false` in a running process changes nothing. `langsmith.configure(enabled=False)` does:",
+        ),
+        (
+            "code",
+            """import langsmith
+langsmith.configure(enabled=False)
+traces = {r["trace_id"] for r in posted}
+await graph.ainvoke({"question": "Who was the Norse leader?"}, context=SpecRagContext(refine_temperature=0.0))
+wait_for_all_tracers(); time.sleep(1)
+new = [r["name"] for r in posted if r["trace_id"] not in traces]
+print("runs sent with tracing off:", len(new))
+assert not new, new
+server.shutdown()""",
+        ),
+        (
+            "md",
             "## Studio\nThe repository's `langgraph.json` serves the graph. After `make demo`:\n\n```bash\n.venv/bin/langgraph dev --no-browser --port 2024\n```\n\nthen open `https://smith.langchain.com/studio/?baseUrl=http://127.0.0.1:2024`. Studio shows the parallel `retrieve`/`draft` branches, the conditional routes out of `gate`, and a form for every `SpecRagContext` field. The graph drawn here is the same:",
         ),
         (
             "code",
-            """os.environ["LANGSMITH_TRACING"] = "false"
-server.shutdown()
-print(graph.get_graph().draw_mermaid())""",
+            """print(graph.get_graph().draw_mermaid())""",
         ),
     ],
 )
