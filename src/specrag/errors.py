@@ -13,8 +13,12 @@ class IndexError_(SpecRagError):
     """The vector index is missing, unreadable or inconsistent."""
 
 
-class InputError(SpecRagError):
-    """The user's question, document or configuration is not acceptable."""
+class InputError(SpecRagError, ValueError):
+    """The user's question, document or configuration is not acceptable.
+
+    A ``ValueError`` too: the LangGraph API server passes a ``ValueError``'s message on to its
+    client and hides other types' ("An internal error occurred" for a context's bad value).
+    """
 
 
 class DataDirError(SpecRagError):

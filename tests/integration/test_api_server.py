@@ -31,6 +31,7 @@ def server(tmp_path_factory, smol):
     }
     url = f"http://127.0.0.1:{port}"
     cmd = [exe, "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--n-jobs-per-worker", "4"]  # its default, 1, runs one run at a time
     with running(cmd, f"{url}/ok", data / "server.log", cwd=ROOT, env=env):
         yield url
 
@@ -120,3 +121,21 @@ async def test_server_answers_a_messages_input_with_an_ai_message(server):
     citations = ai["additional_kwargs"]["citations"]
     assert citations and all(c["source"].startswith("squad:Normans:") for c in citations)
     assert ai["response_metadata"]["route"] in ("refine", "generate")
+
+
+async def test_server_tells_the_client_a_bad_settings_line(server):
+    """A context value out of range reached the client as "An internal error occurred" (the
+    server passes on only builtin errors' messages; InputError was not a ValueError): the
+    one line, naming the setting, was in the server's log only (a review, 2026-12-06)."""
+    from langgraph_sdk import get_client
+
+    client = get_client(url=server)
+    thread = await client.threads.create()
+    result = await client.runs.wait(
+        thread["thread_id"],
+        "specrag",
+        input={"question": "Who was Rollo?"},
+        context={"top_k": 0},
+        raise_error=False,
+    )
+    assert "top_k=0" in str(result), result
