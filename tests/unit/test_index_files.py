@@ -1362,3 +1362,50 @@ def test_a_moved_embedding_model_is_warned_of_once(tmp_path, caplog):
         for _ in range(3):
             check_embedding_stamp(gone, "embedded", "docs", str(tmp_path))
     assert sum("which is gone" in r.getMessage() for r in caplog.records) == 1
+
+
+FORK_SCRIPT = """
+import os, sys
+from langchain_core.embeddings import FakeEmbeddings
+from specrag.errors import IndexError_
+from specrag.indexing.documents import Chunk
+from specrag.indexing.store import VectorIndex
+
+index = VectorIndex(sys.argv[1], FakeEmbeddings(size=8), create=True)
+index.upsert_source("a.txt", [Chunk("a-0", "a.txt", "Rollo led the Norse.", 0)])
+assert index.count() == 1
+pid = os.fork()
+if pid == 0:
+    try:
+        index.count()
+        os._exit(3)
+    except IndexError_ as exc:
+        print(exc, flush=True)
+        os._exit(4)
+for _ in range(600):  # 60 s
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    import time; time.sleep(0.1)
+os.kill(pid, 9)
+sys.exit(5)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_child_forked_after_the_index_opened_is_refused_not_frozen(tmp_path):
+    """A process forked after its parent opened the local index (gunicorn --preload after
+    `specrag.preload(ctx)`) froze at its first search: Chroma's Rust client hangs after a fork,
+    holding the GIL, so no budget could end the run (a review, 2026-12-06). It is refused in
+    one line that says what to do."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(tmp_path / "index")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 4, (done.returncode, done.stderr[-2000:])
+    assert "forked" in done.stdout and "preload(ctx, index=False)" in done.stdout

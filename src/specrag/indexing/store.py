@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -86,15 +87,43 @@ def check_embedding_stamp(built_with: str | None, using: str, collection: str, w
     )
 
 
+_OPENED_IN: int | None = None  # the process that opened a local Chroma index first
+FORKED = (
+    "this process was forked from one that had opened the local index, and Chroma's local "
+    "client hangs after a fork: open the index after forking (a server that preloads in its "
+    "parent: specrag.preload(ctx, index=False)), or serve it with `chroma run` and set "
+    "index_url"
+)
+
+
+def _not_forked() -> None:
+    """Refuse Chroma's local client in a child forked after the parent opened one.
+
+    Its Rust runtime does not survive ``fork``: the child's first call (an inherited client's
+    or a new one's) hung forever holding the GIL, so no budget could end the run.
+    """
+    if _OPENED_IN is not None and _OPENED_IN != os.getpid():
+        raise IndexError_(FORKED)
+
+
+def local_client(path: str) -> Any:
+    """``chromadb.PersistentClient(path)``, refused where :func:`_not_forked` says."""
+    global _OPENED_IN
+    _not_forked()
+    import chromadb
+
+    client = chromadb.PersistentClient(path=path)
+    _OPENED_IN = _OPENED_IN or os.getpid()
+    return client
+
+
 def _plain_collection(where: str, collection: str, url: str) -> Any:
     """The Chroma collection, opened without an embedding model (nothing loads, none made).
 
     A server that does not answer is one-line ``IndexError_`` (:func:`connect`); whatever
     else fails is raised as Chroma raises it.
     """
-    import chromadb
-
-    client = connect(url) if url else chromadb.PersistentClient(path=where)
+    client = connect(url) if url else local_client(where)
     return client.get_collection(collection, embedding_function=None)
 
 
@@ -317,10 +346,8 @@ class VectorIndex:
         where = url or str(self.directory)
         try:
             if client is None:
-                import chromadb
-
                 self.directory.mkdir(parents=True, exist_ok=True)
-                client = chromadb.PersistentClient(path=where)
+                client = local_client(where)
                 if not create:  # opening must not create an empty collection of a typo's name
                     _require_collection(
                         client, collection, f"in the index at {where}", f"--index-dir {where}"
@@ -343,13 +370,23 @@ class VectorIndex:
         from langchain_chroma import Chroma
 
         self._client = client
-        self.store = Chroma(
+        self._store = Chroma(
             collection_name=self.collection_name,
             embedding_function=self._embeddings,
             collection_metadata={"hnsw:space": "cosine", **self._stamp},  # kept if it exists
             client=client,
         )
-        self._collection = self.store._collection
+
+    @property
+    def store(self) -> Any:
+        """The LangChain Chroma store (refused in a child forked after a local index opened)."""
+        if not self.url:
+            _not_forked()
+        return self._store
+
+    @property
+    def _collection(self) -> Any:
+        return self.store._collection
 
     # --- another process's writes to a local index ----------------------------------------
     def _written(self) -> tuple[tuple[int, int], ...]:
@@ -379,7 +416,6 @@ class VectorIndex:
 
     def _reopen(self) -> None:
         """A new Chroma system for this path (its vector index read from disk again)."""
-        import chromadb
         from chromadb.api.shared_system_client import SharedSystemClient
 
         # Chroma's own cache of systems, by path: only ``clear_system_cache`` (every path's)
@@ -388,7 +424,7 @@ class VectorIndex:
         with SharedSystemClient._refcount_lock:
             SharedSystemClient._identifier_to_system.pop(identifier, None)
             SharedSystemClient._identifier_to_refcount.pop(identifier, None)
-        self._attach(chromadb.PersistentClient(path=str(self.directory)))
+        self._attach(local_client(str(self.directory)))
         self._seen = self._written()
         log.info("the index at %s was written by another process: reopened", self.directory)
 
