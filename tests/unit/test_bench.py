@@ -871,3 +871,37 @@ def test_a_fresh_run_cut_short_then_resumed_runs_its_mixed_questions_again(tmp_p
     resumed = RunLog(path)
     assert resumed.keep_whole([["q|a", "q|b"]]) == 2
     assert not resumed.done("q|a") and not resumed.done("q|b")
+
+
+def test_pair_ratios_are_of_totals_over_the_same_questions():
+    """The pair bench's end-to-end ratio was a ratio of medians: 0.550x on a long set whose
+    total was 0.654x with six of its ten answers above 0.6x (a review, 2026-12-06), so the
+    goal's verdict hung on which question happened to be the median. Totals count every
+    question by its time; the interval resamples questions, paired."""
+    from specrag.evaluation import bench_pair
+
+    def rec(system, qid, e2e, draft_ttft=None):
+        return {
+            "dataset": "long",
+            "qid": qid,
+            "system": system,
+            "answer": "same",
+            "contains": 1.0,
+            "f1": 1.0,
+            "em": 1.0,
+            "new_tokens": 10,
+            "e2e_s": e2e,
+            "ttft_s": e2e / 4,
+            "decode_s": e2e / 2,
+            **({"draft_ttft_s": draft_ttft} if draft_ttft else {}),
+        }
+
+    spec = {"q1": 1.0, "q2": 10.0, "q3": 10.0}
+    serial = {"q1": 2.0, "q2": 5.0, "q3": 20.0}  # medians: 10 / 5 = 2.0x; totals: 21 / 27
+    records = [rec("serial_plain", q, t) for q, t in serial.items()]
+    records += [rec("spec_verify", q, t, draft_ttft=0.1) for q, t in spec.items()]
+    row = bench_pair.summarize(records)["long"]["spec_verify"]
+    assert row["e2e_vs_serial_plain"] == pytest.approx(21 / 27)
+    lo, hi = row["e2e_vs_serial_plain_ci95"]
+    assert lo <= 21 / 27 <= hi
+    assert row["draft_ttft_vs_serial_ttft"] == pytest.approx(0.3 / (27 / 4))

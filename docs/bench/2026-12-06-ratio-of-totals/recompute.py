@@ -1,8 +1,9 @@
 """Every committed pair-bench run's spec_verify ratios, as ratios of medians and of totals.
 
 Run: .venv/bin/python docs/bench/2026-12-06-ratio-of-totals/recompute.py > table.md
-Reads every docs/bench/*rag-pair*/**/runs*.jsonl (quick and partial runs too; the last record of each key, as the bench's RunLog
-reads them); times nothing. Intervals: the bench's paired bootstrap (questions, seed 0).
+Reads every docs/bench/*rag-pair*/**/runs*.jsonl (quick and partial runs too; the last record
+of each key, as the bench's RunLog reads them); times nothing.
+Intervals: the bench's paired bootstrap (questions, seed 0).
 """
 
 import glob
@@ -17,13 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fmt(point, ci):
+    """A ratio and its interval as the tables print them."""
     if point is None:
         return "-"
     return f"{point:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
-print("| run | set | n | vs serial RAG, medians | vs serial RAG, totals | vs HF prompt lookup, "
-      "medians | totals | vs HF assisted, medians | totals | draft TTFT vs serial TTFT, totals |")
+print(
+    "| run | set | n | vs serial RAG, medians | vs serial RAG, totals | vs HF prompt lookup, "
+    "medians | totals | vs HF assisted, medians | totals | draft TTFT vs serial TTFT, totals |"
+)
 print("|---|---|---|---|---|---|---|---|---|---|")
 for path in sorted(glob.glob(str(ROOT / "*rag-pair*" / "**" / "runs*.jsonl"), recursive=True)):
     by_key = {}
@@ -36,18 +40,33 @@ for path in sorted(glob.glob(str(ROOT / "*rag-pair*" / "**" / "runs*.jsonl"), re
             by_key[rec["key"]] = rec
     records = list(by_key.values())
     for dataset in sorted({r["dataset"] for r in records}):
-        of = {s: [r for r in records if r["dataset"] == dataset and r["system"] == s]
-              for s in ("spec_verify", "serial_plain", "serial_lookup", "serial_hf_assisted")}
+        of = {
+            s: [r for r in records if r["dataset"] == dataset and r["system"] == s]
+            for s in ("spec_verify", "serial_plain", "serial_lookup", "serial_hf_assisted")
+        }
         spec = of["spec_verify"]
         if not spec:
             continue
         cells = []
         for base in ("serial_plain", "serial_lookup", "serial_hf_assisted"):
             for agg in (metrics.median, metrics.mean):
-                cells.append(fmt(*metrics.ratio_ci(
-                    _values(spec, "e2e_s"), _values(of[base], "e2e_s"), agg, seed=SEED)))
-        draft = fmt(*metrics.ratio_ci(_values(spec, "draft_ttft_s"),
-                                      _values(of["serial_plain"], "ttft_s"), metrics.mean,
-                                      seed=SEED))
-        print(f"| {Path(path).relative_to(ROOT).parent} | {dataset} | {len(spec)} | " + " | ".join(cells)
-              + f" | {draft} |")
+                cells.append(
+                    fmt(
+                        *metrics.ratio_ci(
+                            _values(spec, "e2e_s"), _values(of[base], "e2e_s"), agg, seed=SEED
+                        )
+                    )
+                )
+        draft = fmt(
+            *metrics.ratio_ci(
+                _values(spec, "draft_ttft_s"),
+                _values(of["serial_plain"], "ttft_s"),
+                metrics.mean,
+                seed=SEED,
+            )
+        )
+        print(
+            f"| {Path(path).relative_to(ROOT).parent} | {dataset} | {len(spec)} | "
+            + " | ".join(cells)
+            + f" | {draft} |"
+        )

@@ -171,6 +171,9 @@ def _sum_sources(rs: list[dict[str, Any]]) -> dict[str, int]:
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """``{dataset: {system: row}}`` with accuracy, latency and ratios against serial_plain."""
     out: dict[str, Any] = {}
+    # Ratios are of totals (means) over the questions both systems ran: ratios of medians,
+    # until 2026-12-06, read 0.550x on a long set whose total was 0.654x (six of its ten
+    # answers above 0.6x), the goal's verdict hanging on which question was the median
     mean, median = metrics.mean, metrics.median
     for dataset in sorted({r["dataset"] for r in records}):
         rows: dict[str, Any] = {}
@@ -216,7 +219,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 row[name], row[f"{name}_ci95"] = point, interval
 
             if system != "serial_plain" and base:
-                put("e2e_vs_serial_plain", _values(rs, "e2e_s"), _values(base, "e2e_s"), median)
+                put("e2e_vs_serial_plain", _values(rs, "e2e_s"), _values(base, "e2e_s"), mean)
                 put(
                     "decode_vs_serial_plain",
                     _values(rs, "decode_s"),
@@ -228,12 +231,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                         "draft_ttft_vs_serial_ttft",
                         _values(rs, "draft_ttft_s"),
                         _values(base, "ttft_s"),
-                        median,
+                        mean,
                     )
             if system == "spec_verify":
                 for name, hrs in hf.items():
                     if hrs:
-                        put(f"e2e_vs_{name}", _values(rs, "e2e_s"), _values(hrs, "e2e_s"), median)
+                        put(f"e2e_vs_{name}", _values(rs, "e2e_s"), _values(hrs, "e2e_s"), mean)
             rows[system] = row
         out[dataset] = rows
     return out
@@ -353,7 +356,7 @@ def run(
         "systems_note": "serial_plain = the 1.5B alone; spec_verify = draft + merged proposer",
         "datasets": summary,
         "statistics": {
-            "e2e_vs_*, draft_ttft_vs_serial_ttft": metrics.RATIO_OF_MEDIANS,
+            "e2e_vs_*, draft_ttft_vs_serial_ttft": metrics.RATIO_OF_TOTALS,
             "decode_vs_serial_plain": metrics.RATIO_OF_MEANS + " (total decode time)",
             "contains_ci95": "the mean's 95% percentile bootstrap interval over questions",
             "*_ci95": metrics.BOOTSTRAP,

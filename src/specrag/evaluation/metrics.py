@@ -187,4 +187,9 @@ BOOTSTRAP = (
 )
 RATIO_OF_MEDIANS = "median over questions of the system's value / the same median of the baseline's"
 RATIO_OF_MEANS = "mean over questions of the system's value / the same mean of the baseline's"
+RATIO_OF_TOTALS = (
+    "the system's total over the questions both ran / the baseline's total (a ratio of means: "
+    "every question counts by its time, where a ratio of medians set one system's median "
+    "question against another question of the baseline's)"
+)
 POOLED_PER_TOKEN = "sum of seconds / sum of tokens (pooled) of the system over the baseline's"
