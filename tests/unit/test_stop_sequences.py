@@ -517,3 +517,63 @@ def test_a_model_with_a_vocabulary_smaller_than_the_warm_up_ids_loads():
     from tests.tiny import tiny_llama
 
     assert _measure_step(tiny_llama(vocab=16), torch.device("cpu")) > 0
+
+
+def _word_run(pieces, stop):
+    import types
+
+    from specrag.models.local import DecodeJob, _Run
+    from specrag.models.options import DecodeOptions
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True, **_):
+            return "".join(pieces[i] for i in ids)
+
+    job = DecodeJob(
+        produce=None,
+        tokenizer=Tok(),
+        eos_ids=(),
+        input_tokens=3,
+        metadata=lambda: {},
+        finish_reason=lambda: "length",
+    )
+    opts = DecodeOptions(stop=(stop,))
+    return _Run(types.SimpleNamespace(max_time=None), job, opts, time.monotonic())
+
+
+def test_a_stop_sequence_across_a_retraction_point_ends_the_answer():
+    """The kept text ended with the start of a stop sequence already shown ("...them.\\n",
+    shown because "The" followed it): after the retraction only new text was searched, so the
+    new "Question:" went on as the answer, where serial RAG over the same tokens cut at
+    "\\nQuestion:" (a review, 2026-12-06)."""
+    from specrag.decoding.speculative import Revise
+    from specrag.models.local import revised_text
+
+    pieces = {0: "Rollo", 1: " led", 2: " them.", 3: "\n", 4: "The", 5: " Franks", 6: "Question:"}
+    run = _word_run(pieces, "\nQuestion:")
+
+    def step(*ids):
+        return [Token(i, -0.1, "model") for i in ids]
+
+    chunks = [run.chunk(step(0, 1, 2)), run.chunk(step(3, 4, 5))]
+    assert "".join(c.text for c in chunks) == "Rollo led them.\nThe Franks"
+    run.sending(Revise(keep=4, dropped=2))
+    chunks.append(run.chunk(Revise(keep=4, dropped=2)))  # keeps "Rollo led them.\n"
+    chunks.append(run.chunk(step(6)))
+    assert run.stop_hit and run.should_stop(5) == "stop_sequence"
+    chunks.append(run.final_chunk())
+    assert revised_text(chunks) == "Rollo led them."
+
+
+def test_a_retraction_that_takes_back_nothing_shown_is_not_a_revision():
+    """Tokens decoded past a stop sequence and then retracted changed nothing the client saw,
+    yet a revision was recorded (the CLI printed "revised: retracted ''")."""
+    from specrag.decoding.speculative import Revise
+
+    pieces = {0: "Rollo", 1: " led", 2: " them.", 3: "\nQuestion:", 4: " what"}
+    run = _word_run(pieces, "\nQuestion:")
+    run.chunk([Token(i, -0.1, "model") for i in (0, 1, 2, 3, 4)])
+    run.sending(Revise(keep=4, dropped=1))
+    chunk = run.chunk(Revise(keep=4, dropped=1))
+    assert "revisions" not in chunk.message.response_metadata
+    assert run.stop_hit

@@ -525,14 +525,19 @@ class _Run:
         if cut is not None:
             self.stop_hit, self.held = True, ""
             return buf[:cut]
-        keep = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(buf)), keep, -1):
-                if buf.endswith(stop[:k]):
-                    keep = k
-                    break
+        keep = self._stop_start(buf)
         self.held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
+
+    def _stop_start(self, text: str) -> int:
+        """Length of the longest end of ``text`` that a stop sequence starts with (not whole)."""
+        keep = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text)), keep, -1):
+                if text.endswith(stop[:k]):
+                    keep = k
+                    break
+        return keep
 
     def revise(self, revise: Revise) -> ChatGenerationChunk:
         """Retract the answer after its first ``revise.keep`` tokens.
@@ -556,6 +561,8 @@ class _Run:
         with self._revising_lock:
             self.revising -= 1
         keep = shared_prefix(self.shown, text[:cut])
+        if not self.stop_hit:  # a shown end that starts a stop sequence is held back again:
+            keep -= self._stop_start(text[:keep])  # the text after it may complete the stop
         dropped_text, self.shown = self.shown[keep:], self.shown[:keep]
         self.held = "" if self.stop_hit else self.text.emitted[keep:]
         revision = {
@@ -565,6 +572,9 @@ class _Run:
             "dropped_tokens": max(0, shown_tokens - kept),
             "dropped_text": dropped_text,
         }
+        if not dropped_text and not revision["dropped_tokens"]:  # nothing shown changes: the
+            # retracted tokens were past a stop sequence (decoded before the decoder stopped)
+            return ChatGenerationChunk(message=AIMessageChunk(content=""))
         return ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata={"revisions": [revision]})
         )
