@@ -741,3 +741,27 @@ def test_a_tiny_temperature_samples_the_top_token_not_nan():
     assert sampler.pick(probs[0], torch.Generator().manual_seed(0)) == 0
     p, p_hat = transfer_distribution(logits, torch.full((1, 3), 1 / 3), RapidConfig(), sampler)
     assert torch.equal(p, probs) and torch.equal(p_hat, probs)
+
+
+def test_the_prefill_pass_tokens_are_apart_from_the_decode_time(model):
+    """The draft opening's tokens verified in the prefill pass came before `decode_s` began,
+    yet per-token decode figures (`decode_speedup_vs_plain`, the bench's per-token ratios)
+    took away only the first token: they gave the decode tokens it never timed (a review of
+    the benchmarks, 2026-12-06)."""
+    from specrag.evaluation.bench_rag import _per_token
+    from specrag.models.chat import speedup_vs_plain
+
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 64, (40,), generator=g).tolist()
+    ref = greedy(model, prompt, 30)
+    plain, opened = DecodeStats(), DecodeStats()
+    run(decode(LMState(model), prompt, max_new_tokens=30, sampler=Sampler(0.0), stats=plain))
+    assert greedy_with(model, prompt, 30, stats=opened, opening=ref[:8]) == ref
+    assert plain.first_step_tokens == 1 and opened.first_step_tokens == 9
+    assert opened.as_dict()["first_step_tokens"] == 9
+    opened.plain_steps, opened.plain_step_s, opened.decode_s = 21, 2.1, 2.1
+    assert speedup_vs_plain(opened, 0.0)["ratio"] == pytest.approx(1.0)  # 21 steps, 21 tokens
+    rec = {"dataset": "d", "qid": "q", "decode_s": 2.1, "new_tokens": 30, "first_step_tokens": 9}
+    assert _per_token([rec], "decode_s", first=True) == {"d|q": (2.1, 21)}
+    old = {**rec, "first_step_tokens": None}  # records from before: the first token only
+    assert _per_token([old], "decode_s", first=True) == {"d|q": (2.1, 29)}

@@ -48,6 +48,9 @@ class DecodeStats:
     accepted: dict[str, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # tokens the prefill pass gave: the model's first and the draft opening's it verified;
+    # ``decode_s`` (timed after that pass) made none of them
+    first_step_tokens: int = 0
     finish_reason: str = ""
     plain_steps: int = 0  # passes with no candidate: plain decode steps, timed
     plain_step_s: float = 0.0  # their total time
@@ -102,6 +105,7 @@ class DecodeStats:
             "tokens_from": self.tokens_from(),
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
+            **({"first_step_tokens": self.first_step_tokens} if self.first_step_tokens else {}),
             "finish_reason": self.finish_reason,
             **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
             **({"cache_restores": self.cache_restores} if self.cache_restores else {}),
@@ -302,6 +306,7 @@ def decode(
         first = [*prior[:n_kept], *first[n_kept:]]  # kept tokens keep their source
         first = first[:max_new_tokens]  # all kept at the length limit: no bonus token
     generated.extend(t.id for t in first)
+    stats.first_step_tokens = len(generated)
     lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
     if n_kept < len(prior):  # rejected, or past a lower max_new_tokens than before
         yield Revise(keep=n_kept, dropped=len(prior) - n_kept)

@@ -297,6 +297,7 @@ async def run_one(
             passes_per_token=node_stats.get("passes_per_token"),
             new_tokens=node_stats.get("new_tokens"),
             decode_s=node_stats.get("decode_s"),
+            first_step_tokens=node_stats.get("first_step_tokens"),
             accepted=node_stats.get("candidates_accepted"),
             proposed=node_stats.get("candidates_proposed"),
             tokens_from=node_stats.get("tokens_from"),
@@ -330,16 +331,19 @@ def _values(rs: list[dict[str, Any]], field: str) -> dict[str, Any]:
     return {_qkey(r): r[field] for r in rs if r.get(field)}
 
 
-def _per_token(rs: list[dict[str, Any]], field: str, first: int = 0) -> dict[str, Any]:
+def _per_token(rs: list[dict[str, Any]], field: str, first: bool = False) -> dict[str, Any]:
     """``{question: (seconds, tokens)}`` of ``field``.
 
-    ``first=1`` leaves out the first token (decode time is measured after it).
+    ``first`` leaves out the tokens of the prefill pass (decode time is measured after it):
+    the model's first token and, in ``refine``, the draft opening's it verified
+    (``first_step_tokens``; records without it: one).
     """
-    return {
-        _qkey(r): (r[field], r["new_tokens"] - first)
-        for r in rs
-        if r.get(field) and r.get("new_tokens") and r["new_tokens"] - first > 0
-    }
+    out = {}
+    for r in rs:
+        tokens = (r.get("new_tokens") or 0) - ((r.get("first_step_tokens") or 1) if first else 0)
+        if r.get(field) and tokens > 0:
+            out[_qkey(r)] = (r[field], tokens)
+    return out
 
 
 INCREMENTAL_SYSTEMS = ("serial_incremental", "spec_verify_incremental")
@@ -469,8 +473,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 put(
                     row,
                     "decode_per_token_vs_serial_plain",
-                    _per_token(rs, "decode_s", first=1),
-                    _per_token(base, "decode_s", first=1),
+                    _per_token(rs, "decode_s", first=True),
+                    _per_token(base, "decode_s", first=True),
                     per_token,
                 )
             if look and system != "serial_lookup":

@@ -518,12 +518,14 @@ def speedup_vs_plain(stats: DecodeStats, step_s: float) -> dict[str, Any] | None
     """Decode-time speedup over plain decoding, from this run's counters.
 
     Plain decoding takes one target step per token after the first (the first comes from the
-    prefill). The step time is this run's own: the mean of its passes that verified no
-    candidate (plain steps, at this context length); with none, the step time measured at
-    load (a short cache: an underestimate, so the ratio errs low). Divided by the decode time
-    this run took, drafter time and verification passes included.
+    prefill, as do the draft opening's tokens that pass verified: no step of either is in
+    ``decode_s``, so neither is counted here). The step time is this run's own: the mean of
+    its passes that verified no candidate (plain steps, at this context length); with none,
+    the step time measured at load (a short cache: an underestimate, so the ratio errs low).
+    Divided by the decode time this run took, drafter time and verification passes included.
     """
-    if stats.new_tokens < 2 or stats.decode_s <= 0:
+    decoded = stats.new_tokens - max(stats.first_step_tokens, 1)
+    if decoded < 1 or stats.decode_s <= 0:
         return None
     if stats.plain_steps >= 2:
         step, basis = stats.plain_step_s / stats.plain_steps, f"{stats.plain_steps} plain steps"
@@ -531,7 +533,7 @@ def speedup_vs_plain(stats: DecodeStats, step_s: float) -> dict[str, Any] | None
         step, basis = step_s, "step measured at load"
     else:
         return None
-    ratio = (stats.new_tokens - 1) * step / stats.decode_s
+    ratio = decoded * step / stats.decode_s
     return {"ratio": round(ratio, 3), "plain_step_s": round(step, 4), "basis": basis}
 
 
