@@ -905,3 +905,24 @@ def test_pair_ratios_are_of_totals_over_the_same_questions():
     lo, hi = row["e2e_vs_serial_plain_ci95"]
     assert lo <= 21 / 27 <= hi
     assert row["draft_ttft_vs_serial_ttft"] == pytest.approx(0.3 / (27 / 4))
+
+
+def test_a_fresh_run_cut_short_and_resumed_takes_nothing_from_before_it(tmp_path):
+    """A `--fresh` run interrupted and then resumed (without --fresh) took the questions it
+    had not reached from the records before it - another session, perhaps other code - and
+    summed them with its own (a review of the benchmarks, 2026-12-06)."""
+    from specrag.evaluation.store import RunLog
+
+    path = tmp_path / "runs.jsonl"
+    old = RunLog(path)
+    for key in ("q1|a", "q1|b", "q2|a", "q2|b", "other-dtype|a"):
+        old.add(key, {"e2e_s": 1.0})
+    fresh = RunLog(path, fresh=True)
+    assert fresh.keep_whole([["q1|a", "q1|b"], ["q2|a", "q2|b"]]) == 0
+    fresh.add("q1|a", {"e2e_s": 2.0})
+    fresh.add("q1|b", {"e2e_s": 2.0})  # cut here: q2 never ran in the fresh session
+    resumed = RunLog(path)
+    resumed.keep_whole([["q1|a", "q1|b"], ["q2|a", "q2|b"]])
+    assert not resumed.done("q2|a") and not resumed.done("q2|b")  # runs again
+    assert resumed.records["q1|a"]["session"] == fresh.session
+    assert resumed.done("other-dtype|a")  # another run's records stay resumable

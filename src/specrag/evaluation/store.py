@@ -22,11 +22,14 @@ class RunLog:
     resumed run redo every group of keys (one question's systems) it finds part-recorded, so
     the systems a ratio compares always ran side by side, in one session. ``fresh``: the
     records already there are not resumed (every unit runs again), but kept in the file - a
-    run of another dtype's records among them (the file was deleted: hours of them lost).
+    run of another dtype's records among them (the file was deleted: hours of them lost). A
+    fresh run notes in the file which keys it runs again (:meth:`keep_whole`), so that
+    resuming it after an interruption takes none of those keys from the records before it.
     """
 
     def __init__(self, path: Path, fresh: bool = False) -> None:
         self.path = path
+        self.fresh = fresh
         self.session = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.records: dict[str, dict[str, Any]] = {}
@@ -42,7 +45,12 @@ class RunLog:
                     rec = json.loads(raw.decode("utf-8"))
                 except (UnicodeDecodeError, json.JSONDecodeError):
                     continue
-                if isinstance(rec, dict) and isinstance(rec.get("key"), str) and not fresh:
+                if fresh or not isinstance(rec, dict):
+                    continue
+                if isinstance(rec.get("fresh"), str) and isinstance(rec.get("keys"), list):
+                    for key in rec["keys"]:  # a --fresh run began here: not resumed from before
+                        self.records.pop(key, None)
+                elif isinstance(rec.get("key"), str):
                     self.records[rec["key"]] = rec
 
     def done(self, key: str) -> bool:
@@ -54,10 +62,17 @@ class RunLog:
 
         Their questions run again, every system of them (a later record of a key replaces an
         earlier one when the log is read), instead of pairing a system timed in this session
-        with one timed in another, perhaps on a machine that has drifted since.
+        with one timed in another, perhaps on a machine that has drifted since. Under
+        ``fresh`` it first writes the marker that keeps a later resume off the earlier records
+        of every key in ``groups`` (the run's whole work).
         """
+        whole = [list(group) for group in groups]
+        if self.fresh:
+            marker = {"fresh": self.session, "keys": sorted(k for g in whole for k in g)}
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(marker, ensure_ascii=False) + "\n")
         dropped = 0
-        for group in groups:
+        for group in whole:
             keys = list(group)
             done = [k for k in keys if k in self.records]
             # whole, but of two sessions (a --fresh run cut short, then resumed: its records
