@@ -262,6 +262,7 @@ def fake_rapid(monkeypatch):
         dtype=torch.float32,
         name="fake",
         layout="single layout (fake)",
+        load_seconds=1.5,
         eos_token_ids=(0,),
     )
     monkeypatch.setattr(bench_rapid, "load_lm", lambda *a, **k: loaded)
@@ -308,6 +309,9 @@ def test_bench_rapid_resumes_a_part_run_case_whole(fake_rapid, tmp_path):
     json.dumps(result, allow_nan=False)  # one strict JSON document
     assert set(result["layouts"]) == {"target", "drafter"}  # which layout each model ran with
     assert result["layouts"]["target"] == "single layout (fake)"
+    # each model's load, reported apart from the timings (it was in no output: a review)
+    assert set(result["load_s"]) == {"target", "drafter"}
+    assert all(isinstance(v, float) for v in result["load_s"].values())
     per = result["per_context_length"]["2048"]
     for method in bench_rapid.METHODS:
         assert per["decode_speedup_vs_target"][method] is not None
@@ -926,3 +930,34 @@ def test_a_fresh_run_cut_short_and_resumed_takes_nothing_from_before_it(tmp_path
     assert not resumed.done("q2|a") and not resumed.done("q2|b")  # runs again
     assert resumed.records["q1|a"]["session"] == fresh.session
     assert resumed.done("other-dtype|a")  # another run's records stay resumable
+
+
+def test_the_pair_bench_never_cuts_an_answer_the_hf_baselines_would_finish():
+    """The terse sets ran under the graph's default 60 s answer and 3 s retrieval budgets
+    while the HF baselines have none: a cut answer would have made a graph system look faster
+    (a review of the benchmarks, 2026-12-06). Every set now gets budgets no answer reaches,
+    and a summary row counts the answers a budget cut."""
+    from specrag.evaluation import bench_pair
+    from specrag.graph.context import SpecRagContext
+
+    for dataset in ("squad", "hotpot", "long"):
+        ctx = bench_pair.context_for(SpecRagContext(), dataset)
+        assert ctx.answer_timeout_s == ctx.retrieval_timeout_s == bench_pair.BUDGET_S
+    rec = {
+        "dataset": "squad",
+        "qid": "q",
+        "answer": "a",
+        "contains": 1.0,
+        "f1": 1.0,
+        "em": 1.0,
+        "new_tokens": 3,
+        "e2e_s": 1.0,
+        "ttft_s": 0.5,
+        "decode_s": 0.2,
+    }
+    records = [
+        {**rec, "system": "serial_plain", "finish_reason": "stop"},
+        {**rec, "system": "spec_verify", "finish_reason": "time"},
+    ]
+    rows = bench_pair.summarize(records)["squad"]
+    assert rows["spec_verify"]["cut_by_budget"] == 1 and rows["serial_plain"]["cut_by_budget"] == 0

@@ -298,6 +298,7 @@ async def run_one(
             new_tokens=node_stats.get("new_tokens"),
             decode_s=node_stats.get("decode_s"),
             first_step_tokens=node_stats.get("first_step_tokens"),
+            finish_reason=node_stats.get("finish_reason"),
             accepted=node_stats.get("candidates_accepted"),
             proposed=node_stats.get("candidates_proposed"),
             tokens_from=node_stats.get("tokens_from"),

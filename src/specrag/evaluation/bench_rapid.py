@@ -478,6 +478,9 @@ def run(
         "models": {"preset": models, "target": loaded.name, "drafter": drafter.name},
         # which weight layout each model ran with (specrag.models.layout; int8 for a drafter)
         "layouts": {"target": loaded.layout, "drafter": drafter.layout},
+        # each model's load time (its first load in this process), outside every
+        # timing above (a separate drafter is a second model to load and keep)
+        "load_s": {"target": loaded.load_seconds, "drafter": drafter.load_seconds},
         "dtype": str(loaded.dtype),
         "drafter_dtype": str(drafter.dtype),
         "quick": quick,
