@@ -961,3 +961,17 @@ def test_the_pair_bench_never_cuts_an_answer_the_hf_baselines_would_finish():
     ]
     rows = bench_pair.summarize(records)["squad"]
     assert rows["spec_verify"]["cut_by_budget"] == 1 and rows["serial_plain"]["cut_by_budget"] == 0
+
+
+def test_a_run_of_some_sets_writes_its_summary_apart():
+    """`bench rag --models pair --sets long` replaced the whole run's summary.json and table.md
+    with its one set's (a review of the benchmarks, 2026-12-06)."""
+    from pathlib import Path
+
+    from specrag.evaluation.bench_pair import results_variant
+    from specrag.evaluation.store import out_path
+
+    assert results_variant("auto", None) == ""
+    assert results_variant("auto", ("long",)) == "long"
+    assert results_variant("bf16", ("squad", "hotpot")) == "bfloat16-hotpot+squad"
+    assert out_path(Path("o"), "summary.json", False, "long") == Path("o/summary-long.json")

@@ -131,6 +131,15 @@ def case_key(item: dict[str, Any], system: str, setup: str) -> str:
     )
 
 
+def results_variant(dtype: str, sets: tuple[str, ...] | None) -> str:
+    """The summary's file-name tag: a dtype's and a run of some sets' summaries are apart.
+
+    A later auto run replaced a bf16 run's summary (the log keeps both), and a ``--sets long``
+    run replaced the whole run's with its one set (``summary-long.json`` now).
+    """
+    return "-".join(v for v in (dtype_variant(dtype), "+".join(sorted(sets or ()))) if v)
+
+
 def context_for(base: SpecRagContext, dataset: str) -> SpecRagContext:
     """``base`` as this bench runs every system on a question of ``dataset``.
 
@@ -351,8 +360,7 @@ def run(
     records = [r for k, r in runlog.records.items() if k in keys]
     summary = metrics.json_ready(summarize(records))
     texts = {"summary.json": json.dumps(summary, indent=2), "table.md": markdown(summary)}
-    # a dtype's summary apart: a later auto run replaced a bf16 run's (the log keeps both)
-    files = [*write_results(out_dir, quick, texts, dtype_variant(dtype)), str(runlog.path)]
+    files = [*write_results(out_dir, quick, texts, results_variant(dtype, sets)), str(runlog.path)]
     log.print(markdown(summary))
     log.print("results written to: " + ", ".join(files))
     return {
