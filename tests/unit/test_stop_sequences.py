@@ -577,3 +577,34 @@ def test_a_retraction_that_takes_back_nothing_shown_is_not_a_revision():
     chunk = run.chunk(Revise(keep=4, dropped=1))
     assert "revisions" not in chunk.message.response_metadata
     assert run.stop_hit
+
+
+def test_a_retraction_past_the_stop_still_corrects_the_token_count():
+    """The stop's first token ("\\n") went out counted in an earlier chunk; a retraction of
+    tokens past the stop changes no text, but its revision is what brings the consumer's
+    token count back to the answer's (skipping it left 4 tokens for a 3-token answer: a
+    review of this session's diff)."""
+    from specrag.decoding.speculative import Revise
+
+    pieces = {0: "Rollo", 1: " led", 2: " them.", 3: "\n", 4: "Question:", 5: " what"}
+    run = _word_run(pieces, "\nQuestion:")
+    run.chunk([Token(i, -0.1, "model") for i in (0, 1, 2, 3)])
+    run.chunk([Token(i, -0.1, "model") for i in (4, 5)])
+    assert run.stop_hit
+    run.sending(Revise(keep=5, dropped=1))
+    chunk = run.chunk(Revise(keep=5, dropped=1))
+    (revision,) = chunk.message.response_metadata["revisions"]
+    assert revision["kept_tokens"] == 3 and revision["dropped_text"] == ""
+
+
+def test_a_complete_object_a_weak_opener_caught_is_no_call_until_judged():
+    """`done` is read by the model thread while `feed` runs on the consumer's: a complete
+    object after a weak opener that names no bound tool must not read as a call in the moment
+    before `feed` shows it as text (the decode stopped there with "tool_call")."""
+    from specrag.models.tools import ToolCapture
+
+    capture = ToolCapture(names=["search_docs"])
+    capture.weak, capture.captured, capture.capturing = True, '```json\n{"port": 1}', True
+    assert not capture.done  # the state `feed` passes through before it releases the text
+    capture.captured = '```json\n{"name": "search_docs", "arguments": {}}'
+    assert capture.done

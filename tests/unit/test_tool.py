@@ -302,3 +302,29 @@ def test_ctrl_c_in_a_sync_call_unwinds_the_run_quietly(caplog):
         _run_on_own_loop(run())
     assert sorted(unwound) == ["generator", "task"]
     assert not [r for r in caplog.records if r.name == "asyncio"]
+
+
+def test_a_task_failing_as_the_run_unwinds_is_logged_not_lost(caplog):
+    """`asyncio.run` hands such an error to the loop's exception handler; the tool's loop
+    gathered it with return_exceptions=True and dropped it (a review)."""
+    import asyncio
+    import logging
+
+    import pytest
+
+    from specrag.tools import _run_on_own_loop
+
+    async def stuck():
+        try:
+            await asyncio.sleep(10)
+        finally:
+            raise ValueError("the cleanup failed")
+
+    async def run():
+        asyncio.get_running_loop().create_task(stuck())
+        await asyncio.sleep(0.01)
+        raise KeyboardInterrupt
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(KeyboardInterrupt):
+        _run_on_own_loop(run())
+    assert any("the cleanup failed" in str(r.exc_info) for r in caplog.records if r.exc_info)

@@ -557,6 +557,7 @@ class _Run:
         # revision's kept_tokens leaves them out, so nothing is retracted at the end
         # (tokens decoded after the stop have no start: they are past it too)
         kept = revise.keep if cut is None else sum(1 for start in self.starts if start < cut)
+        recount = self.retracted or kept != shown_tokens  # the consumer's token count changes
         self.n_tokens, self.retracted = kept, 0
         with self._revising_lock:
             self.revising -= 1
@@ -572,8 +573,8 @@ class _Run:
             "dropped_tokens": max(0, shown_tokens - kept),
             "dropped_text": dropped_text,
         }
-        if not dropped_text and not revision["dropped_tokens"]:  # nothing shown changes: the
-            # retracted tokens were past a stop sequence (decoded before the decoder stopped)
+        if not dropped_text and not recount:  # nothing shown changes, nor its token count:
+            # the retracted tokens were past a stop sequence (decoded before the decoder stopped)
             return ChatGenerationChunk(message=AIMessageChunk(content=""))
         return ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata={"revisions": [revision]})

@@ -308,8 +308,19 @@ class ToolCapture:
 
     @property
     def done(self) -> bool:
-        """True once a complete tool-call object has been captured."""
-        return self.capturing and _first_object(self.captured) is not None
+        """True once a complete tool-call object has been captured.
+
+        Read by the model thread while :meth:`feed` runs on another: it judges the object
+        itself, so a moment in which ``feed`` holds a complete object it is about to show as
+        text never reads as a call.
+        """
+        captured, weak = self.captured, self.weak
+        if not self.capturing:
+            return False
+        span = _first_object(captured)
+        if span is None:
+            return False
+        return not weak or _weak_call(captured[span[0] : span[1]], self.names)
 
     def feed(self, delta: str) -> str:
         """The part of ``delta`` that is answer text."""
@@ -325,8 +336,9 @@ class ToolCapture:
         found = [i for i in (buf.find(o) for o in OPENERS) if i >= 0]
         if found:
             at = min(found)
-            self.capturing, self.captured, self.pending = True, buf[at:], ""
-            self.weak = not buf.startswith(TOOL_OPEN, at)
+            self.weak = not buf.startswith(TOOL_OPEN, at)  # before capturing: ``done`` reads both
+            self.captured, self.pending = buf[at:], ""
+            self.capturing = True
             return buf[:at] + self.feed("")
         keep = 0
         for opener in OPENERS:

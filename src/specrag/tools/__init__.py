@@ -93,12 +93,25 @@ def _run_on_own_loop(coro: Any) -> Any:
 
 
 def _cancel_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel ``loop``'s unfinished tasks and let them unwind (their errors are theirs)."""
+    """Cancel ``loop``'s unfinished tasks and let them unwind, as ``asyncio.run`` does.
+
+    An error one of them raised while unwinding goes to the loop's exception handler (logged).
+    """
     tasks = asyncio.all_tasks(loop)
     for task in tasks:
         task.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    if not tasks:
+        return
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {
+                    "message": "a task of the specrag tool's run failed as it was cancelled",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )
 
 
 def make_specrag_tool(
