@@ -975,3 +975,41 @@ def test_a_run_of_some_sets_writes_its_summary_apart():
     assert results_variant("auto", ("long",)) == "long"
     assert results_variant("bf16", ("squad", "hotpot")) == "bfloat16-hotpot+squad"
     assert out_path(Path("o"), "summary.json", False, "long") == Path("o/summary-long.json")
+
+
+def test_hf_records_say_how_many_tokens_their_first_pass_gave(monkeypatch):
+    """HF's first pass can carry several tokens (its candidates ride on the prompt's pass),
+    timed before its decode time as the graph's opening is: the per-token decode ratios left
+    out only one of them for HF while the graph's records left out all (a review)."""
+    from specrag.graph.context import SpecRagContext
+    from specrag.indexing.documents import Chunk
+
+    class Index:
+        def search(self, question, k, mode="dense"):
+            return [Chunk("c1", "squad:T:1", "a puppy is a young dog", score=0.9)]
+
+    def lookup(question, chunks, ctx, assisted):
+        return {
+            "answer": "a young dog",
+            "passes_per_token": 0.5,
+            "new_tokens": 10,
+            "first_step_at": None,
+            "decode_all_s": 1.0,
+            "first_step_tokens": 4,
+            "assistant_forward_passes": 0,
+        }
+
+    monkeypatch.setattr(bench_rag, "open_index", lambda ctx: Index())
+    monkeypatch.setattr(bench_rag, "run_hf_lookup", lookup)
+    item = {
+        "dataset": "squad",
+        "id": "q1",
+        "question": "What is a puppy?",
+        "answers": ["a young dog"],
+        "gold": ["squad:T:1"],
+        "index_dir": "/nowhere",
+        "collection": "bench_squad",
+    }
+    rec = asyncio.run(bench_rag.run_one(item, "serial_lookup", 0.0, None, SpecRagContext()))
+    assert rec["first_step_tokens"] == 4
+    assert bench_rag._per_token([rec], "decode_s", first=True) == {"squad|q1": (1.0, 6)}

@@ -273,6 +273,8 @@ async def run_one(
                 # everything after the target's prefill pass, as the graph's decoding stats
                 # count it (a drafter's prefill included); HF's first step also carries drafts
                 decode_s=res["decode_all_s"],
+                # its first pass can carry several tokens too (timed before decode_all_s)
+                first_step_tokens=res.get("first_step_tokens"),
                 assistant_passes=res["assistant_forward_passes"],
             )
     else:
