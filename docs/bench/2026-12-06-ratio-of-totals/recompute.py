@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python docs/bench/2026-12-06-ratio-of-totals/recompute.py > table.md
 Reads every docs/bench/*rag-pair*/**/runs*.jsonl (quick and partial runs too; the last record
-of each key, as the bench's RunLog reads them); times nothing.
+of each key); one row per set and protocol+setup, as the bench summarises one protocol's keys.
+It times nothing.
 Intervals: the bench's paired bootstrap (questions, seed 0).
 """
 
@@ -25,10 +26,11 @@ def fmt(point, ci):
 
 
 print(
-    "| run | set | n | vs serial RAG, medians | vs serial RAG, totals | vs HF prompt lookup, "
-    "medians | totals | vs HF assisted, medians | totals | draft TTFT vs serial TTFT, totals |"
+    "| run | set | protocol, setup | n | vs serial RAG, medians | vs serial RAG, totals "
+    "| vs HF prompt lookup, medians | totals | vs HF assisted, medians | totals "
+    "| draft TTFT vs serial TTFT, totals |"
 )
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for path in sorted(glob.glob(str(ROOT / "*rag-pair*" / "**" / "runs*.jsonl"), recursive=True)):
     by_key = {}
     for line in Path(path).read_text().splitlines():
@@ -39,9 +41,12 @@ for path in sorted(glob.glob(str(ROOT / "*rag-pair*" / "**" / "runs*.jsonl"), re
         if isinstance(rec, dict) and "key" in rec:
             by_key[rec["key"]] = rec
     records = list(by_key.values())
-    for dataset in sorted({r["dataset"] for r in records}):
+    # one row per set and protocol+setup: the bench summarises one protocol's keys only
+    runs = sorted({(r["dataset"], r["key"].split("|", 4)[4]) for r in records})
+    for dataset, tail in runs:
+        mine = [r for r in records if r["dataset"] == dataset and r["key"].endswith(tail)]
         of = {
-            s: [r for r in records if r["dataset"] == dataset and r["system"] == s]
+            s: [r for r in mine if r["system"] == s]
             for s in ("spec_verify", "serial_plain", "serial_lookup", "serial_hf_assisted")
         }
         spec = of["spec_verify"]
@@ -65,8 +70,10 @@ for path in sorted(glob.glob(str(ROOT / "*rag-pair*" / "**" / "runs*.jsonl"), re
                 seed=SEED,
             )
         )
+        protocol, setup = (tail.split("|") + [""])[:2]
+        where = Path(path).relative_to(ROOT).parent
         print(
-            f"| {Path(path).relative_to(ROOT).parent} | {dataset} | {len(spec)} | "
+            f"| {where} | {dataset} | {protocol} {setup} | {len(spec)} | "
             + " | ".join(cells)
             + f" | {draft} |"
         )
