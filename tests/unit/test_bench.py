@@ -442,10 +442,11 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     monkeypatch.setattr(bench_rag, "run_one", fake_run_one)
 
     result = bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())
-    # what each ratio is (the README's tables say "ratio of medians" / "of means")
+    # what each ratio is (ratios of totals since 2026-12-06; decode: of means)
     stats = result["statistics"]
     assert stats["decode_vs_serial_plain, new_tokens_ratio"].startswith("mean over questions")
-    assert any(k.startswith("e2e_vs_*") and v.startswith("median") for k, v in stats.items())
+    totals = metrics.RATIO_OF_TOTALS
+    assert any(k.startswith("e2e_vs_*") and v == totals for k, v in stats.items())
     runs = [e for e in events if e[0] == "run"]
     n_work = len(items) + len(items) * len(bench_rag.LATENCIES) * (len(bench_rag.SYSTEMS) - 1)
     n_work += len(items) * len(bench_rag.STYLE_SYSTEMS)
@@ -1013,3 +1014,41 @@ def test_hf_records_say_how_many_tokens_their_first_pass_gave(monkeypatch):
     rec = asyncio.run(bench_rag.run_one(item, "serial_lookup", 0.0, None, SpecRagContext()))
     assert rec["first_step_tokens"] == 4
     assert bench_rag._per_token([rec], "decode_s", first=True) == {"squad|q1": (1.0, 6)}
+
+
+def test_embedded_bench_ratios_are_of_totals_too():
+    """As the pair bench's (a review, 2026-12-06): the embedded bench's e2e and TTFT ratios
+    were ratios of medians, one system's median question against another question of serial
+    RAG's; they are ratios of totals over the questions both ran."""
+    from specrag.evaluation import bench_rag
+
+    def rec(system, qid, e2e):
+        return {
+            "dataset": "squad",
+            "qid": qid,
+            "system": system,
+            "latency": 0.0,
+            "answer": "same",
+            "contains": 1.0,
+            "f1": 1.0,
+            "em": 1.0,
+            "recall_at_k": 1.0,
+            "new_tokens": 10,
+            "e2e_s": e2e,
+            "ttft_s": e2e / 4,
+            "decode_s": e2e / 2,
+            "passes_per_token": 1.0,
+            "route": "refine",
+        }
+
+    spec = {"q1": 1.0, "q2": 10.0, "q3": 10.0}
+    serial = {"q1": 2.0, "q2": 5.0, "q3": 20.0}  # medians: 2.0x; totals: 21 / 27
+    records = [rec("serial_plain", q, t) for q, t in serial.items()]
+    records += [rec("spec_verify", q, t) for q, t in spec.items()]
+    records += [rec("serial_brief", q, t) for q, t in spec.items()]
+    row = bench_rag.summarize(records)["spec_verify"]["0.0"]
+    assert row["e2e_vs_serial_plain"] == pytest.approx(21 / 27)
+    assert row["ttft_vs_serial"] == pytest.approx(21 / 27)
+    assert bench_rag.compare_settings(records)["serial_brief"]["e2e_s_ratio"] == pytest.approx(
+        21 / 27
+    )

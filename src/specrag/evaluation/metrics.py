@@ -185,7 +185,6 @@ BOOTSTRAP = (
     "(paired), seeded; none (null) from one question, and from a few (< ~10) it is narrower "
     "than a true 95% interval"
 )
-RATIO_OF_MEDIANS = "median over questions of the system's value / the same median of the baseline's"
 RATIO_OF_MEANS = "mean over questions of the system's value / the same mean of the baseline's"
 RATIO_OF_TOTALS = (
     "the system's total over the questions both ran / the baseline's total (a ratio of means: "
