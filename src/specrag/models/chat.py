@@ -64,7 +64,7 @@ from specrag.models.local import (
     make_generator,
 )
 from specrag.models.options import MAX_SEED, DecodeOptions, Speculation, refuse_int8_answer
-from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name
+from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name, tool_names
 from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
@@ -509,7 +509,7 @@ class ChatLocalLM(LocalChatBase):
             },
             finish_reason=lambda: stats.finish_reason,
             model_name=loaded.name,
-            tools=tuple(t["function"]["name"] for t in tools),
+            tools=tool_names(tools),
             forced=forced,
         )
 

@@ -36,7 +36,7 @@ from specrag.decoding.speculative import Revise, Step, Token
 from specrag.decoding.state import shared_prefix
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
-from specrag.models.tools import ToolCapture, defuse_dicts, template_messages
+from specrag.models.tools import ToolCapture, defuse_dicts, partial_start, template_messages
 from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
@@ -525,19 +525,9 @@ class _Run:
         if cut is not None:
             self.stop_hit, self.held = True, ""
             return buf[:cut]
-        keep = self._stop_start(buf)
+        keep = partial_start(buf, self.stops)
         self.held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
-
-    def _stop_start(self, text: str) -> int:
-        """Length of the longest end of ``text`` that a stop sequence starts with (not whole)."""
-        keep = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(text)), keep, -1):
-                if text.endswith(stop[:k]):
-                    keep = k
-                    break
-        return keep
 
     def revise(self, revise: Revise) -> ChatGenerationChunk:
         """Retract the answer after its first ``revise.keep`` tokens.
@@ -563,7 +553,7 @@ class _Run:
             self.revising -= 1
         keep = shared_prefix(self.shown, text[:cut])
         if not self.stop_hit:  # a shown end that starts a stop sequence is held back again:
-            keep -= self._stop_start(text[:keep])  # the text after it may complete the stop
+            keep -= partial_start(text[:keep], self.stops)  # what follows may complete it
         dropped_text, self.shown = self.shown[keep:], self.shown[:keep]
         self.held = "" if self.stop_hit else self.text.emitted[keep:]
         revision = {

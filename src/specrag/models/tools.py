@@ -39,12 +39,17 @@ def supports_tools(tokenizer: Any) -> bool:
     return bool(re.search(r"\btools\b", str(template)))
 
 
+def tool_names(tools: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The names of OpenAI-style tool schemas (``bind_tools``'), in order."""
+    return tuple(t["function"]["name"] for t in tools)
+
+
 def tool_choice_name(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
     """The tool a ``tool_choice`` forces (None: the model decides).
 
     ``"any"``/``"required"``/``True`` force a call: of the only tool, else the model picks.
     """
-    names = [t["function"]["name"] for t in tools]
+    names = list(tool_names(tools))
     if tool_choice in (None, "auto", "none", False):
         return None
     if isinstance(tool_choice, dict):
@@ -154,6 +159,20 @@ def _defuse_values(value: Any, specials: tuple[str, ...]) -> Any:
 # where the object names a bound tool: any other JSON there is the answer's text (a config
 # in a fence was cut from the answer, its decode stopped, and an invalid call filed).
 OPENERS = (TOOL_OPEN, "<tools>", "```json", '{"name"')
+
+
+def partial_start(text: str, sequences: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that one of ``sequences`` starts with (not whole).
+
+    What a stream holds back: text that may still become a tool-call opener or a stop sequence.
+    """
+    keep = 0
+    for seq in sequences:
+        for k in range(min(len(seq) - 1, len(text)), keep, -1):
+            if text.endswith(seq[:k]):
+                keep = k
+                break
+    return keep
 
 
 def _first_object(text: str) -> tuple[int, int] | None:
@@ -340,12 +359,7 @@ class ToolCapture:
             self.captured, self.pending = buf[at:], ""
             self.capturing = True
             return buf[:at] + self.feed("")
-        keep = 0
-        for opener in OPENERS:
-            for k in range(min(len(opener) - 1, len(buf)), keep, -1):
-                if buf.endswith(opener[:k]):
-                    keep = k
-                    break
+        keep = partial_start(buf, OPENERS)
         self.pending = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
