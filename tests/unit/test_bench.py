@@ -605,6 +605,17 @@ def test_bench_retrieval_logs_every_question_and_pairs_modes_against_dense(monke
     assert "squad:T:1" not in records[1]["dense"]["found"]
 
 
+# one bench question as `run_one` takes it (its index is never opened: the tests stub it)
+PUPPY = {
+    "dataset": "squad",
+    "id": "q1",
+    "question": "What is a puppy?",
+    "answers": ["a young dog"],
+    "index_dir": "/nowhere",
+    "collection": "bench_squad",
+}
+
+
 def test_hf_baselines_do_not_answer_from_irrelevant_chunks(monkeypatch):
     """The graph takes its fallback route when no chunk is relevant; the HF baselines
     answered from the best irrelevant chunk instead (another prompt, other work)."""
@@ -620,15 +631,7 @@ def test_hf_baselines_do_not_answer_from_irrelevant_chunks(monkeypatch):
 
     monkeypatch.setattr(bench_rag, "open_index", lambda ctx: Index())
     monkeypatch.setattr(bench_rag, "run_hf_lookup", never)
-    item = {
-        "dataset": "squad",
-        "id": "q1",
-        "question": "What is a puppy?",
-        "answers": ["a young dog"],
-        "gold": ["squad:P:0"],
-        "index_dir": "/nowhere",
-        "collection": "bench_squad",
-    }
+    item = {**PUPPY, "gold": ["squad:P:0"]}
     for system in ("serial_lookup", "serial_hf_assisted"):
         rec = asyncio.run(bench_rag.run_one(item, system, 0.0, None, SpecRagContext()))
         assert rec["route"] == "fallback" and rec["answer"] == bench_rag.prompts.NO_EVIDENCE_ANSWER
@@ -1002,15 +1005,7 @@ def test_hf_records_say_how_many_tokens_their_first_pass_gave(monkeypatch):
 
     monkeypatch.setattr(bench_rag, "open_index", lambda ctx: Index())
     monkeypatch.setattr(bench_rag, "run_hf_lookup", lookup)
-    item = {
-        "dataset": "squad",
-        "id": "q1",
-        "question": "What is a puppy?",
-        "answers": ["a young dog"],
-        "gold": ["squad:T:1"],
-        "index_dir": "/nowhere",
-        "collection": "bench_squad",
-    }
+    item = {**PUPPY, "gold": ["squad:T:1"]}
     rec = asyncio.run(bench_rag.run_one(item, "serial_lookup", 0.0, None, SpecRagContext()))
     assert rec["first_step_tokens"] == 4
     assert bench_rag._per_token([rec], "decode_s", first=True) == {"squad|q1": (1.0, 6)}

@@ -319,14 +319,30 @@ def test_a_stream_goes_on_when_the_decoder_rewrites_text_it_showed():
     assert "".join(stream.push([i]) for i in (1, 2, 3, 4, 5)) == "Hello , world!"
 
 
+def _tiny_run(tokenizer, stops=(), eos_ids=(), finish="length"):
+    """A `_Run` of a decode job with no model: chunks are built from the steps fed to it."""
+    import types
+
+    from specrag.models.local import DecodeJob, _Run
+    from specrag.models.options import DecodeOptions
+
+    job = DecodeJob(
+        produce=None,
+        tokenizer=tokenizer,
+        eos_ids=eos_ids,
+        input_tokens=3,
+        metadata=lambda: {},
+        finish_reason=lambda: finish,
+    )
+    opts = DecodeOptions(stop=tuple(stops))
+    return _Run(types.SimpleNamespace(max_time=None), job, opts, time.monotonic())
+
+
 def test_an_answer_cut_inside_a_multibyte_character_keeps_the_text_before_it():
     """A step whose last token was the first byte of "é" held back the step's whole text, and
     the last chunk never sent it: an answer cut there by its token limit lost the accepted
     block (" answer is caf") while output_tokens still counted it."""
-    import types
-
-    from specrag.models.local import DecodeJob, TextStream, _result, _Run
-    from specrag.models.options import DecodeOptions
+    from specrag.models.local import TextStream, _result
 
     pieces = {0: "The", 1: " answer", 2: " is caf", 3: "\xc3", 4: "\xa9", 5: "."}
 
@@ -340,15 +356,7 @@ def test_an_answer_cut_inside_a_multibyte_character_keeps_the_text_before_it():
     assert stream.push([1, 2, 3]) == " answer is caf"  # the broken character waits
     assert stream.push([4, 5]) == "é."
 
-    job = DecodeJob(
-        produce=None,
-        tokenizer=Bytes(),
-        eos_ids=(),
-        input_tokens=3,
-        metadata=lambda: {},
-        finish_reason=lambda: "length",
-    )
-    run = _Run(types.SimpleNamespace(max_time=None), job, DecodeOptions(), time.monotonic())
+    run = _tiny_run(Bytes())
     block = [Token(1, -0.1, "draft"), Token(2, -0.1, "draft"), Token(3, -0.1, "model")]
     chunks = [run.chunk([Token(0, -0.1, "model")]), run.chunk(block), run.final_chunk()]
     message = _result(chunks).generations[0].message
@@ -360,27 +368,13 @@ def test_a_step_ending_with_the_stop_and_the_end_token_keeps_the_stop_tokens_log
     """One accepted block [" world.\\nUser:", end]: the end token (never in the log-probs)
     was taken for a token past the cut, so the log-prob of the token that holds the answer's
     last text was dropped while output_tokens still counted it."""
-    import types
-
-    from specrag.models.local import DecodeJob, _Run
-    from specrag.models.options import DecodeOptions
-
     pieces = {0: "Hello", 1: " world.\nUser:", 2: ""}  # 2: the end token
 
     class Tok:
         def decode(self, ids, skip_special_tokens=True, **_):
             return "".join(pieces[i] for i in ids if not (skip_special_tokens and i == 2))
 
-    job = DecodeJob(
-        produce=None,
-        tokenizer=Tok(),
-        eos_ids=(2,),
-        input_tokens=3,
-        metadata=lambda: {},
-        finish_reason=lambda: "stop",
-    )
-    opts = DecodeOptions(stop=("\nUser:",))
-    run = _Run(types.SimpleNamespace(max_time=None), job, opts, time.monotonic())
+    run = _tiny_run(Tok(), stops=("\nUser:",), eos_ids=(2,), finish="stop")
     block = [Token(1, -0.2, "draft"), Token(2, -0.3, "model")]
     chunks = [run.chunk([Token(0, -0.1, "model")]), run.chunk(block)]
     final = run.final_chunk()
@@ -520,25 +514,11 @@ def test_a_model_with_a_vocabulary_smaller_than_the_warm_up_ids_loads():
 
 
 def _word_run(pieces, stop):
-    import types
-
-    from specrag.models.local import DecodeJob, _Run
-    from specrag.models.options import DecodeOptions
-
     class Tok:
         def decode(self, ids, skip_special_tokens=True, **_):
             return "".join(pieces[i] for i in ids)
 
-    job = DecodeJob(
-        produce=None,
-        tokenizer=Tok(),
-        eos_ids=(),
-        input_tokens=3,
-        metadata=lambda: {},
-        finish_reason=lambda: "length",
-    )
-    opts = DecodeOptions(stop=(stop,))
-    return _Run(types.SimpleNamespace(max_time=None), job, opts, time.monotonic())
+    return _tiny_run(Tok(), stops=(stop,))
 
 
 def test_a_stop_sequence_across_a_retraction_point_ends_the_answer():
