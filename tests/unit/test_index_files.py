@@ -620,6 +620,36 @@ def test_pdf_text_with_a_lone_surrogate_is_indexed(tmp_path, monkeypatch):
     assert chunk_ids(source, [text])  # hashed and storable
 
 
+@pytest.mark.parametrize(
+    "page",
+    [
+        b'<meta charset="base64"><p>caf\xe9 Rollo</p>',  # no text codec: LookupError
+        b"<p>Rollo</p><![foo[ bar ]]>",  # html.parser: AssertionError
+        b'<meta charset="unicode_escape"><p>Rollo \\ud800 \xe9</p>',  # a lone surrogate
+    ],
+)
+def test_one_odd_html_page_does_not_stop_the_folder(tmp_path, page):
+    """A review (2026-12-06): a page declaring a codec that is no character set, markup
+    html.parser asserts on, or an escape codec that decodes to a lone surrogate raised a
+    LookupError / AssertionError / TypeError out of the walk - the folder could not be indexed
+    at all, on every run, and the error named no file. Now such a page is read as best it can
+    be, or skipped with its name and why, and the folder's other files are indexed."""
+    from specrag.indexing.documents import InputError
+
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "good.txt").write_text("Rollo led the Norse settlers.")
+    (d / "bad.html").write_bytes(page)
+    try:
+        text = read_text(d / "bad.html")
+        assert "Rollo" in text and not any("\ud800" <= ch <= "\udfff" for ch in text)
+    except InputError as exc:
+        assert "bad.html" in str(exc) and "\n" not in str(exc)
+    loaded = load_files([str(d)])
+    assert str((d / "good.txt").resolve()) in [s for s, _ in loaded.records]
+    assert len(loaded.records) + len(loaded.skipped) == 2
+
+
 def test_one_file_under_two_names_is_indexed_once(tmp_path):
     """On a case-insensitive file system ``docs/a.md`` and ``DOCS/a.md`` are one file under two
     spellings; a hard link stands in for that here (two paths, one device and inode)."""

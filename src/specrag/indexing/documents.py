@@ -363,25 +363,34 @@ def read_text(path: Path) -> str:
     except OSError as exc:
         raise _os_error(path, exc) from exc
     html = path.suffix.lower() in (".html", ".htm")
-    text = decode_text(raw, path, declared_charset(raw) if html else None)
-    return html_to_text(text) if html else text
+    text = valid_text(decode_text(raw, path, declared_charset(raw) if html else None))
+    if not html:
+        return text
+    try:
+        return valid_text(html_to_text(text))
+    except Exception as exc:  # noqa: BLE001 - html.parser asserts on some markup; one line
+        raise Unreadable(f"cannot read HTML {path}: {first_line(exc)}") from exc
 
 
 _CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 
 
 def declared_charset(raw: bytes) -> str | None:
-    """The encoding an HTML page names in its first 4 KiB, if Python knows it.
+    """The text encoding an HTML page names in its first 4 KiB, if Python knows it.
 
-    ``<meta charset=...>`` or ``<meta http-equiv=... content="...; charset=...">``.
+    ``<meta charset=...>`` or ``<meta http-equiv=... content="...; charset=...">``. Not a
+    codec that is no character set (``base64``, ``rot13``, ``hex``: Python refuses them for
+    ``bytes.decode``; ``unicode_escape``, ``punycode``: they decode escapes, not a page).
     """
     found = _CHARSET.search(raw[:4096])
     if found is None:
         return None
     try:
-        return codecs.lookup(found[1].decode("ascii")).name
-    except (LookupError, UnicodeDecodeError):
+        name = codecs.lookup(found[1].decode("ascii")).name
+        "a".encode(name)  # LookupError for a bytes-to-bytes or str-to-str codec
+    except (LookupError, UnicodeError):
         return None
+    return None if name.endswith("escape") or name in ("punycode", "idna") else name
 
 
 def read_stream(stream: BinaryIO | TextIO, name: str) -> str:
@@ -451,7 +460,7 @@ def _decode(raw: bytes, path: Path, declared: str | None) -> str:
     except UnicodeDecodeError:
         pass
     if declared is not None and declared != "utf-8":
-        with contextlib.suppress(UnicodeDecodeError):
+        with contextlib.suppress(UnicodeError, LookupError):
             return raw.decode(declared)
     # UTF-8 with a few damaged bytes (a file cut mid-character, one stray byte): its valid
     # non-ASCII characters outnumber the bad bytes - read as UTF-8, the bad ones as U+FFFD
