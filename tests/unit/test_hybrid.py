@@ -60,7 +60,7 @@ def test_two_writers_saving_at_once_leave_one_whole_index(monkeypatch, tmp_path)
     real_replace = os.replace
 
     def racing_replace(src, dst):
-        if str(src).startswith(str(target) + ".tmp") and "raced" not in calls:
+        if str(src).startswith(str(target) + "~tmp") and "raced" not in calls:
             calls.append("raced")
             monkeypatch.setattr(lexical.os, "replace", real_replace)
             theirs.save(target)  # the other writer wins the race
@@ -134,13 +134,22 @@ def test_a_kept_chunk_takes_its_new_position_when_text_is_inserted_above_it(tmp_
 
 
 def test_a_killed_writers_temporary_copies_are_removed_by_the_next_save(tmp_path):
-    """SIGKILL between a save's two moves left ``bm25.tmp<pid>.<tid>`` / ``.old...`` copies
-    beside the index for good; a running process's copies are left alone."""
+    """SIGKILL between a save's two moves left ``bm25~tmp<pid>.<tid>`` / ``~old...`` copies
+    beside the index for good; a running process's copies are left alone, as is another
+    collection's index whose name looks like a copy (a review, 2026-12-06: saving
+    ``bm25-specrag`` deleted the index of a collection named ``specrag.tmp999999``)."""
     dead = 2**22 + 12345  # above Linux's default pid_max: no such process
-    for name in (f"bm25.tmp{dead}.1", f"bm25.old{dead}.1", f"bm25.tmp{os.getppid()}.1"):
+    alive = f"bm25~tmp{os.getppid()}.1"
+    for name in (f"bm25~tmp{dead}.1", f"bm25~old{dead}.1", alive, f"bm25.tmp{dead}", "bm25.old"):
         (tmp_path / name).mkdir()
+    for name in (f"bm25.tmp{dead}.2", f"bm25.old{dead}.2"):  # earlier versions' copies
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ids.json").write_text("{}")
+    (tmp_path / f"bm25.tmp{dead}" / "ids.json").write_text("{}")  # collection "….tmp<digits>"
     LexicalIndex.build(["c1"], ["Rollo led the Norse."]).save(tmp_path / "bm25")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", f"bm25.tmp{os.getppid()}.1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["bm25", alive, f"bm25.tmp{dead}", "bm25.old"]
+    )
 
 
 def test_an_open_index_sees_what_another_process_indexed(tmp_path):

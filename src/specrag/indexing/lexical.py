@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass
@@ -79,14 +80,14 @@ class LexicalIndex:
         directory.parent.mkdir(parents=True, exist_ok=True)
         _remove_leftovers(directory)
         me = f"{os.getpid()}.{threading.get_ident()}"  # two threads never share a folder
-        tmp = directory.with_name(f"{directory.name}.tmp{me}")
+        tmp = directory.with_name(f"{directory.name}~tmp{me}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         if self.ids and self.terms:
             self.retriever.save(str(tmp))
         meta = {"key": self.key, "ids": self.ids, "terms": self.terms}
         (tmp / "ids.json").write_text(json.dumps(meta))
-        old = directory.with_name(f"{directory.name}.old{me}")
+        old = directory.with_name(f"{directory.name}~old{me}")
         try:
             os.replace(directory, old)
         except FileNotFoundError:  # none yet, or another writer moved it aside first
@@ -132,13 +133,23 @@ class LexicalIndex:
 def _remove_leftovers(directory: Path) -> None:
     """Delete the temporary copies of ``directory`` that killed writers left.
 
-    ``.tmp<pid>.<tid>`` and ``.old<pid>.<tid>`` of a process that is no longer running.
+    ``~tmp<pid>.<tid>`` and ``~old<pid>.<tid>`` of a process that is no longer running: no
+    collection name holds a ``~``, so another collection's index is never taken for one (the
+    ``.tmp`` of earlier versions was: saving ``bm25-specrag`` deleted the index of a collection
+    named ``specrag.tmp999999``). Earlier versions' ``.tmp<pid>.<tid>`` leftovers are removed
+    too; a collection's name never ends in ``.tmp<digits>.<digits>`` by chance.
     """
-    for kind in ("tmp", "old"):
-        for path in directory.parent.glob(f"{directory.name}.{kind}*"):
-            pid = path.name[len(directory.name) + 1 + len(kind) :].split(".", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
+    for sep, kind in (("~", "tmp"), ("~", "old"), (".", "tmp"), (".", "old")):
+        for path in directory.parent.glob(f"{directory.name}{sep}{kind}*"):
+            mark = _LEFTOVER.fullmatch(path.name[len(directory.name) + 1 + len(kind) :])
+            if mark is None or (sep == "." and not (path / "ids.json").is_file()):
+                continue
+            pid = int(mark[1])
+            if pid != os.getpid() and not process_running(pid):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+_LEFTOVER = re.compile(r"(\d+)\.(\d+)")
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:

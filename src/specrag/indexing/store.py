@@ -218,7 +218,7 @@ class IndexReport:
 
 
 COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,510}[A-Za-z0-9]")  # Chroma's rule
-# A local index keeps reach-<name>.json and bm25-<name>.tmp<pid>.<thread id> beside it: a
+# A local index keeps reach-<name>.json and bm25-<name>~tmp<pid>.<thread id> beside it: a
 # file name holds at most 255 bytes
 LOCAL_NAME_MAX = 200
 
