@@ -434,10 +434,41 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+async def _run_on_thread(
+    args: argparse.Namespace, question: str, ctx: Any, document: str | None, named: str
+) -> dict[str, Any]:
+    """``ask --thread``: the run holds its thread from its settings' record to its last step.
+
+    A second ``ask`` on the thread meanwhile waits (and says so), then reads this run's answer
+    as the conversation so far; a ``--resume`` that waited finds the run still unfinished.
+    """
+    from specrag.persistence import thread_lock
+
+    def waiting() -> None:
+        err.print(
+            f"[dim]thread {escape(repr(args.thread))} is in use by another run: waiting for it "
+            "to finish[/dim]"
+        )
+
+    async with thread_lock(args.thread, waiting):
+        if args.resume:
+            if await unfinished_run(args.thread) is None:  # finished by the run it waited for
+                raise InputError(f"thread {args.thread!r} has no interrupted run to resume now")
+        else:  # the run starts now: kept for its --resume
+            save_thread_settings(args.thread, thread_overrides(args), document=named)
+        return await run_graph(
+            question, ctx, document, stream=not args.json, thread=args.thread, locked=True
+        )
+
+
 def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
     if args.thread is not None and not args.thread.strip():
         raise InputError("--thread needs a conversation id (got an empty one)")
+    if args.thread is not None and not args.thread.isprintable():  # a lone surrogate: not UTF-8
+        raise InputError(
+            f"--thread {ascii(args.thread)}: a conversation id is printable text (UTF-8)"
+        )
     if args.document is not None and not args.document.strip():  # an unset $FILE
         raise InputError("--document needs a file (got an empty name)")
     if args.document and (given := [k for k in INDEX_KEYS if cli_overrides(args).get(k)]):
@@ -520,11 +551,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
     # the graph knows the document's text, not its file: it is cited by the file's name as
     # given (a name that is not UTF-8 shows as \xNN); a resumed run's as its first process did
     named = "stdin" if piped else source_name(path) if path is not None else ""
-    if args.thread and not args.resume:  # the run starts now: kept for its --resume
-        save_thread_settings(args.thread, thread_overrides(args), document=named)
-    result = asyncio.run(
-        run_graph(question, ctx, document, stream=not args.json, thread=args.thread)
-    )
+    if args.thread:
+        result = asyncio.run(_run_on_thread(args, question, ctx, document, named))
+    else:
+        result = asyncio.run(run_graph(question, ctx, document, stream=not args.json))
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)

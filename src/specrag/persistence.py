@@ -9,9 +9,12 @@ interrupted run (the only one ``--resume`` can go on with) is never pruned.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from specrag.errors import DataDirError
 from specrag.paths import data_dir
 
 WRITABLE_HINT = " (set SPECRAG_DATA_DIR to a writable folder)"
+log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
@@ -87,3 +91,51 @@ async def keep_latest(saver: Any, thread: str) -> None:
                 (thread, row[0]),
             )
         await saver.conn.commit()
+
+
+@asynccontextmanager
+async def thread_lock(
+    thread: str, on_wait: Callable[[], None] | None = None
+) -> AsyncIterator[None]:
+    """Hold ``thread`` for one run: a second run on it waits until the first has finished.
+
+    Two runs on one thread at once each read the conversation as it was when they started,
+    and the one that ended last wrote the thread's state: the other's question and answer
+    were lost, and its :func:`keep_latest` deleted the checkpoints of a run still going, so
+    an interruption left nothing to ``--resume`` (a review, 2026-12-06). In turn, each run
+    reads the one before it. A lock file per thread in the data dir (``locks/``), locked with
+    ``flock``: across processes, and across runs in one process (each opens its own file).
+    The wait polls, so it ends with Ctrl-C or a cancelled task; ``on_wait`` is called once
+    when it starts. None where no lock can be had (no ``fcntl``, a file system without locks).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    name = hashlib.sha256(thread.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    path = data_dir() / "locks" / f"thread-{name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - held for the run
+    except OSError as exc:
+        raise DataDirError(
+            f"cannot use the data dir {path.parent.parent}: {exc.strerror or exc}{WRITABLE_HINT}"
+        ) from exc
+    try:
+        waited = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited and on_wait is not None:
+                    on_wait()
+                waited = True
+                await asyncio.sleep(0.05)
+            except OSError as exc:  # a file system without locks (some NFS, FUSE mounts)
+                log.debug("no thread lock at %s: %s", path, exc)
+                break
+        yield
+    finally:
+        handle.close()  # unlocks

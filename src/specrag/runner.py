@@ -65,15 +65,27 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_graph(
-    question: str, ctx: Any, document: str | None, stream: bool, thread: str | None = None
+    question: str,
+    ctx: Any,
+    document: str | None,
+    stream: bool,
+    thread: str | None = None,
+    locked: bool = False,
 ) -> dict[str, Any]:
-    """Run the graph; with ``thread``, on a SQLite checkpointer that persists across runs."""
+    """Run the graph; with ``thread``, on a SQLite checkpointer that persists across runs.
+
+    A run on a thread holds it (:func:`~specrag.persistence.thread_lock`; ``locked``: the
+    caller holds it already): a second run on the thread waits for this one.
+    """
     from specrag.graph.builder import build_graph, graph
 
     if not thread:
         return await _run(graph, run_inputs(question, document, False), ctx, stream, {})
-    from specrag.persistence import keep_latest, sqlite_checkpointer
+    from specrag.persistence import keep_latest, sqlite_checkpointer, thread_lock
 
+    if not locked:
+        async with thread_lock(thread, lambda: log.info("thread %r is busy: waiting", thread)):
+            return await run_graph(question, ctx, document, stream, thread, locked=True)
     async with sqlite_checkpointer() as saver:
         app = build_graph(checkpointer=saver)
         inputs = run_inputs(question, document, True)
@@ -188,9 +200,10 @@ async def unfinished_run(thread: str) -> Unfinished | None:
     if not state.next:
         return None
     values = state.values or {}
-    return Unfinished(
-        tuple(state.next), str(values.get("run_document") or values.get("document") or "")
-    )
+    # stopped before its prepare: ``run_document`` is still the run before it's, its own
+    # document is the input (empty without one: it asks the index)
+    document = values.get("document") if "prepare" in state.next else values.get("run_document")
+    return Unfinished(tuple(state.next), str(document or ""))
 
 
 async def _run(

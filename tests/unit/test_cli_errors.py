@@ -1,6 +1,7 @@
 """Bad input gives one clear line on stderr, a non-zero exit, no traceback, index untouched."""
 
 import re
+import time
 
 import pytest
 
@@ -288,6 +289,68 @@ def test_an_empty_thread_id_is_refused(capsys):
     """`--thread ""` ran without a checkpoint, silently (a new-user review, 2026-12-03)."""
     line = one_line_error(capsys, main(["ask", "hi", "--thread", " "]))
     assert "--thread needs a conversation id" in line
+
+
+def test_a_thread_id_that_is_not_text_is_refused_before_any_model_loads(capsys, monkeypatch):
+    """A review (2026-12-06): ``--thread $'\\xff'`` (a lone surrogate in Python) loaded the
+    models, recorded the thread's settings, then failed in SQLite with a UnicodeEncodeError
+    (exit 1, an unexpected error's line)."""
+    import specrag.cli
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: pytest.fail("loaded models"))
+    for thread in ("\udcff", "a\tb"):
+        line = one_line_error(capsys, main(["ask", "hi", "--thread", thread]))
+        assert "--thread" in line and "printable text" in line, line
+
+
+def test_an_ask_on_a_thread_in_use_waits_for_it_and_says_so(capsys, monkeypatch, tmp_path):
+    """Two `ask --thread t` at once lost one's turn (a review, 2026-12-06): the second now
+    waits for the first - saying so on stderr - and records its settings once it runs."""
+    import asyncio
+    import threading
+
+    import specrag.cli
+    from specrag.persistence import thread_lock
+    from specrag.runner import thread_settings
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Paris is the capital of France.")
+    ran = threading.Event()
+
+    async def run_graph(*a, **k):
+        ran.set()
+        raise InputError("stopped here")
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    held, release = threading.Event(), threading.Event()
+
+    async def hold():  # another run on the thread
+        async with thread_lock("t-busy"):
+            held.set()
+            await asyncio.to_thread(release.wait, 30)
+
+    other = threading.Thread(target=asyncio.run, args=(hold(),))
+    other.start()
+    assert held.wait(30)
+    codes = []
+    asker = threading.Thread(
+        target=lambda: codes.append(
+            main(
+                ["ask", "Capital?", "--thread", "t-busy", "--document", str(doc), "--set", "seed=4"]
+            )
+        )
+    )
+    asker.start()
+    time.sleep(1.0)
+    assert not ran.is_set() and thread_settings("t-busy") == {}  # waiting, nothing recorded
+    release.set()
+    other.join(30)
+    asker.join(30)
+    assert ran.is_set() and thread_settings("t-busy") == {"seed": "4"}
+    captured = capsys.readouterr()
+    assert "'t-busy' is in use by another run: waiting for it to finish" in captured.err
+    assert "stopped here" in captured.err and codes == [2]
 
 
 def test_resume_without_an_interrupted_run(capsys):

@@ -360,3 +360,83 @@ async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_pa
     assert restored == [True]  # the resumed draft saw the restored signal ...
     assert drafts["n"] <= 2 and len(result["draft"].split()) <= 1, result["draft"]  # at once
     assert result["route"] in ("generate", "refine") and result["answer"] == "Paris."
+
+
+def _graph_of(monkeypatch, svc):
+    """``run_graph`` / ``unfinished_run`` build their graph on ``svc``'s fakes."""
+    import importlib
+
+    builder = importlib.import_module("specrag.graph.builder")  # specrag.graph shadows it
+    real_build = builder.build_graph
+    monkeypatch.setattr(builder, "build_graph", lambda **kw: real_build(svc, **kw))
+    return real_build
+
+
+async def test_two_runs_on_one_thread_take_turns(tmp_path, monkeypatch):
+    """A review (2026-12-06): two runs on one thread at once each read the conversation as it
+    was when they started; the one that ended last wrote the thread's state (the other's
+    question and answer were lost), and the first to end pruned the other's checkpoints. Now
+    the second waits for the first: both turns are kept, in order."""
+    import asyncio
+
+    from specrag.persistence import sqlite_checkpointer
+    from specrag.runner import run_graph
+
+    class Slow(FakeLogprobChat):
+        def _stream(self, messages, *a, **k):
+            if "SLOW" in messages[-1].content:
+                time.sleep(1.0)
+            yield from super()._stream(messages, *a, **k)
+
+    svc = services(answer=Slow(reply="Paris.", calls=[]))
+    real_build = _graph_of(monkeypatch, svc)
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    await run_graph("first question?", ctx(), None, False, thread="t")
+    slow = asyncio.create_task(run_graph("SLOW second question?", ctx(), None, False, thread="t"))
+    await asyncio.sleep(0.3)  # inside its answer
+    await run_graph("third question?", ctx(), None, False, thread="t")
+    assert slow.done()  # the third waited for it
+    async with sqlite_checkpointer() as saver:
+        state = await real_build(svc, checkpointer=saver).aget_state(
+            {"configurable": {"thread_id": "t"}}
+        )
+    humans = [m.content for m in state.values["messages"] if m.type == "human"]
+    assert humans == ["first question?", "SLOW second question?", "third question?"]
+    assert len([m for m in state.values["messages"] if m.type == "ai"]) == 3
+
+
+async def test_a_run_stopped_before_prepare_reports_its_own_document(tmp_path, monkeypatch):
+    """A review (2026-12-06): a run stopped before its ``prepare`` reported the run before
+    it's document (``run_document``), so ``--resume`` of a question asked without one skipped
+    opening the index, and the resumed run opened it inside its retrieval budget."""
+    from langchain_core.messages import HumanMessage
+
+    from specrag.persistence import sqlite_checkpointer
+    from specrag.runner import unfinished_run
+
+    svc = services()
+    stop = {"now": False}
+
+    def warm(model):
+        if stop["now"]:
+            raise Crash()
+
+    svc.warm = warm
+    _graph_of(monkeypatch, svc)
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    config = {"configurable": {"thread_id": "t"}}
+    async with sqlite_checkpointer() as saver:
+        graph = build_graph(svc, checkpointer=saver)
+        await graph.ainvoke(
+            {"messages": [HumanMessage("capital of France?")], "document": "Paris is it."},
+            config,
+            context=ctx(),
+        )
+        stop["now"] = True
+        with pytest.raises(Crash):
+            await graph.ainvoke(
+                {"messages": [HumanMessage("and of Italy?")]}, config, context=ctx()
+            )
+    saved = await unfinished_run("t")
+    assert saved is not None and "prepare" in saved.nodes
+    assert saved.document == "" and saved.needs_index
