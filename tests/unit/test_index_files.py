@@ -696,6 +696,39 @@ def test_what_a_removed_or_repointed_link_reached_is_pruned_unless_indexed_in_it
     )
 
 
+def test_a_first_run_cut_short_leaves_what_it_reached_through_links_to_be_pruned(
+    tmp_path, monkeypatch, capsys
+):
+    """A review (2026-12-06): the link record was saved only once a first run had written
+    everything; a first run cut short left none, so the next run took what the cut one had
+    written for "there before the record" - held for good, never pruned with its link."""
+    from specrag.indexing.store import VectorIndex
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, shared = tmp_path / "docs", tmp_path / "shared"
+    d.mkdir()
+    shared.mkdir()
+    (d / "keep.md").write_text("Keep this text about owls.")
+    (shared / "s.md").write_text("Shared text about ospreys.")
+    (d / "ext").symlink_to(shared)
+    upsert, calls = VectorIndex.upsert_source, []
+
+    def cut_at_the_second(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return upsert(self, *a, **k)
+
+    monkeypatch.setattr(VectorIndex, "upsert_source", cut_at_the_second)
+    assert main(["index", str(d)]) == 130 and len(calls) == 2
+    monkeypatch.setattr(VectorIndex, "upsert_source", upsert)
+    real = tmp_path.resolve()
+    both = sorted(str(real / p) for p in ("docs/keep.md", "shared/s.md"))
+    assert indexed_sources(tmp_path, capsys, d) == both
+    (d / "ext").unlink()
+    assert indexed_sources(tmp_path, capsys, d) == [str(real / "docs" / "keep.md")]
+
+
 def test_an_index_without_a_link_record_prunes_nothing_for_links(
     tmp_path, monkeypatch, capsys, caplog
 ):

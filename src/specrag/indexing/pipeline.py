@@ -514,6 +514,9 @@ def _index_records(
     if reach is not None and index.reach() is None:  # the record begins: what is there stays
         before = sorted(index.sources())
         first = {BEFORE_RECORD: before} if before else {}
+        # saved before any text is written: a run cut short must not leave what it wrote to
+        # be taken for "there before the record" (held for good, its links never pruned)
+        index.save_reach(first)
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
         records,
