@@ -503,3 +503,44 @@ def test_a_start_in_memory_stays_until_the_whole_prefix_is_on_disk(tmp_path, mon
     cache.flush()
     assert cache.get(key) is None  # not in memory (that run kept nothing there) ...
     assert cache.get(key, model).tokens == tokens  # ... read whole from disk
+
+
+def test_a_cache_dir_this_user_cannot_search_is_a_miss_not_an_error(tmp_path, monkeypatch):
+    """A review (2026-12-06): ``prefix-kv/`` of another user (mode 0700) made ``Path.is_file``
+    raise PermissionError outside the read's ``try``: RAPID failed and the run fell back to
+    ``generate``, though a cache must never fail a run."""
+    import pathlib
+
+    model = tiny_llama()
+    key = prefix_key("tiny|cpu|fp32", list(range(3, 40)))
+    real_stat = pathlib.Path.stat
+
+    def denied(self, *a, **k):
+        if str(self).startswith(str(tmp_path)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "stat", denied)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+
+
+def test_an_entry_whose_stored_key_was_damaged_is_replaced_by_the_next_write(tmp_path):
+    """A review (2026-12-06): a file whose pickled key had a flipped bit was a miss but kept,
+    and the next write saw "as many tokens already there" and only touched it: a miss in
+    every new process, never rewritten, never evicted (touched: the most recently used)."""
+    model = tiny_llama()
+    prefix = list(range(3, 60))
+    key = prefix_key("tiny|cpu|fp32", prefix)
+    first = PrefixCache(disk_dir=tmp_path)
+    first.put(key, prefilled(model, prefix))
+    first.flush()
+    (path,) = tmp_path.glob("*.kv")
+    raw = bytearray(path.read_bytes())
+    raw[raw.find(key.encode()) + len(key) - 1] ^= 1  # one flipped bit in the pickled key
+    path.write_bytes(bytes(raw))
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None  # a miss: recomputed ...
+    again = PrefixCache(disk_dir=tmp_path)
+    again.put(key, prefilled(model, prefix))  # ... and saved again
+    again.flush()
+    hit = PrefixCache(disk_dir=tmp_path).get(key, model)
+    assert hit is not None and hit.tokens == prefix

@@ -206,7 +206,8 @@ class PrefixCache:
                 daemon=True,  # waited for at exit by flush_at_exit; Ctrl-C there abandons it
             )
             writer.start()
-            self._writers = [w for w in self._writers if w.is_alive()] + [writer]
+            with self._lock:  # two threads' puts at once: neither writer is lost to the flush
+                self._writers = [w for w in self._writers if w.is_alive()] + [writer]
 
     @property
     def disk_dir(self) -> Path | None:
@@ -217,7 +218,9 @@ class PrefixCache:
 
     def flush(self) -> None:
         """Wait for pending disk writes."""
-        for writer in list(self._writers):
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
             writer.join()
 
     def flush_at_exit(self) -> None:
@@ -284,9 +287,9 @@ class PrefixCache:
         if self.disk_dir is None:
             return None
         path = self._path(key)
-        if not path.is_file():
-            return None
-        try:
+        try:  # is_file too: a folder this user cannot search raises (PermissionError)
+            if not path.is_file():
+                return None
             inode = path.stat().st_ino
             data = torch.load(path, map_location="cpu", weights_only=True)
         except (OSError, MemoryError) as exc:  # pruned meanwhile, or no room now: a miss, kept
@@ -296,8 +299,8 @@ class PrefixCache:
             self._drop(path, inode, exc)
             return None
         try:
-            if data.get("key") != key:
-                return None
+            if data.get("key") != key:  # its name is this key's hash: a damaged key, removed
+                raise ValueError("the key it holds is not its name's")  # (else never rewritten)
             if data.get("crc") != kv_checksum(data["tokens"], data["kv"]):
                 raise ValueError(
                     "its checksum does not match (damaged, or written by an older version)"
