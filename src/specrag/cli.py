@@ -39,6 +39,7 @@ from specrag.runner import (  # noqa: E402
     run_graph,
     save_thread_settings,
     thread_document,
+    thread_pages,
     thread_settings,
     unfinished_run,
 )
@@ -435,7 +436,12 @@ def plural(n: int, noun: str) -> str:
 
 
 async def _run_on_thread(
-    args: argparse.Namespace, question: str, ctx: Any, document: str | None, named: str
+    args: argparse.Namespace,
+    question: str,
+    ctx: Any,
+    document: str | None,
+    named: str,
+    pages: list[tuple[int, int]],
 ) -> dict[str, Any]:
     """``ask --thread``: the run holds its thread from its settings' record to its last step.
 
@@ -455,7 +461,7 @@ async def _run_on_thread(
             if await unfinished_run(args.thread) is None:  # finished by the run it waited for
                 raise InputError(f"thread {args.thread!r} has no interrupted run to resume now")
         else:  # the run starts now: kept for its --resume
-            save_thread_settings(args.thread, thread_overrides(args), document=named)
+            save_thread_settings(args.thread, thread_overrides(args), named, pages)
         return await run_graph(
             question, ctx, document, stream=not args.json, thread=args.thread, locked=True
         )
@@ -479,6 +485,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         )
     # a resumed run goes on with its own settings (--models, --set, ...); flags given now win
     ctx = make_context(args, thread_settings(args.thread) if args.resume and args.thread else None)
+    resumed_document = ""
     if args.resume:
         if not args.thread:
             raise InputError("--resume needs --thread ID")
@@ -499,6 +506,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 "last run finished): ask a question with --thread to continue it"
             )
         needs_index = saved.needs_index
+        resumed_document = saved.document  # its text, saved with it (the run reads that)
         question = ""
     else:
         question = validate_question(args.question or "", ctx.max_question_chars)
@@ -552,14 +560,15 @@ def cmd_ask(args: argparse.Namespace) -> int:
     # given (a name that is not UTF-8 shows as \xNN); a resumed run's as its first process did
     named = "stdin" if piped else source_name(path) if path is not None else ""
     if args.thread:
-        result = asyncio.run(_run_on_thread(args, question, ctx, document, named))
+        result = asyncio.run(_run_on_thread(args, question, ctx, document, named, pages))
     else:
         result = asyncio.run(run_graph(question, ctx, document, stream=not args.json))
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
-    if args.resume and args.thread:
-        named = thread_document(args.thread)
+    if args.resume and args.thread:  # cited as its first process did: the file, its pages
+        named, pages = thread_document(args.thread), thread_pages(args.thread)
+        document = resumed_document
     if named:
         from specrag.indexing.document_search import DOCUMENT_SOURCE
 

@@ -153,12 +153,23 @@ def _threads() -> Any:
     return Records(data_dir() / THREADS, limit=4096)
 
 
-def save_thread_settings(thread: str, overrides: dict[str, Any], document: str = "") -> None:
+def save_thread_settings(
+    thread: str,
+    overrides: dict[str, Any],
+    document: str = "",
+    pages: list[tuple[int, int]] | None = None,
+) -> None:
     """Keep the settings a run of ``thread`` starts with, for ``specrag ask --resume``.
 
-    ``document``: the file its ``--document`` text came from, which the resumed run cites.
+    ``document``: the file its ``--document`` text came from, which the resumed run cites;
+    ``pages``: a PDF's page starts in that text (``join_pages``), so it cites pages too.
     """
-    _threads().put(thread, {"settings": overrides, **({"document": document} if document else {})})
+    record: dict[str, Any] = {"settings": overrides}
+    if document:
+        record["document"] = document
+    if pages:
+        record["pages"] = [list(p) for p in pages]
+    _threads().put(thread, record)
 
 
 def thread_settings(thread: str) -> dict[str, Any]:
@@ -171,6 +182,15 @@ def thread_document(thread: str) -> str:
     """The file the latest run of ``thread`` read its document from ("" when none)."""
     found = (_threads().get(thread) or {}).get("document")
     return found if isinstance(found, str) else ""
+
+
+def thread_pages(thread: str) -> list[tuple[int, int]]:
+    """Where each page of the latest run's PDF starts in its text ([] when not a PDF)."""
+    found = (_threads().get(thread) or {}).get("pages")
+    if not isinstance(found, list):
+        return []
+    pages = [tuple(p) for p in found if isinstance(p, list) and len(p) == 2]
+    return [(int(a), int(b)) for a, b in pages if isinstance(a, int) and isinstance(b, int)]
 
 
 async def check_checkpoints() -> None:

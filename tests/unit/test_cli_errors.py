@@ -441,7 +441,7 @@ def test_a_resumed_document_run_cites_the_file_its_first_process_read(
         raise KeyboardInterrupt  # the first process stops mid-run
 
     async def unfinished_run(thread):
-        return types.SimpleNamespace(needs_index=False)
+        return types.SimpleNamespace(needs_index=False, document=doc.read_text())
 
     monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
     monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
@@ -454,6 +454,48 @@ def test_a_resumed_document_run_cites_the_file_its_first_process_read(
     capsys.readouterr()
     assert main(["ask", "--thread", "t-doc", "--resume", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["sources"][0]["source"] == "contract.txt"
+
+
+def test_a_resumed_pdf_run_cites_the_page_its_first_process_would_have(
+    capsys, monkeypatch, tmp_path
+):
+    """A review (2026-12-06): a PDF run resumed cited "contract.pdf" where its first process
+    cites "contract.pdf#page=2": the page starts were not kept with the thread."""
+    import json
+    import types
+
+    import specrag.cli
+    from specrag.indexing.documents import join_pages
+
+    pages = ["Clause 1: rent is due monthly.", "Clause 15: the tenant keeps the garden."]
+    text, starts = join_pages(pages)
+    import specrag.indexing.documents as documents
+
+    monkeypatch.setattr(documents, "read_pdf_pages", lambda path: pages)
+    (tmp_path / "contract.pdf").write_bytes(b"%PDF-1.4 stand-in")
+    cited = {"chunks": [{"id": "c2", "text": pages[1]}], "citations": [{"n": 1, "id": "c2"}]}
+
+    async def run_graph(*a, **k):
+        if not a[0]:  # the resumed run (no question)
+            return cited
+        raise KeyboardInterrupt  # the first process stops mid-run
+
+    async def unfinished_run(thread):
+        return types.SimpleNamespace(needs_index=False, document=text)
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    monkeypatch.setattr(specrag.cli, "unfinished_run", unfinished_run)
+    monkeypatch.setattr(
+        specrag.cli, "result_json", lambda result: json.loads(json.dumps(DOCUMENT_VIEW))
+    )
+    monkeypatch.chdir(tmp_path)
+    ask = ["ask", "Clause 15?", "--document", "contract.pdf", "--thread", "t-pdf", "--json"]
+    assert main(ask) == 130
+    capsys.readouterr()
+    assert main(["ask", "--thread", "t-pdf", "--resume", "--json"]) == 0
+    (source,) = json.loads(capsys.readouterr().out)["sources"]
+    assert source["source"] == "contract.pdf#page=2" and source["page"] == 2
 
 
 def test_an_index_given_with_resume_replaces_the_saved_one(tmp_path):
