@@ -251,6 +251,27 @@ def test_a_file_name_that_is_not_utf8_is_indexed_and_its_json_is_valid(
     assert summary["files"] == 2 and summary["sources"] == 2
 
 
+def test_two_file_names_that_read_as_one_source_are_not_both_indexed(tmp_path, monkeypatch, capsys):
+    r"""A review (2026-12-06): ``a\xff.txt`` (the byte 0xff) and a file named ``a\xff.txt``
+    (a backslash, as typed) both had the source ``a\xff.txt``: one file's chunks replaced
+    the other's, and each re-index embedded both again. The second is skipped, saying why."""
+    import os
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d = tmp_path / "docs"
+    d.mkdir()
+    with open(os.path.join(os.fsencode(d), b"a\xff.txt"), "wb") as fh:
+        fh.write(b"Penguins live in Antarctica.")
+    (d / "a\\xff.txt").write_text("Zebras live in Africa.")
+    for _ in range(2):
+        assert main(["index", str(d), "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["files"] == 1 and summary["index_chunks"] == 1
+        (skipped,) = summary["skipped"]
+        assert "its name reads as the source of" in skipped["reason"]
+    assert summary["added"] == 0 and summary["removed"] == 0  # the re-index changed nothing
+
+
 def unlistable(monkeypatch, name):
     """Folders named ``name`` cannot be listed (tests run as root: chmod would not stop it)."""
     listing = os.scandir

@@ -227,9 +227,16 @@ def load_files(paths: Iterable[str], empty_ok: bool = False, lapsed_ok: bool = F
     named = {Path(p).expanduser().resolve() for p in paths if not Path(p).expanduser().is_dir()}
     out = Loaded([], [], found.skipped, found.folders, found.reach, found.incomplete)
     files = found.files
+    owner: dict[str, Path] = {}  # source -> the file read under it
     for f in files:
         try:
             records = [(source, text) for source, text in read_records(f) if text.strip()]
+            # two names, one source: a name that is not UTF-8 (``a\xff.txt``, its byte shown
+            # as \xNN) reads as a UTF-8 name spelt so; indexed, one replaced the other
+            if clash := next((s for s, _ in records if owner.get(s, f) != f), None):
+                raise Unreadable(
+                    f"its name reads as the source of {owner[clash]} ({clash}): rename one: {f}"
+                )
         except InputError as exc:
             if f in named and (isinstance(exc, Unreadable) or not lapsed_ok):
                 raise
@@ -251,6 +258,7 @@ def load_files(paths: Iterable[str], empty_ok: bool = False, lapsed_ok: bool = F
             continue
         out.records.extend(records)
         out.files.append(str(f))
+        owner.update((source, f) for source, _ in records)
     if not out.records and not empty_ok:
         raise no_text(out.skipped)
     return out
