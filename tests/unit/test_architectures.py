@@ -155,3 +155,88 @@ def test_a_caches_size_counts_every_state_it_holds(arch):
     )
     assert (lm.nbytes() > kv_bytes) == (arch != "llama"), (arch, lm.nbytes(), kv_bytes)
     assert lm.nbytes() >= kv_bytes
+
+
+@pytest.mark.parametrize(
+    ("arch", "sizes"),
+    [
+        ("falcon", dict(multi_query=True, new_decoder_architecture=False)),
+        (
+            "deepseek_v3",
+            dict(
+                intermediate_size=64,
+                moe_intermediate_size=32,
+                num_key_value_heads=4,
+                kv_lora_rank=16,
+                q_lora_rank=16,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=8,
+                v_head_dim=8,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                n_group=1,
+                topk_group=1,
+                first_k_dense_replace=1,
+                max_position_embeddings=256,
+            ),
+        ),
+    ],
+)
+def test_a_prefix_of_a_model_whose_config_misnames_its_cache_heads_is_read_from_disk(
+    arch, sizes, tmp_path
+):
+    """A review (2026-12-06): the disk prefix cache checked a file's KV heads against the
+    config (``num_key_value_heads`` or every attention head); multi-query Falcon caches 1
+    head without saying so, DeepSeek's latent attention 1 of the config's 4: every file was
+    dropped as damaged, and every process paid the document's prefill again."""
+    from specrag.decoding.prefix_cache import PrefixCache, prefix_key
+
+    torch.manual_seed(0)
+    base = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=64)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **base, **sizes)).eval()
+    lm = LMState(model)
+    lm.extend(prompt_of(20), all_logits=False)
+    key = prefix_key(f"{arch}|cpu|fp32", lm.tokens)
+    writer = PrefixCache(disk_dir=tmp_path)
+    writer.put(key, lm)
+    writer.flush()
+    hit = PrefixCache(disk_dir=tmp_path).get(key, model)  # a new process: memory empty
+    assert hit is not None and hit.tokens == lm.tokens
+    assert list(tmp_path.glob("*.kv"))
+
+
+def test_a_composite_models_sizes_are_read_from_its_text_config():
+    """A review (2026-12-06): Gemma 3 (4B and up) loads as ``*ForConditionalGeneration``,
+    whose config keeps ``vocab_size`` and ``max_position_embeddings`` in ``text_config``:
+    timing its passes failed (AttributeError) and every prompt was cut to 2,048 tokens."""
+    from transformers import Gemma3Config
+
+    from specrag.models.loading import LoadedLM, _measure_wide, time_layouts
+
+    text = dict(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=32768,
+        sliding_window=8,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        image_size=28,
+        patch_size=14,
+    )
+    torch.manual_seed(0)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert not hasattr(model.config, "vocab_size")  # the case: sizes in text_config only
+    lm = LoadedLM("g3", model, None, torch.device("cpu"), torch.float32, (1,), 0, False)
+    assert lm.max_context == 32768
+    assert _measure_wide(lm, 5, 1, 16) > 0
+    time_layouts(model, torch.device("cpu"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -380,20 +381,19 @@ class LMState:
     ) -> None:
         """Raise ValueError unless ``kv`` is a cache of ``model``'s shape holding ``tokens``.
 
-        Its layers and KV heads per the model's config (where it says), its length per tokens.
+        Its layers and each layer's KV heads and head size as the model's own cache holds them
+        (:func:`kv_shapes`), its length per tokens.
         """
-        config = getattr(model, "config", None)
-        layers = getattr(config, "num_hidden_layers", None)
-        heads = getattr(config, "num_key_value_heads", None) or getattr(
-            config, "num_attention_heads", None
-        )
-        if layers is not None and len(kv) != layers:
-            raise ValueError(f"{len(kv)} cached layers for a model of {layers}")
-        for keys, values in kv:
+        shapes = kv_shapes(model)
+        if len(kv) != len(shapes):
+            raise ValueError(f"{len(kv)} cached layers for a model of {len(shapes)}")
+        for (keys, values), (heads, key_dim, value_dim) in zip(kv, shapes, strict=True):
             if keys.shape[-2] != len(tokens) or values.shape[-2] != len(tokens):
                 raise ValueError("KV tensors do not match the token count")
-            if heads is not None and keys.shape[1] != heads:
+            if keys.shape[1] != heads or values.shape[1] != heads:
                 raise ValueError(f"{keys.shape[1]} cached KV heads for a model of {heads}")
+            if keys.shape[-1] != key_dim or values.shape[-1] != value_dim:
+                raise ValueError(f"cached heads of {keys.shape[-1]} for a model's {key_dim}")
 
     def nbytes(self) -> int:
         """Memory held by the cache: every tensor it holds.
@@ -423,3 +423,23 @@ class LMState:
                 count(value)
         count(minimax_states(self.cache) or [])
         return total
+
+
+_KV_SHAPES: weakref.WeakKeyDictionary[Any, list[tuple[int, int, int]]] = weakref.WeakKeyDictionary()
+
+
+def kv_shapes(model: Any) -> list[tuple[int, int, int]]:
+    """Per cache layer of ``model``: its KV heads, key size and value size, as its cache holds them.
+
+    Read from a 1-token pass (once per model): the config guessed wrong for multi-query
+    Falcon (no ``num_key_value_heads``: 1 head cached, all heads expected) and DeepSeek's
+    latent attention, so every prefix kept on disk for them was dropped as damaged.
+    """
+    found = _KV_SHAPES.get(model)
+    if found is None:
+        probe = LMState(model, marks=1)
+        with torch.inference_mode():
+            probe.extend([0], all_logits=False)
+        found = [(k.shape[1], k.shape[-1], v.shape[-1]) for k, v in probe.kv_tensors()]
+        _KV_SHAPES[model] = found
+    return found

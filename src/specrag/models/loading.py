@@ -119,8 +119,26 @@ class LoadedLM:
 
     @property
     def max_context(self) -> int:
-        """Longest context the model supports, in tokens."""
-        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+        """Longest context the model supports, in tokens (2,048 where its config does not say).
+
+        A composite config (Gemma 3 4B+, Gemma 3n: ``*ForConditionalGeneration``) says it in
+        its ``text_config``: read at the top level only, every prompt was cut to 2,048 tokens.
+        """
+        config = self.model.config
+        for where in (config.get_text_config(), config):
+            found = getattr(where, "max_position_embeddings", None)
+            if isinstance(found, int) and found > 0:
+                return found
+        return 2048
+
+
+def _input_rows(model: Any) -> int:
+    """Rows of ``model``'s input embeddings: token ids a timing pass may feed it.
+
+    Not ``config.vocab_size``, which a composite config keeps in its ``text_config`` only
+    (Gemma 3 4B+: loading failed while timing) and a resized embedding leaves stale.
+    """
+    return int(model.get_input_embeddings().num_embeddings)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -695,7 +713,7 @@ def _measure_costs(
 ) -> PairCosts:
     from specrag.decoding.state import LMState
 
-    vocab = min(int(m.model.config.vocab_size) for m in (drafter, target))
+    vocab = min(_input_rows(m.model) for m in (drafter, target))
     block = [(40 + i) % vocab for i in range(cache)]
     models = (drafter, target)
     with torch.inference_mode():
@@ -757,7 +775,7 @@ def wide_pass_ratio(target: LoadedLM, width: int = 17, reps: int = 5, cache: int
 def _measure_wide(target: LoadedLM, width: int, reps: int, cache: int) -> float:
     from specrag.decoding.state import LMState
 
-    vocab = int(target.model.config.vocab_size)
+    vocab = _input_rows(target.model)
 
     def timed(lm: LMState, tokens: list[int]) -> float:
         n = len(lm)
@@ -818,7 +836,7 @@ def time_layouts(
     """
     from specrag.decoding.state import LMState
 
-    vocab = int(model.config.vocab_size)
+    vocab = _input_rows(model)
     wide = [(300 + j) % vocab for j in range(width)]
     times: dict[bool, list[float]] = {False: [], True: []}
     with torch.inference_mode():
