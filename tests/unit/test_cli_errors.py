@@ -566,6 +566,15 @@ def test_bad_placement_settings_fail_when_the_settings_are_built(capsys, setting
     assert expected in one_line_error(capsys, main(["config", "--set", setting]))
 
 
+def test_an_int8_drafter_on_a_gpu_is_refused_when_the_settings_are_built(capsys):
+    """A review (2026-12-06): refused only once the drafter loaded, after the answer model
+    (minutes on a GPU) - and the answer model dropped its drafter with a warning first."""
+    line = one_line_error(
+        capsys, main(["config", "--set", "drafter_dtype=int8", "--set", "device=cuda"])
+    )
+    assert "int8 dynamic quantization runs on CPU only" in line
+
+
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [

@@ -472,7 +472,8 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     weights = _weights_id(source)  # read once: a folder's files are hashed
     try:
         model.to(device)  # type: ignore[arg-type]
-    except RuntimeError as exc:  # out of memory on the device, most often
+    except (RuntimeError, ValueError) as exc:  # out of memory on the device, most often;
+        # ValueError: a checkpoint quantized by a library that places it itself
         raise ModelLoadError(
             f"could not place model {name!r} on {device}: {first_line(exc)}"
         ) from exc

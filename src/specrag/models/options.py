@@ -48,6 +48,11 @@ def check_placement(device: str, dtype: str, drafter_dtype: str, prefix: str = "
     ):
         if value not in names:
             raise InputError(f"{prefix}{setting}={value!r} (allowed: {', '.join(names)})")
+    if drafter_dtype in INT8_NAMES and device.startswith(("cuda", "mps")):  # "auto": at load
+        raise InputError(
+            f"{prefix}drafter_dtype={drafter_dtype!r} with device={device!r}: int8 dynamic "
+            "quantization runs on CPU only (leave drafter_dtype=auto on a GPU)"
+        )
 
 
 def refuse_int8_answer(dtype: str, setting: str, prefix: str = "") -> None:
