@@ -47,27 +47,25 @@ RESTORED = {"mamba", "jamba", "qwen3_next", "falcon_h1", "minimax", "zaya"}
 # the drafter (the same model, reading the prompt's last 10 tokens) proposes what the target
 # says throughout: RAPID rejects nothing on these tiny random models
 RAPID_AGREES = {"bloom", "mamba", "zaya"}
+MLA = dict(  # DeepSeek's latent attention: keys and values from one compressed latent
+    num_key_value_heads=4,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    n_routed_experts=4,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+)
 OWN_SIZES = {  # Falcon-H1's state-space mixer sits beside attention in every layer
     "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16),
     # ZAYA: linear attention beside windowed attention in one cache layer (hybrid_sliding)
     "zaya": dict(num_experts_per_tok=1, layer_types=["hybrid_sliding", "hybrid"] * 2),
     # DeepSeek V3.2's sparse attention: each query attends to the index_topk keys its indexer
     # scores highest (8 of the 30-46 here), the indexer's keys cached beside the key/values
-    "deepseek_v32": dict(
-        num_key_value_heads=4,
-        kv_lora_rank=16,
-        q_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=8,
-        n_routed_experts=4,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        index_topk=8,
-        index_head_dim=8,
-        index_n_heads=16,
-    ),
+    "deepseek_v32": dict(**MLA, index_topk=8, index_head_dim=8, index_n_heads=16),
 }
 
 
@@ -164,19 +162,10 @@ def test_a_caches_size_counts_every_state_it_holds(arch):
         (
             "deepseek_v3",
             dict(
+                **MLA,
                 intermediate_size=64,
                 moe_intermediate_size=32,
-                num_key_value_heads=4,
-                kv_lora_rank=16,
-                q_lora_rank=16,
-                qk_rope_head_dim=8,
-                qk_nope_head_dim=8,
-                v_head_dim=8,
-                n_routed_experts=4,
                 num_experts_per_tok=2,
-                n_group=1,
-                topk_group=1,
-                first_k_dense_replace=1,
                 max_position_embeddings=256,
             ),
         ),

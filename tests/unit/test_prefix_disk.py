@@ -530,11 +530,7 @@ def test_an_entry_whose_stored_key_was_damaged_is_replaced_by_the_next_write(tmp
     every new process, never rewritten, never evicted (touched: the most recently used)."""
     model = tiny_llama()
     prefix = list(range(3, 60))
-    key = prefix_key("tiny|cpu|fp32", prefix)
-    first = PrefixCache(disk_dir=tmp_path)
-    first.put(key, prefilled(model, prefix))
-    first.flush()
-    (path,) = tmp_path.glob("*.kv")
+    _, key, path = saved(tmp_path, model, prefix)
     raw = bytearray(path.read_bytes())
     raw[raw.find(key.encode()) + len(key) - 1] ^= 1  # one flipped bit in the pickled key
     path.write_bytes(bytes(raw))
