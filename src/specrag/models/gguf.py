@@ -7,12 +7,14 @@ Import-light on purpose (torch and transformers only), so the GPU identity check
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -92,8 +94,13 @@ def _file_sizes(folder: Path) -> dict[str, int]:
     }
 
 
-def _sync(*paths: Path) -> None:
-    """Flush each file or folder in ``paths`` to disk (best effort)."""
+def _sync(*paths: Path, strict: bool = False) -> None:
+    """Flush each file or folder in ``paths`` to disk.
+
+    ``strict``: an error the flush reports (ENOSPC, EIO: on NFS, under a quota, data that
+    never reached the disk) is raised - the copy must not be stamped whole - but for a file
+    system that cannot flush that kind of file (EINVAL, ENOTSUP). Else best effort.
+    """
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -101,8 +108,9 @@ def _sync(*paths: Path) -> None:
             continue
         try:
             os.fsync(fd)
-        except OSError:
-            pass
+        except OSError as exc:
+            if strict and exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
         finally:
             os.close(fd)
 
@@ -220,16 +228,18 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed non-optional
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    _remove_left_behind(target.parent, glob.escape(target.name) + ".tmp*")  # killed conversions
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    outdated = target.with_name(f".{target.name}.prune{os.getpid()}")
+    # killed conversions' scratch (``<name>[.<token>].tmp<pid>``)
+    _remove_left_behind(target.parent, glob.escape(target.name) + ".*tmp*", only=SCRATCH.search)
+    tmp = scratch_name(target, "tmp")
+    outdated = scratch_name(target, "prune", hidden=True)
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        _sync(*tmp.rglob("*"))  # the weights on disk before the stamp says they are whole
+        # the weights on disk before the stamp says they are whole
+        _sync(*tmp.rglob("*"), strict=True)
         stamp = {**conversion_stamp(), "files": _file_sizes(tmp)}
         (tmp / STAMP).write_text(json.dumps(stamp), encoding="utf-8")
-        _sync(tmp / STAMP, tmp)
+        _sync(tmp / STAMP, tmp, strict=True)
         if target.is_dir() and not is_converted(target):
             # half of a copy (a killed removal), or one older library versions wrote
             with contextlib.suppress(OSError):
@@ -278,6 +288,19 @@ def _remove_left_behind(
 
 
 SCRATCH = re.compile(r"\.(?:tmp|prune)(\d+)$")  # a scratch name's end: the writer's pid
+
+
+def scratch_name(path: Path, kind: str, hidden: bool = False) -> Path:
+    """A scratch name beside ``path`` no other writer uses: ``<name>.<token>.<kind><pid>``.
+
+    The pid alone was not enough: writers in two containers sharing the cache dir often have
+    the same one (1), and truncated each other's join. It still ends as :data:`SCRATCH` says.
+    """
+    return path.with_name(
+        f"{'.' if hidden else ''}{path.name}.{secrets.token_hex(4)}.{kind}{os.getpid()}"
+    )
+
+
 # Scratch whose writer's pid is not running here, written to this long ago, is a killed run's:
 # a writer on another host or container sharing the cache dir (its pid unseen here) is
 # still writing to it.
@@ -354,7 +377,7 @@ def prune_stale_copies(gguf: Path, kept: Path, min_age_s: float = LEFT_BEHIND_S)
             size = sum(f.stat().st_size for f in copy.rglob("*") if f.is_file())
         except OSError:
             continue
-        scratch = copy.with_name(f".{copy.name}.prune{os.getpid()}")
+        scratch = scratch_name(copy, "prune", hidden=True)
         try:
             os.replace(copy, scratch)
         except OSError:

