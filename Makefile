@@ -14,7 +14,7 @@ PAIR_STAMP := $(VENV)/.pair-installed
 .PHONY: demo test test-unit test-pair models-pair lint install clean
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps $(EMBEDDED)

@@ -25,3 +25,25 @@ def test_every_run_folder_is_in_the_history_index():
     linked = set(re.findall(r"\]\(bench/([^/)]+)/\)", history))
     assert folders - linked == set(), "add these to the index at the end of docs/pair-history.md"
     assert linked - folders == set(), "the index links folders that do not exist"
+
+
+def test_make_repairs_a_venv_left_without_pip(tmp_path):
+    """A review (2026-12-06): the Makefile made .venv only where ``bin/python`` was missing;
+    a venv whose ensurepip was cut short (or missing: Debian without python3-venv) has that
+    file, so every target then failed at ``pip`` until ``make clean``. The recipe's own line,
+    run on such a venv, makes it whole."""
+    import re
+    import subprocess
+    import sys
+
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    (line,) = [ln.strip() for ln in makefile.splitlines() if "-m venv" in ln]
+    values = {"BIN": ".venv/bin", "VENV": ".venv", "PY": sys.executable}
+    command = re.sub(r"\$\((\w+)\)", lambda m: values[m[1]], line)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", ".venv"], cwd=tmp_path, check=True
+    )
+    pip = [str(tmp_path / ".venv/bin/python"), "-m", "pip", "--version"]
+    assert subprocess.run(pip, capture_output=True).returncode != 0  # the broken venv
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True)
+    assert subprocess.run(pip, capture_output=True).returncode == 0
