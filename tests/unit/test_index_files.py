@@ -750,32 +750,6 @@ def test_a_first_run_cut_short_leaves_what_it_reached_through_links_to_be_pruned
     assert indexed_sources(tmp_path, capsys, d) == [str(real / "docs" / "keep.md")]
 
 
-def test_a_named_link_pointed_elsewhere_drops_what_it_reached(tmp_path, monkeypatch, capsys):
-    """A review (2026-12-06): ``specrag index current`` (``current -> v1``) keyed its record
-    by ``v1``; pointed at ``v2``, a re-index pruned under ``v2`` only and kept v1's chunks:
-    answers cited a release's old text. Keyed as named, the link reaches its target."""
-    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
-    for version in ("v1", "v2"):
-        (tmp_path / version).mkdir()
-        (tmp_path / version / f"limits-{version}.txt").write_text(f"Release {version} limits.")
-        (tmp_path / f"notes-{version}.txt").write_text(f"Release {version} notes.")
-    current, latest = tmp_path / "current", tmp_path / "latest.txt"
-    current.symlink_to(tmp_path / "v1")
-    latest.symlink_to(tmp_path / "notes-v1.txt")
-    real = tmp_path.resolve()
-    assert indexed_sources(tmp_path, capsys, current, latest) == [
-        str(real / "notes-v1.txt"),
-        str(real / "v1" / "limits-v1.txt"),
-    ]
-    for link, target in ((current, "v2"), (latest, "notes-v2.txt")):
-        link.unlink()
-        link.symlink_to(tmp_path / target)
-    assert indexed_sources(tmp_path, capsys, current, latest) == [
-        str(real / "notes-v2.txt"),
-        str(real / "v2" / "limits-v2.txt"),
-    ]
-
-
 def test_an_index_without_a_link_record_prunes_nothing_for_links(
     tmp_path, monkeypatch, capsys, caplog
 ):

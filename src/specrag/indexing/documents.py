@@ -549,9 +549,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
             files += found
             skipped += left_out
             folders += walked
-            # keyed as named: a link named itself (``current -> v1``) reaches its target, so
-            # pointed elsewhere, what it reached is pruned (keyed by the target, it was kept)
-            key = folder_prefix(Path(os.path.abspath(path)))
+            key = folder_prefix(path.resolve())
             out = [p for p in map(folder_prefix, walked) if not p.startswith(key)]
             linked = [source_name(f.resolve()) for f in found]
             for s in left_out:  # a target away (a drive not mounted) is still linked to
@@ -564,10 +562,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
                 incomplete.append(key)
         else:
             files.append(path)
-            named, real = source_name(os.path.abspath(path)), source_name(path.resolve())
-            reach.setdefault(named, [])
-            if real != named:  # a link named itself: it reaches its target's source
-                reach[named] = sorted({*reach[named], real})
+            reach.setdefault(source_name(path.resolve()), [])
     skipped = list(dict.fromkeys(skipped))  # once, where two named folders overlap
     return Collected(_one_per_file(files), skipped, list(dict.fromkeys(folders)), reach, incomplete)
 
