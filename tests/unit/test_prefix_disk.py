@@ -540,3 +540,22 @@ def test_an_entry_whose_stored_key_was_damaged_is_replaced_by_the_next_write(tmp
     again.flush()
     hit = PrefixCache(disk_dir=tmp_path).get(key, model)
     assert hit is not None and hit.tokens == prefix
+
+
+def test_a_shape_probe_that_fails_keeps_the_file(tmp_path, monkeypatch):
+    """A review (2026-12-06): the read checks a file against the model's own cache shapes,
+    from a 1-token pass; that pass failing (device memory) dropped a sound file as damaged."""
+    from specrag.decoding import prefix_cache, state
+
+    model = tiny_llama()
+    _, key, path = saved(tmp_path, model, list(range(5, 40)))
+
+    def no_memory(model):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(state, "kv_shapes", no_memory)  # as check_kv calls it
+    monkeypatch.setattr(prefix_cache, "kv_shapes", no_memory, raising=False)
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    assert path.exists()  # a miss, kept
+    monkeypatch.undo()
+    assert PrefixCache(disk_dir=tmp_path).get(key, model) is not None

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from specrag.decoding.state import LMState
+from specrag.decoding.state import LMState, kv_shapes
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +297,11 @@ class PrefixCache:
             return None
         except Exception as exc:  # noqa: BLE001 - a damaged file
             self._drop(path, inode, exc)
+            return None
+        try:  # the model's cache shapes, from a pass of its own: a failure there (device
+            kv_shapes(model)  # memory) says nothing of the file, which is kept
+        except Exception as exc:  # noqa: BLE001 - a cache must never fail a run
+            log.warning("prefix cache: could not check %s: %s", path.name, exc)
             return None
         try:
             if data.get("key") != key:  # its name is this key's hash: a damaged key, removed
