@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 import time
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -435,6 +436,20 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def thread_id_ok(thread: str) -> bool:
+    """Whether ``thread`` can name a conversation: UTF-8 text without control characters.
+
+    A non-UTF-8 byte is a lone surrogate in Python, which SQLite refused after the models
+    loaded; a tab or a newline would break the one-line messages that name it. Joiners, a
+    no-break space and other invisible characters are text (Persian and Indic words hold them).
+    """
+    try:
+        thread.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return not any(unicodedata.category(ch) == "Cc" for ch in thread)
+
+
 async def _run_on_thread(
     args: argparse.Namespace,
     question: str,
@@ -442,11 +457,14 @@ async def _run_on_thread(
     document: str | None,
     named: str,
     pages: list[tuple[int, int]],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str | None, str, list[tuple[int, int]]]:
     """``ask --thread``: the run holds its thread from its settings' record to its last step.
 
     A second ``ask`` on the thread meanwhile waits (and says so), then reads this run's answer
-    as the conversation so far; a ``--resume`` that waited finds the run still unfinished.
+    as the conversation so far. A ``--resume`` reads what its run was given - its document, the
+    file it came from and a PDF's pages - under the lock too, after any wait: a run that
+    waited for it records its own as soon as it holds the thread. Returns the result and
+    those three (this run's own where it is not a resume).
     """
     from specrag.persistence import thread_lock
 
@@ -458,22 +476,27 @@ async def _run_on_thread(
 
     async with thread_lock(args.thread, waiting):
         if args.resume:
-            if await unfinished_run(args.thread) is None:  # finished by the run it waited for
+            saved = await unfinished_run(args.thread)
+            if saved is None:  # finished by the run it waited for
                 raise InputError(f"thread {args.thread!r} has no interrupted run to resume now")
+            document = saved.document or None
+            named, pages = thread_document(args.thread), thread_pages(args.thread)
         else:  # the run starts now: kept for its --resume
             save_thread_settings(args.thread, thread_overrides(args), named, pages)
-        return await run_graph(
+        result = await run_graph(
             question, ctx, document, stream=not args.json, thread=args.thread, locked=True
         )
+        return result, document, named, pages
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
     """Answer one question (or, with --resume, finish the interrupted run of a thread)."""
     if args.thread is not None and not args.thread.strip():
         raise InputError("--thread needs a conversation id (got an empty one)")
-    if args.thread is not None and not args.thread.isprintable():  # a lone surrogate: not UTF-8
+    if args.thread is not None and not thread_id_ok(args.thread):
         raise InputError(
-            f"--thread {ascii(args.thread)}: a conversation id is printable text (UTF-8)"
+            f"--thread {ascii(args.thread)}: a conversation id is UTF-8 text without control "
+            "characters"
         )
     if args.document is not None and not args.document.strip():  # an unset $FILE
         raise InputError("--document needs a file (got an empty name)")
@@ -485,7 +508,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
         )
     # a resumed run goes on with its own settings (--models, --set, ...); flags given now win
     ctx = make_context(args, thread_settings(args.thread) if args.resume and args.thread else None)
-    resumed_document = ""
     if args.resume:
         if not args.thread:
             raise InputError("--resume needs --thread ID")
@@ -506,7 +528,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
                 "last run finished): ask a question with --thread to continue it"
             )
         needs_index = saved.needs_index
-        resumed_document = saved.document  # its text, saved with it (the run reads that)
         question = ""
     else:
         question = validate_question(args.question or "", ctx.max_question_chars)
@@ -560,15 +581,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
     # given (a name that is not UTF-8 shows as \xNN); a resumed run's as its first process did
     named = "stdin" if piped else source_name(path) if path is not None else ""
     if args.thread:
-        result = asyncio.run(_run_on_thread(args, question, ctx, document, named, pages))
+        result, document, named, pages = asyncio.run(
+            _run_on_thread(args, question, ctx, document, named, pages)
+        )
     else:
         result = asyncio.run(run_graph(question, ctx, document, stream=not args.json))
     view = result_json(result)
     # the CLI loads before the run (so no budget pays for it): load_s says what that took
     view["timings"]["load_s"] = round(loading + (view["timings"]["load_s"] or 0.0), 4)
-    if args.resume and args.thread:  # cited as its first process did: the file, its pages
-        named, pages = thread_document(args.thread), thread_pages(args.thread)
-        document = resumed_document
     if named:
         from specrag.indexing.document_search import DOCUMENT_SOURCE
 

@@ -300,7 +300,13 @@ def test_a_thread_id_that_is_not_text_is_refused_before_any_model_loads(capsys, 
     monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: pytest.fail("loaded models"))
     for thread in ("\udcff", "a\tb"):
         line = one_line_error(capsys, main(["ask", "hi", "--thread", thread]))
-        assert "--thread" in line and "printable text" in line, line
+        assert "--thread" in line and "UTF-8 text without control characters" in line, line
+    for thread in (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645",
+        "a\u00a0b",
+        "\U0001f468\u200d\U0001f373",
+    ):
+        assert specrag.cli.thread_id_ok(thread)  # joiners and a no-break space are text
 
 
 def test_an_ask_on_a_thread_in_use_waits_for_it_and_says_so(capsys, monkeypatch, tmp_path):
@@ -310,6 +316,7 @@ def test_an_ask_on_a_thread_in_use_waits_for_it_and_says_so(capsys, monkeypatch,
     import threading
 
     import specrag.cli
+    from specrag import persistence
     from specrag.persistence import thread_lock
     from specrag.runner import thread_settings
 
@@ -333,6 +340,17 @@ def test_an_ask_on_a_thread_in_use_waits_for_it_and_says_so(capsys, monkeypatch,
     other = threading.Thread(target=asyncio.run, args=(hold(),))
     other.start()
     assert held.wait(30)
+    told = threading.Event()  # the asker met the lock (a sleep raced it on a loaded machine)
+    real_lock = persistence.thread_lock
+
+    def lock(thread, on_wait=None):
+        def waiting():
+            on_wait()
+            told.set()
+
+        return real_lock(thread, waiting)
+
+    monkeypatch.setattr(persistence, "thread_lock", lock)
     codes = []
     asker = threading.Thread(
         target=lambda: codes.append(
@@ -342,7 +360,8 @@ def test_an_ask_on_a_thread_in_use_waits_for_it_and_says_so(capsys, monkeypatch,
         )
     )
     asker.start()
-    time.sleep(1.0)
+    assert told.wait(30)
+    time.sleep(0.2)  # it keeps waiting
     assert not ran.is_set() and thread_settings("t-busy") == {}  # waiting, nothing recorded
     release.set()
     other.join(30)
