@@ -138,7 +138,10 @@ def _input_rows(model: Any) -> int:
     Not ``config.vocab_size``, which a composite config keeps in its ``text_config`` only
     (Gemma 3 4B+: loading failed while timing) and a resized embedding leaves stale.
     """
-    return int(model.get_input_embeddings().num_embeddings)
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if embeddings is not None:
+        return int(embeddings().num_embeddings)
+    return int(model.config.get_text_config().vocab_size)  # a model without (a stand-in)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
