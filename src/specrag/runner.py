@@ -189,8 +189,11 @@ def thread_pages(thread: str) -> list[tuple[int, int]]:
     found = (_threads().get(thread) or {}).get("pages")
     if not isinstance(found, list):
         return []
-    pages = [tuple(p) for p in found if isinstance(p, list) and len(p) == 2]
-    return [(int(a), int(b)) for a, b in pages if isinstance(a, int) and isinstance(b, int)]
+    return [
+        (p[0], p[1])
+        for p in found
+        if isinstance(p, list) and len(p) == 2 and all(isinstance(n, int) for n in p)
+    ]
 
 
 async def check_checkpoints() -> None:

@@ -139,17 +139,14 @@ def _remove_leftovers(directory: Path) -> None:
     named ``specrag.tmp999999``). Earlier versions' ``.tmp<pid>.<tid>`` leftovers are removed
     too; a collection's name never ends in ``.tmp<digits>.<digits>`` by chance.
     """
-    for sep, kind in (("~", "tmp"), ("~", "old"), (".", "tmp"), (".", "old")):
-        for path in directory.parent.glob(f"{directory.name}{sep}{kind}*"):
-            mark = _LEFTOVER.fullmatch(path.name[len(directory.name) + 1 + len(kind) :])
-            if mark is None or (sep == "." and not (path / "ids.json").is_file()):
-                continue
-            pid = int(mark[1])
-            if pid != os.getpid() and not process_running(pid):
-                shutil.rmtree(path, ignore_errors=True)
-
-
-_LEFTOVER = re.compile(r"(\d+)\.(\d+)")
+    leftover = re.compile(rf"{re.escape(directory.name)}([~.])(?:tmp|old)(\d+)\.\d+")
+    for path in directory.parent.glob(f"{directory.name}[~.]*"):
+        mark = leftover.fullmatch(path.name)
+        if mark is None or (mark[1] == "." and not (path / "ids.json").is_file()):
+            continue
+        pid = int(mark[2])
+        if pid != os.getpid() and not process_running(pid):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:

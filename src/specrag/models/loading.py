@@ -867,7 +867,7 @@ def _measure_step(model: Any, device: torch.device) -> float:
     """
     from specrag.decoding.state import LMState
 
-    vocab = int(model.get_input_embeddings().num_embeddings)  # ids within it (a tiny model)
+    vocab = _input_rows(model)  # ids within it (a tiny model)
     with torch.inference_mode():
         lm = LMState(model, device, marks=1)  # never crops
         lm.extend([i % vocab for i in range(1, 33)], all_logits=False)

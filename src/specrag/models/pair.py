@@ -15,9 +15,9 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from specrag.errors import ModelLoadError
 from specrag.paths import cache_dir, package_dir
@@ -115,17 +115,9 @@ def joined_gguf(model: PairModel) -> Path:
         try:
             with tmp.open("xb") as out:
                 for part in parts:
-                    try:
-                        fh = part.open("rb")
-                    except OSError as exc:  # the installed wheel, not the cache dir
-                        raise ModelLoadError(
-                            f"{model.title}: cannot read its part {part} "
-                            f"({exc.strerror or exc}; {REINSTALL_HINT})"
-                        ) from exc
-                    with fh:
-                        while block := _read_part(fh, part, model):
-                            digest.update(block)
-                            out.write(block)
+                    for block in _part_blocks(part, model):
+                        digest.update(block)
+                        out.write(block)
             if digest.hexdigest() != model.sha256 or tmp.stat().st_size != model.size:
                 raise ModelLoadError(
                     f"{model.title}: joined file has sha256 {digest.hexdigest()[:16]}..., "
@@ -144,10 +136,15 @@ def joined_gguf(model: PairModel) -> Path:
     return path
 
 
-def _read_part(fh: Any, part: Path, model: PairModel) -> bytes:
-    """The next block of an installed part; an error reading it names the part."""
+def _part_blocks(part: Path, model: PairModel) -> Iterator[bytes]:
+    """An installed part's bytes, in blocks; an error opening or reading it names the part.
+
+    (The installed wheel's, not the cache dir's: the joined file's writes fail outside.)
+    """
     try:
-        return bytes(fh.read(1 << 22))
+        with part.open("rb") as fh:
+            while block := fh.read(1 << 22):
+                yield block
     except OSError as exc:
         raise ModelLoadError(
             f"{model.title}: cannot read its part {part} ({exc.strerror or exc}; {REINSTALL_HINT})"
