@@ -307,7 +307,6 @@ async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_pa
     """`--resume` of a run stopped inside the draft after retrieve had delivered evidence: the
     signal lived in the dead process, and the resumed draft ("until_retrieval") drafted its
     whole budget with the evidence already in the checkpoint."""
-    import importlib
     import threading
 
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -338,9 +337,7 @@ async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_pa
 
     long_draft = " ".join(["word"] * 20)
     svc = services(draft=CrashAfterRetrieval(reply=long_draft, delay_s=0.02, calls=[]))
-    builder = importlib.import_module("specrag.graph.builder")  # specrag.graph shadows it
-    real_build = builder.build_graph
-    monkeypatch.setattr(builder, "build_graph", lambda **kw: real_build(svc, **kw))
+    _graph_of(monkeypatch, svc)
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
     settings = ctx(draft_policy="until_retrieval")
 
