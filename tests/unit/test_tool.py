@@ -328,3 +328,81 @@ def test_a_task_failing_as_the_run_unwinds_is_logged_not_lost(caplog):
     with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(KeyboardInterrupt):
         _run_on_own_loop(run())
     assert any("the cleanup failed" in str(r.exc_info) for r in caplog.records if r.exc_info)
+
+
+def test_ctrl_c_in_a_sync_call_from_inside_a_running_loop_cancels_the_run():
+    """Inside a running loop (Jupyter) the sync call's helper thread was waited for in a
+    pool's `with`: Ctrl-C surfaced only when the whole run had ended (a review, 2026-12-07:
+    5 s of a 5 s run). Now the run is cancelled and the KeyboardInterrupt comes at once."""
+    import _thread
+    import asyncio
+    import threading
+    import time
+
+    import pytest
+
+    seen = []
+
+    class Slow:
+        async def ainvoke(self, *args, **kwargs):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            return {"answer": "late"}
+
+    tool = make_specrag_tool(ctx(), graph=Slow(), output="text")
+
+    async def call():
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        tool.invoke({"question": "q"})
+
+    start = time.monotonic()
+    loop = asyncio.new_event_loop()  # no SIGINT handler of asyncio.run's: as in a kernel
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(call())
+    finally:
+        loop.close()
+    assert time.monotonic() - start < 10
+    assert seen == ["cancelled"]
+
+
+def test_bad_tool_arguments_are_one_line_in_the_tool_format():
+    """`{"query": ...}` (what small models write) or a number as the question raised a
+    multi-line pydantic ValidationError from a direct call (a review, 2026-12-07)."""
+
+    class Graph:
+        async def ainvoke(self, *args, **kwargs):
+            return {"answer": "x", "verified": True, "citations": [{"source": "s"}]}
+
+    text = make_specrag_tool(ctx(), graph=Graph(), output="text")
+    line = text.invoke({"query": "Norse leader"})
+    assert line.startswith("specrag: error: the tool takes") and "question" in line
+    assert "\n" not in line
+    as_json = make_specrag_tool(ctx(), graph=Graph())
+    error = json.loads(as_json.invoke({"question": 5}))["error"]
+    assert error.startswith("specrag: error:") and "valid string" in error
+    assert text.invoke({"question": "q"}) == "x [sources: s]"
+
+
+def test_a_context_of_the_wrong_type_is_refused_when_the_tool_is_made():
+    """A string context was taken, then every call failed on an attribute; `[]` read as the
+    defaults (a review, 2026-12-07)."""
+    import pytest
+
+    for wrong in ("top_k=3", 5, []):
+        with pytest.raises(TypeError, match="context must be a SpecRagContext or a dict"):
+            make_specrag_tool(wrong, graph=object())
+
+
+async def test_an_unreadable_result_is_the_tools_error_line():
+    """A custom graph's result that is no dict escaped as a raw AttributeError."""
+
+    class Odd:
+        async def ainvoke(self, *args, **kwargs):
+            return ["not", "a", "dict"]
+
+    out = json.loads(await make_specrag_tool(ctx(), graph=Odd()).ainvoke({"question": "q"}))
+    assert out["error"].startswith("specrag: error: the run's result is unreadable")

@@ -8,6 +8,7 @@ end: schemas rendered into the prompt, the model's ``<tool_call>`` block parsed 
 """
 
 import copy
+import json
 
 import pytest
 import torch
@@ -410,3 +411,25 @@ def test_a_call_after_json_text_is_still_a_call():
     content, chunks = capture.finish()
     assert (shown + content).strip() == text.strip()
     assert [(c["name"], c["args"]) for c in chunks] == [("search_docs", '{"query": "x"}')]
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_closing_tag_quoted_inside_a_call_keeps_the_call_whole(closed):
+    """A question quoting `</tool_call>` ended the block there: the call was invalid and its
+    tail leaked into the content, though the streamed capture stopped at the object's end (a
+    review, 2026-12-07)."""
+    from specrag.models.tools import ToolCapture
+
+    call = '<tool_call>\n{"name": "search_docs", "arguments": {"query": "a </tool_call> b"}}'
+    text = "Let me look. " + call + ("\n</tool_call>" if closed else "")
+    content, chunks = parse_tool_calls(text)
+    assert content == "Let me look."
+    assert [(c["name"], json.loads(c["args"])) for c in chunks] == [
+        ("search_docs", {"query": "a </tool_call> b"})
+    ]
+    capture = ToolCapture()
+    shown = capture.feed(text)
+    assert capture.done
+    tail, streamed = capture.finish()
+    assert (shown + tail).strip() == "Let me look."
+    assert [json.loads(c["args"]) for c in streamed] == [{"query": "a </tool_call> b"}]

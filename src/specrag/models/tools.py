@@ -259,6 +259,33 @@ def _weak_piece(text: str, names: Sequence[str]) -> tuple[int, int, str, str] | 
         start = end
 
 
+def _blocks(text: str) -> list[tuple[int, int, str, str]]:
+    """Each ``<tool_call>`` block (an unclosed one at the end too): (begin, end, raw, body).
+
+    A block ends at its first ``</tool_call>``, unless that sits inside a string of the call's
+    JSON (a question quoting the tag): a body that is no call there but a complete call object
+    followed by the closing tag (or the text's end) ends after the object. The streamed
+    capture (:class:`ToolCapture`) stops there too; a regex alone cut the call in two.
+    """
+    pieces: list[tuple[int, int, str, str]] = []
+    for m in _BLOCK.finditer(text):
+        begin, end, body = m.start(), m.end(), m.group(1).strip()
+        if _as_call(body) is None:
+            inner = m.start(1)
+            span = _first_object(text[inner:])
+            if span is not None and not text[inner : inner + span[0]].strip():
+                tail = text[inner + span[1] :]
+                rest = tail.lstrip()
+                closed = rest.startswith("</tool_call>")
+                if (closed or not rest) and _as_call(text[inner + span[0] : inner + span[1]]):
+                    body = text[inner + span[0] : inner + span[1]]
+                    end = len(text) - len(rest) + (len("</tool_call>") if closed else 0)
+        if pieces and begin < pieces[-1][1]:  # inside the block just widened
+            continue
+        pieces.append((begin, end, text[begin:end], body))
+    return pieces
+
+
 def parse_tool_calls(text: str, names: Sequence[str] = ()) -> tuple[str, list[ToolCallChunk]]:
     """Split generated text into (content, tool-call chunks).
 
@@ -272,10 +299,8 @@ def parse_tool_calls(text: str, names: Sequence[str] = ()) -> tuple[str, list[To
     """
     chunks: list[ToolCallChunk] = []
     spans: list[tuple[int, int]] = []
-    blocks = list(_BLOCK.finditer(text))
-    if blocks:
-        pieces = [(m.start(), m.end(), m.group(0), m.group(1).strip()) for m in blocks]
-    else:
+    pieces = _blocks(text)
+    if not pieces:
         piece = _weak_piece(text, names)
         pieces = [piece] if piece else []
     for index, (begin, end, raw, body) in enumerate(pieces):

@@ -6,11 +6,11 @@ import asyncio
 import contextvars
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Any, Literal
 
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from specrag.errors import InputError
 from specrag.graph.context import SpecRagContext
@@ -72,7 +72,7 @@ def format_result(result: dict[str, Any]) -> str:
     )
 
 
-def _run_on_own_loop(coro: Any) -> Any:
+def _run_on_own_loop(coro: Any, loop: asyncio.AbstractEventLoop | None = None) -> Any:
     """Run ``coro`` on a private event loop, closed WITHOUT waiting for its worker threads.
 
     ``asyncio.run`` would wait for every leftover ``to_thread`` worker (e.g. a retrieval stuck
@@ -80,8 +80,9 @@ def _run_on_own_loop(coro: Any) -> Any:
     Its tasks are cancelled and awaited first, as ``asyncio.run`` does: after Ctrl-C the run's
     task was left pending, and closing its async generators under it printed pages of
     "already running" / "Task was destroyed" tracebacks around the KeyboardInterrupt.
+    ``loop``: a new loop made by the caller (who may cancel ``coro``'s task on it).
     """
-    loop = asyncio.new_event_loop()
+    loop = loop or asyncio.new_event_loop()
     try:
         return loop.run_until_complete(coro)
     finally:
@@ -114,6 +115,49 @@ def _cancel_tasks(loop: asyncio.AbstractEventLoop) -> None:
             )
 
 
+def _run_in_helper_thread(coro: Any) -> Any:
+    """Run ``coro`` on a private loop in a helper thread; Ctrl-C here cancels the run.
+
+    The caller's thread runs a loop already (Jupyter, async code calling the sync API). A
+    pool's ``with`` waited for the whole run after Ctrl-C (a review, 2026-12-07: 5 s of a 5 s
+    run); now the run's task is cancelled and unwinds (a few seconds at most) before the
+    KeyboardInterrupt goes on. Callbacks, tracing and config travel along in a context copy.
+    """
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def work() -> None:
+        try:
+            outcome["result"] = _run_on_own_loop(task, loop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(work,), name="specrag-tool", daemon=True)
+    worker.start()
+    try:
+        while not finished.wait(0.1):  # short waits: a signal met in another thread counts too
+            pass
+    except BaseException:
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the loop closed as the run ended
+            pass
+        finished.wait(_UNWIND_WAIT_S)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+_UNWIND_WAIT_S = 5.0
+"""How long Ctrl-C during a sync call from inside a running loop waits for the run to unwind."""
+
+
 def make_specrag_tool(
     context: SpecRagContext | dict[str, Any] | None = None,
     graph: Any = None,
@@ -141,6 +185,12 @@ def make_specrag_tool(
         from specrag.graph.builder import graph as default_graph
 
         graph = default_graph
+    if context is not None and not isinstance(context, (dict, SpecRagContext)):
+        # a string or list was taken, then every call failed on an attribute (or [] read as
+        # the defaults)
+        raise TypeError(
+            f"context must be a SpecRagContext or a dict of settings, not {type(context).__name__}"
+        )
     ctx = SpecRagContext(**context) if isinstance(context, dict) else context or SpecRagContext()
 
     def failed(line: str) -> ToolException:
@@ -161,7 +211,25 @@ def make_specrag_tool(
             log.warning("the specrag tool failed: %s", short_error(exc))
             log.debug("the specrag tool's failure", exc_info=True)
             raise failed(f"specrag: error: {short_error(exc)}") from exc
-        return fmt(result)
+        try:
+            return fmt(result)
+        except Exception as exc:  # noqa: BLE001 - a custom graph's odd result: one line too
+            from specrag.errors import short_error
+
+            raise failed(
+                f"specrag: error: the run's result is unreadable: {short_error(exc)}"
+            ) from exc
+
+    def bad_arguments(exc: ValidationError) -> str:
+        # a small model writes {"query": ...} or a number: it reads why, in the tool's format
+        errors = exc.errors()
+        where = ".".join(str(part) for part in errors[0]["loc"]) if errors else ""
+        what = errors[0]["msg"] if errors else "invalid"
+        line = (
+            'specrag: error: the tool takes {"question": "<a question>"}; '
+            f"{where or 'arguments'}: {what}"
+        )
+        return json.dumps({"error": line}, ensure_ascii=False) if output == "json" else line
 
     def run(question: str) -> str:
         # The graph's nodes are async-only: run them on an event loop of our own. Inside a
@@ -174,9 +242,7 @@ def make_specrag_tool(
             in_a_loop = False
         if not in_a_loop:  # outside the except: a failure is not chained to "no running loop"
             return _run_on_own_loop(arun(question))
-        context = contextvars.copy_context()  # callbacks, tracing and config travel along
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specrag-tool") as pool:
-            return pool.submit(context.run, _run_on_own_loop, arun(question)).result()
+        return _run_in_helper_thread(arun(question))
 
     return StructuredTool.from_function(
         func=run,
@@ -185,6 +251,7 @@ def make_specrag_tool(
         description=description,
         args_schema=AskInput,
         handle_tool_error=True,  # a ToolException's line is the tool's output (status error)
+        handle_validation_error=bad_arguments,
     )
 
 
