@@ -238,8 +238,11 @@ async def _run(
     final: dict[str, Any] = {}
     current, shown = None, ""
 
-    def redraw() -> None:  # the answer so far, on a fresh line below a note
-        err.print(f"\n[dim]answer ({current}):[/dim] ", end="")
+    def label(node: str | None) -> str:
+        return "draft (unverified)" if node == "draft" else f"answer ({node})"
+
+    def redraw() -> None:  # the text so far, on a fresh line below a note
+        err.print(f"\n[dim]{label(current)}:[/dim] ", end="")
         err.print(shown, end="", highlight=False, markup=False)
 
     async for mode, payload in app.astream(
@@ -256,8 +259,7 @@ async def _run(
             text = chunk.text if isinstance(getattr(chunk, "text", None), str) else ""
             if node != current and text:
                 current, shown = node, ""
-                label = "draft (unverified)" if node == "draft" else f"answer ({node})"
-                err.print(f"\n[dim]{label}:[/dim] ", end="")
+                err.print(f"\n[dim]{label(node)}:[/dim] ", end="")
             if text:
                 shown += text
                 err.print(text, end="", highlight=False, markup=False)
@@ -286,7 +288,10 @@ async def _run(
             err.print(
                 f"\n[dim]revised: retracted {escape(repr(payload['dropped_text']))}[/dim]", end=""
             )
-            if current not in (None, "draft"):  # else none of the answer was shown yet
+            # the node whose text it cuts (a remote draft's stop sequence too); an event
+            # without one is the answer's, of which nothing was shown while the draft streamed
+            node = payload.get("node")
+            if (node == current) if node else current not in (None, "draft"):
                 shown = shown[: payload["keep"]]
                 redraw()
         elif mode == "values":

@@ -653,3 +653,48 @@ async def test_a_later_failure_after_an_emptying_re_ranking_names_the_evidence_k
     result, _ = await incremental(batches=emptying_batches(RuntimeError("store down")))
     failed = [e for e in result["errors"] if "failed: RuntimeError: store down" in e]
     assert failed and "answering from the 1 relevant chunk(s) found before" in failed[0], failed
+
+
+@pytest.mark.parametrize("then", [None, RuntimeError("store down")])
+@pytest.mark.parametrize("policy", ["wait", "incremental"])
+async def test_a_re_ranking_that_drops_every_relevant_chunk_answers_alike_in_both_policies(
+    policy, then
+):
+    """Batch 1 held a relevant chunk, batch 2's fused ranking none (then maybe a failure):
+    `incremental` answered from batch 1, `wait` fell back ("no chunk scored 0.2 or more", or
+    "retrieval failed") though a relevant chunk was found (a review, 2026-12-07)."""
+    svc = dataclasses.replace(services(), batch_retriever=emptying_batches(then))
+    context = ctx(answer_policy=policy, incremental_grace_s=0.0, draft_policy="off")
+    result: dict = {}
+    question = {"question": "capital of France?"}
+    async for result in build_graph(svc).astream(question, context=context, stream_mode="values"):
+        pass
+    assert result["route"] == "generate" and result["verified"], (policy, result["reason"])
+    assert result["answer"] == "Paris."
+    assert [c["id"] for c in result["chunks"]] == ["id0"]
+    assert result["evidence_complete"] is False
+    said = "failed: RuntimeError" if then else "ranked every chunk below relevance_threshold"
+    assert any(said in e and "from the 1 relevant chunk(s)" in e for e in result["errors"])
+
+
+async def test_a_seed_past_a_remote_apis_range_is_folded_below_2_31():
+    """`seed` goes up to 2**64-1; the answer's was sent as it was, so a remote model whose
+    seed field is a signed integer failed refine and generate on the same bad request and
+    every run ended unverified (a review, 2026-12-07). The draft's seed was folded already."""
+    seen = []
+
+    class Seeded(FakeLogprobChat):
+        seed: int | None = None
+
+        def _stream(self, *args, **kwargs):
+            seen.append(self.seed)
+            if self.seed is not None and not 0 <= self.seed < 2**63:
+                raise RuntimeError("400: seed out of int64 range")
+            yield from super()._stream(*args, **kwargs)
+
+    svc = services(draft=Seeded(calls=[]), answer=Seeded(reply="Paris.", calls=[]))
+    result, _ = await timed(svc, seed=2**64 - 1)
+    assert result["route"] in ("refine", "generate") and result["answer"] == "Paris."
+    assert seen and all(0 <= s < 2**31 for s in seen), seen
+    await timed(services(answer=Seeded(reply="Paris.", calls=[])), seed=7)
+    assert 7 in seen  # a seed in range is sent as it is

@@ -354,3 +354,24 @@ async def test_a_fallback_that_does_not_show_the_draft_says_why():
     result = await run(services(draft=short, retrieve_error=OSError("disk gone")))
     assert result["route"] == "fallback" and result["answer"] == prompts.NO_EVIDENCE_ANSWER
     assert result["reason"].endswith("; the draft is not shown (draft too short (2 < 6 tokens))")
+
+
+@pytest.mark.parametrize("how", ["off", "failed"])
+async def test_a_run_without_a_draft_still_sends_its_drafted_event(how):
+    """README: `drafted` and `retrieved` come from the two parallel branches; a draft that
+    was off or failed sent none, so a client waiting for both waited forever (a review,
+    2026-12-07)."""
+    from tests.fakes import FakeLogprobChat
+
+    svc = services(draft=FakeLogprobChat(fail=True, calls=[])) if how == "failed" else services()
+    context = ctx(draft_policy="off") if how == "off" else ctx()
+    events = [
+        payload
+        async for payload in build_graph(svc).astream(
+            {"question": "capital of France?"}, context=context, stream_mode="custom"
+        )
+    ]
+    drafted = [e for e in events if e.get("event") == "drafted"]
+    assert [e["status"] for e in drafted] == [how]
+    assert drafted[0]["tokens"] == 0 and drafted[0]["confidence"] is None
+    assert any(e.get("event") == "retrieved" for e in events)

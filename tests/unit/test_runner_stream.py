@@ -80,3 +80,20 @@ def test_a_failed_answer_nodes_streamed_text_is_marked_failed(capsys):
     assert "answer (refine): Paris is" in said
     assert "refine failed: RuntimeError: connection reset" in said
     assert said.index("refine failed") < said.index("answer (generate): Paris is the capital.")
+
+
+def test_a_remote_drafts_stop_sequence_cut_is_taken_off_the_draft_line(capsys):
+    """A remote draft's stop-sequence cut said "revised: retracted ..." but left the invented
+    "Question: ..." on the draft line: the event did not say whose text it cut (a review,
+    2026-12-07). It names its node now; an answer's event still leaves the draft alone."""
+    from specrag.graph.builder import build_graph
+    from tests.fakes import FakeLogprobChat, ctx, services
+
+    draft = FakeLogprobChat(reply="Rollo led them.\nQuestion: who else?", calls=[])
+    app = build_graph(services(draft=draft))
+    final = asyncio.run(runner._run(app, {"question": "capital?"}, ctx(), True, {}))
+    assert final["draft"] == "Rollo led them."
+    said = capsys.readouterr().err
+    redrawn = said[said.index("revised") :]
+    assert "draft (unverified): Rollo led them." in redrawn
+    assert "Question:" not in redrawn.split("draft (unverified):")[1].split("route")[0]

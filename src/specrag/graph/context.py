@@ -135,7 +135,8 @@ class SpecRagContext:
     retrieval_timeout_s: float = _f(
         3.0,
         "Retrieval budget; past it the run takes the fallback route (or answers from the "
-        "relevant evidence earlier batches found).",
+        "relevant evidence earlier batches found; a long document still takes "
+        "rapid_generate).",
         gt=0,
         le=DAY_S,
     )
@@ -286,7 +287,8 @@ class SpecRagContext:
     # --- long documents (RAPID) -------------------------------------------------------------
     long_document_tokens: int = _f(
         1024,
-        "Documents longer than this (target-model tokens) take the rapid_generate route.",
+        "Documents longer than this (target-model tokens) take the rapid_generate route "
+        "(with a local answer model; a remote one answers from the retrieved chunks).",
         ge=0,
     )
     rapid_gamma: int = _f(10, "RAPID draft tokens per step.", ge=1)

@@ -71,7 +71,8 @@ class OutputState(TypedDict, total=False):
     (chunk ids it re-ranked out of the top k)."""
     revisions: list[dict[str, Any]]
     """Retractions of an incremental answer: ``keep`` (characters of the streamed answer that
-    stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``."""
+    stayed), ``kept_tokens``, ``dropped_tokens``, ``dropped_text``, ``at_s``. New evidence's
+    only: a remote model's stop-sequence cut is a ``revise`` event of the stream alone."""
     timings: Annotated[dict[str, float], merge_dicts]
     """Seconds: load_s (model loading, before the run's origin), document_index_s, retrieve_s
     and answer_s (the search's and the last answering node's own time, each from its node's

@@ -39,6 +39,16 @@ def draft_seed(seed: int | None) -> int | None:
 
 
 def _no_draft(status: str, **extra: Any) -> dict[str, Any]:
+    """No draft (``off``, ``failed``): its ``drafted`` event still comes, as README says."""
+    emit(
+        {
+            "event": "drafted",
+            "status": status,
+            "tokens": 0,
+            "confidence": None,
+            **extra.get("timings", {}),
+        }
+    )
     return {
         "draft": "",
         "draft_status": status,

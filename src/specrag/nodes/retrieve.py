@@ -117,6 +117,9 @@ class Delivered:
         self.ctx, self.document, self.start = ctx, document, start
         self.evidence: list[Chunk] = []
         self.records: list[dict[str, Any]] = []
+        # the relevant chunks of the last batch that had any: a fused re-ranking may drop
+        # them all for chunks below the threshold (both policies answer from these then)
+        self.kept: list[dict[str, Any]] = []
 
     @property
     def found(self) -> list[dict[str, Any]]:
@@ -137,7 +140,10 @@ class Delivered:
         if dropped:  # re-ranked out of the top k by this batch
             record["dropped"] = sorted(dropped)
         self.records.append(record)
-        return [c["id"] for c in self.relevant(self.found)] != before
+        now_relevant = self.relevant(self.found)
+        if now_relevant:
+            self.kept = now_relevant
+        return [c["id"] for c in now_relevant] != before
 
     def relevant(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Chunks at or above the relevance threshold (a run's document: all of them)."""
@@ -188,10 +194,18 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
 
             async with budget:
                 done = await search()
+            searching = not done  # an incremental run's search goes on in a task
             relevant = got.relevant(got.found)
-            status = "ok" if relevant else ("irrelevant" if got.found else "empty")
-            update.update(chunks=relevant, retrieval_status=status)
-            if got.found and not relevant:
+            status = "ok" if relevant or got.kept else ("irrelevant" if got.found else "empty")
+            update.update(chunks=relevant or got.kept, retrieval_status=status)
+            if not relevant and got.kept:  # as the incremental policy answers: from before
+                done = False
+                update["errors"] = [
+                    f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
+                    f"{ctx.relevance_threshold}; answering from the {len(got.kept)} "
+                    "relevant chunk(s) found before"
+                ]
+            elif got.found and not relevant:
                 best = max(c["score"] for c in got.found)
                 update["errors"] = [
                     f"retrieve: best score {best:.2f} < relevance_threshold "
@@ -199,7 +213,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                 ]
         except Exception as exc:  # noqa: BLE001 - the fallback route, or ...
             timed_out = ended_by(budget, exc)
-            relevant = got.relevant(got.found)
+            relevant = got.relevant(got.found) or got.kept
             if relevant:  # ... the evidence earlier batches found, which stays good evidence
                 later = (
                     f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
@@ -220,7 +234,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
                     else f"retrieve: {short_error(exc)}"
                 ]
         else:
-            if not done and update["retrieval_status"] == "ok":
+            if searching and update["retrieval_status"] == "ok":
                 stream_rest(state, ctx, got, batches, start + ctx.retrieval_timeout_s)
         update["evidence_complete"] = done
         update["batches"] = [dict(r) for r in got.records]

@@ -180,6 +180,15 @@ REMOTE_FIELDS = {
 }
 
 
+def remote_seed(seed: int) -> int:
+    """``seed`` as a remote API takes it: below 2**31; a smaller one is sent as it is.
+
+    A provider's seed field may be a signed 32- or 64-bit integer; ``seed`` goes up to
+    2**64-1, and one past the field failed every answer call on the same bad request.
+    """
+    return seed if 0 <= seed < 2**31 else seed % 2**31
+
+
 def with_remote_settings(
     model: BaseChatModel, options: DecodeOptions, logprobs: bool = False
 ) -> BaseChatModel:
@@ -197,7 +206,7 @@ def with_remote_settings(
         value = getattr(options, option)
         name = next((n for n in names if n in fields), None)
         if value is not None and name is not None:
-            update[name] = value
+            update[name] = remote_seed(value) if option == "seed" else value
     if logprobs and "logprobs" in fields:
         update["logprobs"] = True
     return model.model_copy(update=update) if update else model
@@ -320,6 +329,7 @@ async def stream_model(
         model = with_remote_settings(model, options or DecodeOptions(), ask_logprobs)
     stops = tuple(options.stop) if options is not None and not local else ()
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
+    node = tags[-1]  # the graph node streaming (a revise event names it: whose text it cuts)
     event = None if local else stop_event  # a local decode polls the event itself
 
     def stopping() -> bool:
@@ -344,7 +354,7 @@ async def stream_model(
                 out.tokens = revision["kept_tokens"]
                 out.logprobs = out.logprobs[: revision["kept_tokens"]]
                 out.revisions.append({**revision, "at_s": round(now() - start, 4)})
-                emit({"event": "revise", **out.revisions[-1]})
+                emit({"event": "revise", "node": node, **out.revisions[-1]})
             if text and out.ttft_s is None:
                 out.ttft_s = now() - start
             out.text += text
@@ -365,6 +375,7 @@ async def stream_model(
                 emit(
                     {
                         "event": "revise",
+                        "node": node,
                         "keep": cut,
                         "kept_tokens": out.tokens,
                         "dropped_text": dropped,
