@@ -148,6 +148,29 @@ async def test_each_prompt_of_an_incremental_answer_gets_its_own_answer_limit(
     assert got["answer_cap"] == 255 - n_later and got["new_tokens"] <= 255 - n_later
 
 
+async def test_a_later_shorter_prompt_lifts_the_cap_in_the_stats(tmp_path, monkeypatch):
+    """The first prompt's cap stayed in the stats after a later, shorter prompt (a fusion
+    dropped a chunk) lifted it: `answer_cap` named a limit the answer no longer had (a
+    review, 2026-12-07)."""
+    from specrag.decoding.incremental import PromptFeed
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=140)
+    long = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
+    short = rag("Who led them?")
+    assert len(encode_chat(model.load(), short)) + 140 <= 255  # no cap for the later prompt
+    feed = PromptFeed()
+    feed.put(short)
+    feed.close()
+    out = await stream_model(
+        model, long, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
+    )
+    got = out.metadata["decoding"]
+    assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] < 255 - 140
+    assert "answer_cap" not in got
+
+
 def short_rapid(tmp_path, monkeypatch, max_new_tokens):
     """RAPID on the 256-token model (:func:`short_model` saves it), eta 0, a prefix cache."""
     from specrag.decoding.prefix_cache import PrefixCache

@@ -361,3 +361,13 @@ def test_an_answer_that_ended_keeps_its_finish_reason_when_the_wait_for_evidence
         shown.extend(t.id for t in item)
     assert shown == greedy(model, P1, 6)
     assert stats.finish_reason == "length" and stats.new_tokens == 6
+
+
+def test_a_rebuild_on_the_same_prompt_reports_the_positions_it_kept():
+    """A rebuilt prompt equal to the cached one (a fitting that cut the new chunks out) was
+    reported as reusing all of it; decode re-reads its last position for the logits (a
+    review, 2026-12-07). The answer is the plain one."""
+    model = tiny_llama(seed=0)
+    shown, stats, _ = drive(model, [P1, P1], 12, 4)
+    assert shown == greedy(model, P1, 12)
+    assert [r["reused_prefix_tokens"] for r in stats.rebuilds] == [len(P1) - 1]

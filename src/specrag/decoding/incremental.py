@@ -158,7 +158,8 @@ def decode_incremental(
 
         if answer_cap is not None:
             decode_kwargs["max_new_tokens"] = answer_cap()
-        reused = shared_prefix(lm.tokens, prompt)
+        # the positions decode keeps (a whole cached prompt: its last is re-read for its logits)
+        reused = min(shared_prefix(lm.tokens, prompt), len(prompt) - 1)
         before = len(answer)
         # verifying: a rebuild's prefill pass, which judges the answer shown so far
         verifying, judged = not first, False

@@ -328,6 +328,7 @@ class ChatLocalLM(LocalChatBase):
         forced = forced_prefix(options.tool_choice, tools) if tools else ""
         limit = loaded.max_context - 1
         stats = DecodeStats()
+        capped: list[int] = []  # the answer's cap was warned of
 
         def encode(msgs: list[BaseMessage]) -> list[int]:
             nonlocal max_new
@@ -336,7 +337,8 @@ class ChatLocalLM(LocalChatBase):
             # fit it (a longer later prompt lowers the limit instead of losing its middle).
             fit = answer_fit(asked, len(ids), limit)
             if fit < asked:
-                if not stats.answer_cap:  # warned once per answer
+                if not capped:  # warned once per answer
+                    capped.append(fit)
                     log.warning(
                         "the reply is capped at %d tokens (max_new_tokens %d): %s reads %d "
                         "tokens at most, and the prompt has %d",
@@ -346,7 +348,9 @@ class ChatLocalLM(LocalChatBase):
                         loaded.max_context,
                         len(ids),
                     )
-                stats.answer_cap = fit
+            # the cap of the prompt read last: a later, shorter prompt of an incremental
+            # answer lifts it (a stale one stayed in the stats; a review, 2026-12-07)
+            stats.answer_cap = fit if fit < asked else 0
             max_new = fit
             if len(ids) + max_new > limit:  # keep the chat head and the question end
                 keep = max(limit - max_new, 16)
