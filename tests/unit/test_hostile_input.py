@@ -214,3 +214,23 @@ def test_a_question_or_draft_cannot_forge_an_evidence_block():
         assert "X is 42." in user  # the words stay, only the tags go
     plain = "What is List<String> in Java?"  # ordinary markup is left as it was
     assert plain in prompts.evidence_messages(plain, one)[-1].content
+
+
+async def test_a_document_past_the_file_limit_is_refused_before_any_model_loads(monkeypatch):
+    """A graph client (`langgraph dev`) could post a document of any size: tokenized and
+    embedded outside every budget, on the model thread the other runs share (a review,
+    2026-12-07). It is refused as a `--document` file past the limit is."""
+    import pytest
+
+    from specrag import build_graph
+    from specrag.errors import InputError
+    from tests.fakes import ctx, services
+
+    monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", "0.01")  # 10,485 bytes
+    graph = build_graph(services())
+    with pytest.raises(
+        InputError, match=r"the document is too large: 0\.0114 MiB, past the 0\.01 MiB limit"
+    ):
+        await graph.ainvoke({"question": "q?", "document": "é" * 6000}, context=ctx())
+    result = await graph.ainvoke({"question": "q?", "document": "é" * 5000}, context=ctx())
+    assert result["answer"]

@@ -26,7 +26,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import Overwrite
 
-from specrag.errors import InputError, short_error
+from specrag.errors import InputError, short_error, short_number
 from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import RapidUnavailable, Services
 from specrag.graph.state import State
@@ -101,6 +101,25 @@ def history(state: State, ctx: SpecRagContext, count: Callable[[str], int]) -> l
     return kept
 
 
+def check_document_size(document: str) -> None:
+    """Refuse a ``document`` past ``SPECRAG_MAX_FILE_MIB`` (the limit on a ``--document`` file).
+
+    A graph client (``langgraph dev``) posted any size: its tokenizing and embedding ran
+    outside every budget, holding up the other runs' model thread (a review, 2026-12-07).
+    """
+    from specrag.indexing.documents import MAX_FILE_MIB_ENV, max_file_bytes
+
+    limit = max_file_bytes()
+    if len(document) * 4 <= limit:  # UTF-8: at most 4 bytes a character
+        return
+    size = len(document.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise InputError(
+            f"the document is too large: {short_number(size / 2**20)} MiB, past the "
+            f"{short_number(limit / 2**20)} MiB limit (split it, or raise {MAX_FILE_MIB_ENV})"
+        )
+
+
 def make_prepare(services: Services):  # noqa: ANN201
     """Build the prepare node."""
 
@@ -114,6 +133,7 @@ def make_prepare(services: Services):  # noqa: ANN201
             raise InputError(f"the document must be text, not {type(document).__name__}")
         if document and not document.strip():  # it would replace the index with nothing
             raise InputError("the document is empty (only white space)")
+        check_document_size(document)
         t0 = now()
         # A part that cannot load (bad model path, missing index) is not an error HERE: the
         # node that needs it meets the same failure and takes its documented route.
