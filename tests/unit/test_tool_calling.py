@@ -433,3 +433,19 @@ def test_a_closing_tag_quoted_inside_a_call_keeps_the_call_whole(closed):
     tail, streamed = capture.finish()
     assert (shown + tail).strip() == "Let me look."
     assert [json.loads(c["args"]) for c in streamed] == [{"query": "a </tool_call> b"}]
+
+
+async def test_binding_tools_on_an_event_loop_never_loads_the_model(smol, monkeypatch):
+    """An agent's async step binds its tools on the loop (create_agent): bind_tools loaded
+    the model there, blocking the loop for the whole load (a review, 2026-12-07). On a loop
+    a model not loaded yet is checked at its first call; a loaded one is still refused at
+    once."""
+
+    def no_load(self):
+        raise AssertionError("loaded on the event loop")
+
+    monkeypatch.setattr(ChatLocalLM, "load", no_load)
+    bound = ChatLocalLM(model_name="never-loaded", device="cpu").bind_tools([search_docs])
+    assert bound.kwargs["tools"][0]["function"]["name"] == "search_docs"
+    with pytest.raises(ValueError, match="cannot call tools: its chat template has no tool"):
+        ChatLocalLM(device="cpu", dtype="float32").bind_tools([search_docs])  # smol, loaded

@@ -14,6 +14,7 @@ times decides whether the drafter runs). Decoding statistics go to
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ from specrag.models.loading import (
     costs_check,
     drafter_dtype,
     load_lm,
+    loaded_lm,
     paid_prefills,
     pair_costs,
     same_tokenizer,
@@ -173,10 +175,16 @@ class ChatLocalLM(LocalChatBase):
         (malformed ones into ``invalid_tool_calls``). ``tool_choice`` naming a tool (or
         "any"/"required" with one tool) forces that call: the answer starts inside the call's
         block, so only the arguments are generated. Raises ``ValueError`` for a model whose
-        chat template has no tool support.
+        chat template has no tool support: at once where the model is loaded or no event loop
+        runs; else at the first call (an agent's async step binds its tools on the loop,
+        where a load would block it for seconds).
         """
-        loaded = self.load()
-        if not supports_tools(loaded.tokenizer):
+        try:
+            asyncio.get_running_loop()
+            loaded = loaded_lm(self.model_name, self.device, self.dtype)
+        except RuntimeError:  # no loop to block: load now, refuse now
+            loaded = self.load()
+        if loaded is not None and not supports_tools(loaded.tokenizer):
             raise ValueError(no_tools_message(loaded.name))
         schemas = tuple(convert_to_openai_tool(t) for t in tools)
         tool_choice_name(tool_choice, schemas)  # an unknown tool name fails here, not later

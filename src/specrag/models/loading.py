@@ -399,6 +399,14 @@ FAILED_LOADS = FailedLoads()  # causal LMs and embedding models, by their cache 
 DRAFTER_FAILED: dict[tuple[str, str, str], str] = {}
 
 
+def loaded_lm(
+    name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto"
+) -> LoadedLM | None:
+    """The causal LM :func:`load_lm` loaded already, or None; never waits (not for its lock)."""
+    dev = resolve_device(device)
+    return _LM_CACHE.get((name, str(dev), str(resolve_dtype(dtype, dev))))
+
+
 def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") -> LoadedLM:
     """Load (once per process) a causal LM and its tokenizer."""
     dev = resolve_device(device)
