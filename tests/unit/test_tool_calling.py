@@ -449,3 +449,16 @@ async def test_binding_tools_on_an_event_loop_never_loads_the_model(smol, monkey
     assert bound.kwargs["tools"][0]["function"]["name"] == "search_docs"
     with pytest.raises(ValueError, match="cannot call tools: its chat template has no tool"):
         ChatLocalLM(device="cpu", dtype="float32").bind_tools([search_docs])  # smol, loaded
+
+
+def test_anthropic_style_tool_choices_are_understood():
+    """`{"type": "any"}` raised "tool_choice None is not one of the bound tools" (a review,
+    2026-12-07)."""
+    from specrag.models.tools import tool_choice_name
+
+    one = [{"function": {"name": "search_docs"}}]
+    assert tool_choice_name({"type": "any"}, one) == "search_docs"
+    assert tool_choice_name({"type": "auto"}, one) is None
+    assert tool_choice_name({"type": "tool", "name": "search_docs"}, one) == "search_docs"
+    with pytest.raises(ValueError, match="not one of the bound tools"):
+        tool_choice_name({"type": "tool", "name": "other"}, one)

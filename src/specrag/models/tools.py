@@ -52,8 +52,11 @@ def tool_choice_name(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str |
     names = list(tool_names(tools))
     if tool_choice in (None, "auto", "none", False):
         return None
-    if isinstance(tool_choice, dict):
-        tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    if isinstance(tool_choice, dict):  # OpenAI's {"function": {"name"}}, Anthropic's {"type"}
+        named = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        tool_choice = named or tool_choice.get("type")
+        if tool_choice in (None, "auto", "none"):
+            return None
     if tool_choice in ("any", "required", True):
         return names[0] if len(names) == 1 else None
     if tool_choice not in names:
