@@ -490,8 +490,16 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     verify = result["systems"]["spec_verify"]["1.0"]  # not proportional: a real interval
     lo, hi = verify["e2e_vs_serial_plain_ci95"]
     assert lo < verify["e2e_vs_serial_plain"] < hi < 1.0
+    # README: recall, same answer, contains-gold and F1 with intervals too (a review,
+    # 2026-12-07: summary.json had none for recall and same answer, the table only ratios')
+    assert verify["recall_at_k_ci95"] == [1.0, 1.0]
+    assert verify["same_answer_as_serial_ci95"] is not None
+    lo, hi = verify["f1_ci95"]
+    assert lo < verify["f1"] < hi
     table = (tmp_path / "bench_rag" / "table-quick.md").read_text()  # quick: its own files
     assert "e2e_per_token_vs_serial_plain" in table and " [" in table
+    line = next(x for x in table.splitlines() if x.startswith("| spec_verify | 1.0 |"))
+    assert f"{bench_rag._fmt(verify['f1'])} [{bench_rag._fmt(lo)}, {bench_rag._fmt(hi)}]" in line
     assert any(f.endswith("speedup-quick.png") for f in result["files"])
     assert not any(f.endswith(("summary.json", "table.md")) for f in result["files"])
 

@@ -393,6 +393,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     metrics.mean([r["new_tokens"] for r in rs if r.get("new_tokens")])
                 ),
                 "recall_at_k": metrics.mean(recall) if recall else None,
+                "recall_at_k_ci95": metrics.bootstrap_ci(recall, metrics.mean, seed=SEED),
                 "ttft_s_median": _finite(
                     metrics.median([r["ttft_s"] for r in rs if r.get("ttft_s")])
                 ),
@@ -414,8 +415,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     for r in rs
                     if (r["qid"], r["latency"]) in serial
                 ]
-                row["identical_to_serial_plain"] = _finite(metrics.mean([float(s) for s in same]))
+                flags = [float(s) for s in same]
+                row["identical_to_serial_plain"] = _finite(metrics.mean(flags))
                 row["same_answer_as_serial"] = row["identical_to_serial_plain"]
+                row["same_answer_as_serial_ci95"] = metrics.bootstrap_ci(
+                    flags, metrics.mean, seed=SEED
+                )
+                row["identical_to_serial_plain_ci95"] = row["same_answer_as_serial_ci95"]
             if system in INCREMENTAL_SYSTEMS:
                 shares = [(r.get("revised_chars") or 0, len(r["answer"])) for r in rs]
                 row["revised_fraction"] = revised_fraction(shares)
@@ -506,8 +512,8 @@ def _fmt(v: Any) -> str:
 
 
 def _cell(row: dict[str, Any], col: str) -> str:
-    """A value; a ratio with its 95% interval."""
-    ci = row.get(f"{col}_ci95") if ("_vs_" in col or col == "revised_fraction") else None
+    """A value, with its 95% interval where the summary has one (README promises them)."""
+    ci = row.get(f"{col}_ci95")
     value = _fmt(row.get(col))
     return f"{value} [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci and value != "-" else value
 
@@ -564,7 +570,7 @@ def settings_markdown(comparison: dict[str, Any]) -> str:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    """The results as a markdown table; ratios as ``value [95% CI low, high]``."""
+    """The results as a markdown table; a value with an interval as ``value [95% CI lo, hi]``."""
     cols = [
         "em",
         "f1",
