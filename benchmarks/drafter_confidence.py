@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from specrag.evaluation.script import Parser, ScriptError, run_script
+from specrag.models.records import write_text
 
 BINS = [(0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.9), (0.9, 1.01)]
 CUTS = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -273,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         ) from None
     result = measure(args)  # a model that does not load: one line (run_script)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=2))
-    (args.out / "table.md").write_text(markdown(result))
+    write_text(args.out / "results.json", json.dumps(result, indent=2))
+    write_text(args.out / "table.md", markdown(result))
     print(f"drafter_confidence: results written to {args.out}/", file=sys.stderr)
     print(json.dumps(result) if args.json else markdown(result))
     return 0

@@ -77,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         from specrag.evaluation.identity import prepare
 
         spec = prepare(args.models, args.terse, args.long, args.rapid, args.rapid_tokens)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(spec))
+        from specrag.models.records import write_text  # atomic: a cut run keeps the last
+
+        write_text(Path(args.out), json.dumps(spec))
         n, h = len(spec["cases"]), len(spec["haystacks"])
         log(f"wrote {n} prompts and {h} haystacks to {args.out}")
         return 0
 
     from specrag.evaluation.identity import DTYPES, markdown, prepare, run, sources
+    from specrag.models.records import write_text
 
     aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
     # once each: "bf16,bfloat16" ran twice and compared the second run with itself
@@ -117,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     result = run(spec, args.device, dtypes, *models, progress=log)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    (out / "table.md").write_text(markdown(result))
+    write_text(out / "results.json", json.dumps(result, indent=1))
+    write_text(out / "table.md", markdown(result))
     log(f"wrote {out / 'results.json'} and {out / 'table.md'}")
     if args.json:  # one valid JSON document (NaN: null)
         from specrag.evaluation.metrics import json_ready

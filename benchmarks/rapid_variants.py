@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specrag.evaluation.script import Parser, ScriptError, run_script
+from specrag.models.records import write_text
 
 DEFAULT_VARIANTS = {"default": {}, "no_cutoff": {"min_draft_confidence": 0.0}}
 FIXED = {  # ChatRapid settings this script sets itself
@@ -250,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "files": {"results": str(out / "results.json"), "table": str(out / "table.md")},
     }
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
-    (out / "table.md").write_text(table(summary))
+    write_text(out / "results.json", json.dumps(doc, indent=1))
+    write_text(out / "table.md", table(summary))
     log.print(f"results: {out / 'results.json'}, {out / 'table.md'}")
     if args.json:
         print(json.dumps(doc))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from specrag.evaluation.script import Parser, run_script
+from specrag.models.records import write_text
 
 
 def ints(text: str) -> list[int]:
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         result["drafter_step_ratio_timed"] = timed((drafter, target), costs_check())
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
-    path.write_text(json.dumps(result, indent=2))
+    write_text(path, json.dumps(result, indent=2))
     print(f"verify_cost: results written to {path}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))

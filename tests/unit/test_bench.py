@@ -11,6 +11,7 @@ import io
 import json
 import statistics
 import types
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -1055,3 +1056,21 @@ def test_embedded_bench_ratios_are_of_totals_too():
     assert bench_rag.compare_settings(records)["serial_brief"]["e2e_s_ratio"] == pytest.approx(
         21 / 27
     )
+
+
+def test_a_plot_cut_while_saving_keeps_the_last_whole_one(tmp_path):
+    """bench rag's plots were written straight to their final names: a kill or a full disk
+    mid-write left a cut PNG over the last good one (a review, 2026-12-07)."""
+    from specrag.evaluation.bench_rag import save_figure
+
+    class Breaks:
+        def savefig(self, path, **kwargs):
+            Path(path).write_bytes(b"\x89PNG half")
+            raise OSError("No space left on device")
+
+    plot = tmp_path / "speedup.png"
+    plot.write_bytes(b"the last whole plot")
+    with pytest.raises(OSError, match="No space"):
+        save_figure(Breaks(), plot)
+    assert plot.read_bytes() == b"the last whole plot"
+    assert [p.name for p in tmp_path.iterdir()] == ["speedup.png"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -569,6 +570,16 @@ def settings_markdown(comparison: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, atomically (a cut run keeps the last whole plot)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The results as a markdown table; a value with an interval as ``value [95% CI lo, hi]``."""
     cols = [
@@ -639,7 +650,7 @@ def plots(summary: dict[str, Any], out_dir: Path, quick: bool = False) -> list[P
     ax.grid(alpha=0.3)
     latency_png = out_path(out_dir, "latency.png", quick)
     fig.tight_layout()
-    fig.savefig(latency_png, dpi=110)
+    save_figure(fig, latency_png)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -659,7 +670,7 @@ def plots(summary: dict[str, Any], out_dir: Path, quick: bool = False) -> list[P
     ax.grid(alpha=0.3)
     speedup_png = out_path(out_dir, "speedup.png", quick)
     fig.tight_layout()
-    fig.savefig(speedup_png, dpi=110)
+    save_figure(fig, speedup_png)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -682,7 +693,7 @@ def plots(summary: dict[str, Any], out_dir: Path, quick: bool = False) -> list[P
     ax.legend()
     accuracy_png = out_path(out_dir, "accuracy.png", quick)
     fig.tight_layout()
-    fig.savefig(accuracy_png, dpi=110)
+    save_figure(fig, accuracy_png)
     plt.close(fig)
     return [latency_png, speedup_png, accuracy_png]
 
