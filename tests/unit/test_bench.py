@@ -1074,3 +1074,17 @@ def test_a_plot_cut_while_saving_keeps_the_last_whole_one(tmp_path):
         save_figure(Breaks(), plot)
     assert plot.read_bytes() == b"the last whole plot"
     assert [p.name for p in tmp_path.iterdir()] == ["speedup.png"]
+
+
+def test_bench_rag_gives_the_search_a_budget_no_injected_delay_reaches():
+    """The 3 s default held a 2 s injected delay with the draft decoding beside it (HF's
+    serial_lookup has no budget), and a cut run was not recorded (a review, 2026-12-07)."""
+    from specrag.evaluation import bench_rag
+
+    assert bench_rag.RETRIEVAL_BUDGET_S >= 10 * max(bench_rag.LATENCIES)
+    assert bench_rag.budget_cut(
+        {"errors": ["retrieve: later batches missed the 3.0s retrieval budget; answering"]}
+    )
+    assert bench_rag.budget_cut({"errors": ["retrieve: no result within 3.0s"]})
+    assert bench_rag.budget_cut({"reason": "draft ok; the answer budget cut the answer"})
+    assert not bench_rag.budget_cut({"errors": [], "reason": "draft timeout -> generate"})

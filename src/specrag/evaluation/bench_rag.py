@@ -103,8 +103,21 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # origin as ttft_s does, the draft's seed is fixed (``SEED``), and the answer settings run
 # beside serial_plain in the 0 s pass; 9: ``no_rag`` is the draft node's decoding - its user
 # message and stop sequences - every answer stops at an invented '<evidence' block too, and
-# an HF answer's tokens before a stop count a character split over tokens as the graph does).
-PROTOCOL = 9
+# an HF answer's tokens before a stop count a character split over tokens as the graph does;
+# 10: a 30 s retrieval budget - the default 3 s held a 2 s injected delay with the draft
+# decoding beside it, where serial_lookup has none - and a run a budget cut is counted).
+PROTOCOL = 10
+RETRIEVAL_BUDGET_S = 30.0  # never reached at the injected delays (LATENCIES)
+
+
+def budget_cut(result: dict[str, Any]) -> bool:
+    """Whether a budget cut the run's search or answer (its ratio is then not the method's)."""
+    said = [str(e) for e in result.get("errors") or []] + [str(result.get("reason") or "")]
+    return any(
+        phrase in line
+        for line in said
+        for phrase in ("budget", "no result within", "no answer within")
+    )
 
 
 def case_key(item: dict[str, Any], system: str, latency: float, setup: str) -> str:
@@ -310,6 +323,8 @@ async def run_one(
             decode_speedup_vs_plain=node_stats.get("decode_speedup_vs_plain"),
             revisions=len(result.get("revisions") or []),
             revised_chars=sum(len(r["dropped_text"]) for r in result.get("revisions") or []),
+            # a budget that cut the search or the answer (its ratio is not the method's)
+            budget_cut=budget_cut(result),
         )
     rec["e2e_s"] = time.perf_counter() - start
     rec["em"] = metrics.exact_match(rec["answer"], item["answers"])
@@ -409,6 +424,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                     metrics.mean([r["decode_s"] for r in rs if r.get("decode_s")])
                 ),
                 "routes": dict(Counter(r.get("route") for r in rs)),
+                "budget_cuts": sum(bool(r.get("budget_cut")) for r in rs),
             }
             if system in ("spec_verify", "spec_rewrite", *INCREMENTAL_SYSTEMS):
                 same = [
@@ -770,7 +786,12 @@ def run(
     n_squad, n_hotpot = (4, 2) if quick else (40, 20)
     runlog = RunLog(out_path(out_dir, "runs.jsonl", quick), fresh=fresh)
     items = build_datasets(n_squad, n_hotpot, log)
-    base = SpecRagContext(refine_temperature=0.0, answer_max_tokens=64, seed=SEED)
+    base = SpecRagContext(
+        refine_temperature=0.0,
+        answer_max_tokens=64,
+        seed=SEED,
+        retrieval_timeout_s=RETRIEVAL_BUDGET_S,
+    )
     setup = setup_tag(load_lm(base.answer_spec, base.device, base.dtype))
     graph = build_graph()
     # the answer settings run beside serial_plain in the 0 s pass, question by question: their
