@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             "target_passes": meta["target_forward_passes"],
             "drafter_passes": meta["drafter_forward_passes"],
             "acceptance": meta["acceptance_rate"],
+            "draft_tokens": meta["draft_tokens"],
+            "accepted_tokens": meta["accepted_tokens"],
             "answer": str(msg.content).strip(),
         }
 
@@ -228,14 +230,16 @@ def main(argv: list[str] | None = None) -> int:
                 speeds(name), speeds(names[0]), metrics.mean, seed=SEED
             )
             new = sum(r[name]["new_tokens"] for r in rs)
-            rates = [r[name]["acceptance"] for r in rs if r[name]["acceptance"] is not None]
+            proposed = sum(r[name]["draft_tokens"] for r in rs)  # pooled over answers
             summary[str(length)][name] = {
                 "decode_speedup_vs_target": point,
                 "ci95": ci,
                 "vs_first": first,
                 "vs_first_ci95": first_ci,
                 "questions_timed": len(timed),
-                "acceptance": metrics.mean(rates) if rates else None,
+                "acceptance": (
+                    sum(r[name]["accepted_tokens"] for r in rs) / proposed if proposed else None
+                ),
                 "target_passes_per_token": sum(r[name]["target_passes"] for r in rs) / new,
                 "drafter_passes_per_token": sum(r[name]["drafter_passes"] for r in rs) / new,
             }

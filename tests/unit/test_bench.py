@@ -1088,3 +1088,17 @@ def test_bench_rag_gives_the_search_a_budget_no_injected_delay_reaches():
     assert bench_rag.budget_cut({"errors": ["retrieve: no result within 3.0s"]})
     assert bench_rag.budget_cut({"reason": "draft ok; the answer budget cut the answer"})
     assert not bench_rag.budget_cut({"errors": [], "reason": "draft timeout -> generate"})
+
+
+def test_rapid_acceptance_pools_the_answers_tokens():
+    """A mean of per-answer rates read an answer that proposed nothing as 0% accepted (a
+    review, 2026-12-07): 8 of 10 proposed tokens accepted is 0.8, not 0.4."""
+    from specrag.evaluation.bench_rapid import pooled_acceptance
+
+    rs = [
+        {"acceptance_rate": 0.8, "draft_tokens": 10, "accepted_tokens": 8},
+        {"acceptance_rate": 0.0, "draft_tokens": 0, "accepted_tokens": 0},
+    ]
+    assert pooled_acceptance(rs) == 0.8
+    assert pooled_acceptance(rs[1:]) is None
+    assert pooled_acceptance([{"acceptance_rate": 0.5}, {"acceptance_rate": 0.7}]) == 0.6

@@ -95,3 +95,24 @@ def test_a_model_the_gpu_script_cannot_load_is_one_line(capsys, tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a folder that is no model
     with pytest.raises(ModelLoadError, match=f"cannot load model {tmp_path}"):
         load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+
+
+def test_verify_cost_warms_every_width_and_keeps_its_seconds_unrounded():
+    """Only the first width had a warm-up pass (with `--reps 1` every other width was timed
+    cold), and the seconds were rounded to 0.1 ms before the ratios (1-2% off on a GPU
+    step); a review, 2026-12-07."""
+    import types
+
+    import torch
+
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama()
+    widths = []
+    model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    loaded = types.SimpleNamespace(model=model, device=torch.device("cpu"))
+    secs = script("verify_cost").widths_cost(loaded, 8, [1, 3], 1)
+    assert widths == [8, 1, 1, 3, 3]  # the cache, then each width warmed once and timed once
+    assert set(secs) == {"1", "3"} and all(0 < s < 1 and s != round(s, 4) for s in secs.values())

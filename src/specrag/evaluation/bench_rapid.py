@@ -193,6 +193,8 @@ def run_case(
             "target_forward_passes": meta["target_forward_passes"],
             "draft_forward_passes": meta.get("drafter_forward_passes", 0),
             "acceptance_rate": meta.get("acceptance_rate"),
+            "draft_tokens": meta.get("draft_tokens"),
+            "accepted_tokens": meta.get("accepted_tokens"),
             "mean_accepted_per_step": meta.get("mean_accepted_per_step"),
             "prefix_cache_hit": meta.get("prefix_cache_hit"),
             # the stages: what only RAPID pays, and the prefills every method pays
@@ -265,6 +267,21 @@ def _passes_per_token(rows: list[dict[str, Any]], field: str) -> float | None:
     return metrics.per_token(pairs) if pairs else None
 
 
+def pooled_acceptance(rs: list[dict[str, Any]]) -> float | None:
+    """Accepted over proposed draft tokens, all answers pooled (None: nothing proposed).
+
+    A mean of per-answer rates counted an answer that proposed nothing (an end token at
+    once) as 0% accepted (a review, 2026-12-07); records without the counts (an older run
+    resumed) fall back to that mean.
+    """
+    counted = [r for r in rs if r.get("draft_tokens") is not None]
+    if counted:
+        proposed = sum(r["draft_tokens"] for r in counted)
+        return sum(r["accepted_tokens"] for r in counted) / proposed if proposed else None
+    rates = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
+    return metrics.mean(rates) if rates else None
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per context length: speeds, ratios to target-only (with 95% intervals), accuracy."""
     out: dict[str, Any] = {}
@@ -311,9 +328,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 values = [r[stage] for r in rs if r.get(stage) is not None]
                 if values:
                     per[stage][method] = metrics.mean(values)
-            acc = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
-            if acc:
-                per["acceptance_rate"][method] = metrics.mean(acc)
+            if (pooled := pooled_acceptance(rs)) is not None:
+                per["acceptance_rate"][method] = pooled
             same = [
                 str(r["answer"]).strip() == reference[r["qid"]] for r in rs if r["qid"] in reference
             ]
