@@ -462,3 +462,11 @@ def test_anthropic_style_tool_choices_are_understood():
     assert tool_choice_name({"type": "tool", "name": "search_docs"}, one) == "search_docs"
     with pytest.raises(ValueError, match="not one of the bound tools"):
         tool_choice_name({"type": "tool", "name": "other"}, one)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_langchains_per_call_stream_keyword_is_taken(scripted, stream):
+    """langchain-core's `stream=` opt-in/opt-out reached the decode options and raised
+    "unknown decode option 'stream'" (a review, 2026-12-07)."""
+    msg = scripted("Rollo.").invoke([HumanMessage("q")], stream=stream)
+    assert msg.content == "Rollo."

@@ -70,7 +70,8 @@ def refuse_int8_answer(dtype: str, setting: str, prefix: str = "") -> None:
 
 
 # Keyword arguments LangChain itself may add to a model call; they are not decode settings.
-_LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id")
+# ``stream``: its per-call opt-in or opt-out of streaming (langchain-core passes it on)
+_LANGCHAIN_KWARGS = ("callbacks", "tags", "metadata", "run_name", "run_id", "stream")
 
 
 # LangChain's usual names for decode options
