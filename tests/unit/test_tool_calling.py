@@ -470,3 +470,19 @@ def test_langchains_per_call_stream_keyword_is_taken(scripted, stream):
     "unknown decode option 'stream'" (a review, 2026-12-07)."""
     msg = scripted("Rollo.").invoke([HumanMessage("q")], stream=stream)
     assert msg.content == "Rollo."
+
+
+def test_a_call_cut_by_a_limit_says_so_in_its_finish_reason(scripted):
+    """A call cut by the token limit or the budget reported finish_reason "tool_calls" and
+    truncated False: a caller retrying on "length" never saw it (a review, 2026-12-07)."""
+    model = scripted(CALL)
+    cut = model.bind_tools([search_docs]).invoke([HumanMessage("q")], max_tokens=6)
+    assert cut.invalid_tool_calls and not cut.tool_calls
+    assert cut.response_metadata["finish_reason"] == "length"
+    late = model.bind_tools([search_docs], tool_choice="search_docs").invoke(
+        [HumanMessage("q")], max_time=0
+    )
+    assert late.response_metadata["finish_reason"] == "time"
+    assert late.response_metadata["truncated"] is True
+    whole = model.bind_tools([search_docs]).invoke([HumanMessage("q")])
+    assert whole.tool_calls and whole.response_metadata["finish_reason"] == "tool_calls"

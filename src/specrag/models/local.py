@@ -626,8 +626,8 @@ class _Run:
             tail = self.capture.feed(tail)  # too, before its own held text (was after it)
             rest, calls = self.capture.finish()
             tail += rest
-            if calls:
-                finish = "tool_calls"
+            if calls and finish in ("stop", "tool_call"):  # a whole call: not one a limit,
+                finish = "tool_calls"  # the budget or a stop sequence cut (it says so)
         self.shown += tail
         meta = job.metadata()
         decoding = {**meta, "new_tokens": self.n_tokens}
