@@ -486,3 +486,36 @@ def test_a_call_cut_by_a_limit_says_so_in_its_finish_reason(scripted):
     assert late.response_metadata["truncated"] is True
     whole = model.bind_tools([search_docs]).invoke([HumanMessage("q")])
     assert whole.tool_calls and whole.response_metadata["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("how", ["invoke", "ainvoke"])
+def test_max_time_holds_while_the_call_waits_for_the_model_thread(scripted, how):
+    """`max_time` was checked only when the job got the model thread: a 1 s budget queued
+    behind four long decodes returned after 10 s (a review, 2026-12-07). A call still
+    waiting at its deadline ends there, finish_reason "time"."""
+    import asyncio
+    import threading
+    import time
+
+    from specrag.models.loading import on_model_thread
+
+    model = scripted("Rollo.")
+    model.invoke([HumanMessage("q")])  # loaded and measured before the thread is held
+    release = threading.Event()
+    holder = threading.Thread(target=on_model_thread, args=(release.wait, 30))
+    holder.start()
+    try:
+        time.sleep(0.2)  # the model thread is busy with the holder's call
+        start = time.monotonic()
+        if how == "invoke":
+            msg = model.invoke([HumanMessage("q")], max_time=0.5)
+        else:
+            msg = asyncio.run(model.ainvoke([HumanMessage("q")], max_time=0.5))
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+        holder.join()
+    assert waited < 5, waited
+    assert msg.content == "" and msg.response_metadata["finish_reason"] == "time"
+    assert msg.response_metadata["decoding"]["finish_reason"] == "time"
+    assert model.invoke([HumanMessage("q")]).content == "Rollo."  # the thread is free again

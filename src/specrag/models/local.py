@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import queue
 import threading
 import time
@@ -344,7 +345,12 @@ class LocalChatBase(BaseChatModel):
         run.start(events.put)
         try:
             while True:
-                kind, value = events.get()
+                try:
+                    kind, value = events.get(timeout=run.wait_left())
+                except queue.Empty:  # its budget ran out while queued
+                    if run.give_up_waiting():
+                        break
+                    continue
                 if kind == "error":
                     raise value
                 if kind == "done":
@@ -386,7 +392,12 @@ class LocalChatBase(BaseChatModel):
         run.start(put)
         try:
             while True:
-                kind, value = await events.get()
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), run.wait_left())
+                except TimeoutError:  # its budget ran out while queued
+                    if run.give_up_waiting():
+                        break
+                    continue
                 if kind == "error":
                     raise value
                 if kind == "done":
@@ -447,6 +458,8 @@ class _Run:
         self.min_tokens = int(options.min_tokens)
         self.cancel = threading.Event()
         self.timed_out_waiting = threading.Event()
+        self.begun = False  # the model thread took the job (under _begin_lock)
+        self._begin_lock = threading.Lock()
         self.text = TextStream(job.tokenizer, job.eos_ids)
         self.first_token_s: float | None = None
         self.n_tokens = 0
@@ -462,6 +475,26 @@ class _Run:
         self.capture = ToolCapture(job.forced, job.tools) if job.tools else None
         self.ids: list[int] = []  # every answer token so far (a Revise cuts it)
         self.shown = ""  # the text sent in chunks so far (what a client shows)
+
+    def wait_left(self) -> float | None:
+        """How long the consumer may wait for the next event (None: as long as it takes).
+
+        A job still queued (others hold every decode slot, or a long load runs) waits at most
+        until its deadline: ``max_time`` was checked only once a slot freed, so a 1 s budget
+        returned after 10 s behind four long decodes (a review, 2026-12-07).
+        """
+        if self.begun or self.deadline is None or not math.isfinite(self.deadline):
+            return None  # (an infinite budget: a wait with no timeout, not an overflow)
+        return max(0.0, self.deadline - time.monotonic())
+
+    def give_up_waiting(self) -> bool:
+        """At the deadline: a job not begun yet never will (True); else it stops itself."""
+        with self._begin_lock:
+            if self.begun:
+                return False
+            self.timed_out_waiting.set()
+            self.cancel.set()
+            return True
 
     def should_stop(self, n: int) -> str | None:
         reason = self._stop_reason(n)
@@ -487,11 +520,13 @@ class _Run:
         """Queue the decode on the model thread; events arrive through ``put``."""
 
         def begin() -> Iterator[Step] | None:
-            if self.cancel.is_set():
-                return None
-            if self.deadline is not None and time.monotonic() >= self.deadline:
-                self.timed_out_waiting.set()  # its budget ran out while queued
-                return None
+            with self._begin_lock:
+                if self.cancel.is_set():
+                    return None
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.timed_out_waiting.set()  # its budget ran out while queued
+                    return None
+                self.begun = True
             return self.job.produce(self.should_stop)
 
         def end(exc: BaseException | None) -> None:
@@ -631,6 +666,8 @@ class _Run:
         self.shown += tail
         meta = job.metadata()
         decoding = {**meta, "new_tokens": self.n_tokens}
+        if self.timed_out_waiting.is_set():  # the decode never ran: say why here too
+            decoding["finish_reason"] = "time"
         if meta.get("new_tokens", self.n_tokens) != self.n_tokens:
             # the decoder ran on past a stop sequence (it stops between steps): tokens_from
             # and the pass counts count those tokens too
