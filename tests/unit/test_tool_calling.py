@@ -519,3 +519,16 @@ def test_max_time_holds_while_the_call_waits_for_the_model_thread(scripted, how)
     assert msg.content == "" and msg.response_metadata["finish_reason"] == "time"
     assert msg.response_metadata["decoding"]["finish_reason"] == "time"
     assert model.invoke([HumanMessage("q")]).content == "Rollo."  # the thread is free again
+
+
+async def test_decode_speedup_counts_a_calls_own_time_beside_concurrent_calls(smol):
+    """`decode_speedup_vs_plain` divided by the wall decode time, which holds the other
+    calls' steps between this one's: plain decoding read 0.32x beside two others (a review,
+    2026-12-07). Its own time counts now: plain decoding reads about 1 in a batch too."""
+    model = ChatLocalLM(device="cpu", dtype="float32", max_new_tokens=12, speculation="none")
+    prompts = [[HumanMessage(f"Tell a story about dragon {i}.")] for i in range(3)]
+    replies = await model.abatch(prompts)
+    for reply in replies:
+        decoding = reply.response_metadata["decoding"]
+        assert decoding["new_tokens"] >= 6, decoding  # decoded side by side
+        assert 0.7 < decoding["decode_speedup_vs_plain"]["ratio"] < 1.3, decoding

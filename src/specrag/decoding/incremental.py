@@ -105,6 +105,7 @@ def absorb(total: DecodeStats, part: DecodeStats, first: bool, judged: bool = Tr
     # cost of decoding incrementally, paid while the answer is decoded: decode time
     total.prefill_s += part.prefill_s if first else 0.0
     total.decode_s += part.decode_s + (0.0 if first else part.prefill_s)
+    total.decode_own_s += part.decode_own_s + (0.0 if first else part.prefill_s)
     total.plain_steps += part.plain_steps
     total.plain_step_s += part.plain_step_s
     total.widest = max(total.widest, part.widest)

@@ -48,6 +48,9 @@ class DecodeStats:
     accepted: dict[str, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # decode_s less the turns other decodes took between this one's steps (and lent calls):
+    # the time this decode's own work took, what decode_speedup_vs_plain divides by
+    decode_own_s: float = 0.0
     # tokens the prefill pass gave: the model's first and the draft opening's it verified;
     # ``decode_s`` (timed after that pass) made none of them
     first_step_tokens: int = 0
@@ -105,6 +108,7 @@ class DecodeStats:
             "tokens_from": self.tokens_from(),
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
+            "decode_own_s": round(self.decode_own_s, 4),
             **({"first_step_tokens": self.first_step_tokens} if self.first_step_tokens else {}),
             "finish_reason": self.finish_reason,
             **({"cache_refills": self.cache_refills} if self.cache_refills else {}),
@@ -268,11 +272,13 @@ def decode(
     opened = [] if prior else list(opening or [])[: max(0, max_new_tokens - 1)]
     generated: list[int] = []
     k = max_candidates
+    own = {"start": 0.0, "away": 0.0}  # decoding's own clock: its start, the time at yields
 
     def finish(reason: str) -> None:
         stats.finish_reason = reason
         stats.new_tokens = len(generated)
         stats.decode_s = time.perf_counter() - t1  # wall: it spans turns
+        stats.decode_own_s = own_clock() - own["start"] - own["away"]
         stats.cache_refills, stats.cache_restores = lm.refills, lm.restores
 
     if max_new_tokens <= 0:  # nothing to decode: no pass runs, what was shown goes
@@ -288,10 +294,11 @@ def decode(
         if len(prior) > len(before):  # ... up to a lower max_new_tokens than before
             yield Revise(keep=len(before), dropped=len(prior) - len(before))
         finish(stop.reason)
-        stats.decode_s = 0.0  # decoding never began: the time was the prefill's
+        stats.decode_s = stats.decode_own_s = 0.0  # decoding never began: prefill's time
         return
     stats.prefill_s = own_clock() - t0
     t1 = time.perf_counter()
+    own["start"] = own_clock()
 
     cands, source = (opened, "draft") if opened else (before, "kept")
     first, n_accepted, hit_eos = _verify(
@@ -309,9 +316,13 @@ def decode(
     stats.first_step_tokens = len(generated)
     lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
     if n_kept < len(prior):  # rejected, or past a lower max_new_tokens than before
+        at = own_clock()
         yield Revise(keep=n_kept, dropped=len(prior) - n_kept)
+        own["away"] += own_clock() - at
     if first[n_kept:]:
+        at = own_clock()
         yield first[n_kept:]
+        own["away"] += own_clock() - at
     last = generated[-1]
     while True:
         if last in eos_ids:
@@ -349,4 +360,6 @@ def decode(
         generated.extend(t.id for t in step)
         lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
         last = generated[-1]
-        yield step
+        at = own_clock()
+        yield step  # other decodes' turns may run before the next step: not this one's time
+        own["away"] += own_clock() - at
