@@ -1119,8 +1119,14 @@ def send_traces(after_error: bool = False) -> None:
 
 
 def print_error(line: str) -> None:
-    """``specrag: error: <line>`` on stderr, as written (no markup, never wrapped)."""
-    err.print(f"specrag: error: {line}", highlight=False, markup=False, soft_wrap=True)
+    """``specrag: error: <line>`` on stderr, as written (no markup, never wrapped).
+
+    Its control characters escaped: a file name's ESC codes reached the terminal (a review,
+    2026-12-07); the ``--json`` document keeps the line as it is (JSON escapes them).
+    """
+    from specrag.errors import one_line
+
+    err.print(f"specrag: error: {one_line(line)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def debug_mode() -> bool:

@@ -1,5 +1,7 @@
 """User-facing errors: each carries one line that the CLI prints without a traceback."""
 
+import re
+
 
 class SpecRagError(Exception):
     """An error whose message is meant for the user as-is (one line, actionable)."""
@@ -23,6 +25,19 @@ class InputError(SpecRagError, ValueError):
 
 class DataDirError(SpecRagError):
     """The data dir, or a file specrag keeps there (thread checkpoints), cannot be used."""
+
+
+# control characters, and the invisible marks that reorder a terminal line (bidi overrides)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def one_line(text: str) -> str:
+    r"""``text`` with its control characters escaped (``\n``, ``\x1b``, ``\u202e``).
+
+    A file name may hold them; a line that prints one must stay one line, with no terminal
+    codes, read in the order it was written.
+    """
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def short_number(value: float) -> str:

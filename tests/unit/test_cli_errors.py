@@ -173,6 +173,20 @@ def test_missing_document(capsys, tmp_path):
     assert "file not found" in line
 
 
+def test_an_error_line_prints_no_terminal_codes(capsys, tmp_path):
+    """Only line breaks were handled: a file name's ESC codes (or a bidi override, which
+    reverses the rest of the line) reached the terminal in the error line (a review,
+    2026-12-07). They are escaped there; the --json document keeps the name as it is."""
+    import json
+
+    name = "a\x1b[31mred\u202eevil.txt"
+    line = one_line_error(capsys, main(["ask", "q", "--document", str(tmp_path / name)]))
+    assert "\x1b" not in line and "\u202e" not in line
+    assert "a\\x1b[31mred\\u202eevil.txt" in line
+    main(["ask", "q", "--document", str(tmp_path / name), "--json"])
+    assert name in json.loads(capsys.readouterr().out)["error"]
+
+
 @pytest.mark.parametrize("kind", ["too long", "no such user", "no entry"])
 def test_a_path_the_os_refuses_is_bad_input(capsys, tmp_path, monkeypatch, kind):
     """A file name over 255 bytes, ``~nosuchuser/...`` or a file under a folder that may not

@@ -19,7 +19,7 @@ from typing import BinaryIO, NamedTuple, TextIO
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from specrag.errors import InputError, first_line, short_number
+from specrag.errors import InputError, first_line, one_line, short_number
 from specrag.paths import user_path
 
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
@@ -130,18 +130,6 @@ class Skipped:
     def still_there(self) -> bool:
         """The file (or folder) is there but was not read: a re-index keeps what it indexed."""
         return self.reason == HIDDEN or self.reason.startswith(UNREADABLE)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def one_line(text: str) -> str:
-    r"""``text`` with its control characters escaped (``\n``, ``\x1b``).
-
-    A file name may hold them; a line that prints one must stay one line, with no terminal
-    codes.
-    """
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def describe_skipped(skipped: list[Skipped], shown: int) -> str:
