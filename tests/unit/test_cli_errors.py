@@ -1202,3 +1202,18 @@ def test_an_embedding_model_path_that_is_not_there_is_told_before_anything_loads
     monkeypatch.setattr("specrag.indexing.pipeline.load_files", no_read)
     line = one_line_error(capsys, main(["index", str(doc), *bad]))
     assert "embedding model path not found: ./no-such-dir" in line
+
+
+@pytest.mark.parametrize("kind", ["no such user", "link loop"])
+def test_a_bad_index_dir_given_twice_is_the_usual_error(capsys, tmp_path, kind):
+    """--index-dir and --set index_dir both naming a path that cannot be resolved raised in
+    their comparison: "unexpected error", exit 1 (a review, 2026-12-07)."""
+    if kind == "link loop":
+        (tmp_path / "l1").symlink_to(tmp_path / "l2")
+        (tmp_path / "l2").symlink_to(tmp_path / "l1")
+        a, b = str(tmp_path / "l1" / "x"), str(tmp_path / "l2" / "x")
+    else:
+        a, b = "~nosuchuser_specrag/x", "~nosuchuser_specrag/y"
+    code = main(["config", "--index-dir", a, "--set", f"index_dir={b}", "--json"])
+    line = one_line_error(capsys, code)
+    assert "unexpected" not in line and "RuntimeError" not in line
