@@ -552,6 +552,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     elif path is not None:
         from specrag.indexing.documents import (
             join_pages,
+            no_text_hint,
             read_pdf_pages,
             read_text,
             require_supported,
@@ -569,7 +570,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         else:
             document = read_text(path)
         if not document.strip():
-            raise InputError(f"the document is empty: {args.document}")
+            raise InputError(f"the document is empty: {args.document}{no_text_hint(path)}")
     started = time.perf_counter()
     if needs_index:
         from specrag.graph.services import open_index

@@ -1493,3 +1493,23 @@ def test_a_child_forked_after_the_index_opened_is_refused_not_frozen(tmp_path):
     )
     assert done.returncode == 4, (done.returncode, done.stderr[-2000:])
     assert "forked" in done.stdout and "preload(ctx, index=False)" in done.stdout
+
+
+def test_a_pdf_with_no_text_at_all_is_one_error_line_with_the_ocr_hint(
+    tmp_path, capsys, monkeypatch
+):
+    """Named to `index`, a scanned PDF printed a warning saying "none of its 2 pages has no
+    text" (the opposite of what it meant) and then the error "no text in ...": two lines for
+    one error (a review, 2026-12-07). `ask --document` gave no hint at all."""
+    from specrag.cli import main
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    write_pdf(tmp_path / "scan.pdf", ["", ""])
+    code = main(["index", str(tmp_path / "scan.pdf"), "--index-dir", str(tmp_path / "i")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "no text in" in err[0] and "scanned? run OCR on it first" in err[0]
+    assert "none of its" not in err[0]
+    code = main(["ask", "q", "--document", str(tmp_path / "scan.pdf")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "the document is empty" in err[-1] and "run OCR" in err[-1]

@@ -291,6 +291,13 @@ def source_name(path: str | Path) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
+def no_text_hint(path: Path | str) -> str:
+    """What an empty file's error adds: a PDF without text is likely a scan."""
+    if Path(path).suffix.lower() == ".pdf":
+        return " (no page has a text layer: scanned? run OCR on it first)"
+    return ""
+
+
 def read_records(path: Path) -> list[tuple[str, str]]:
     """``(source, text)`` records of one file (sources named by :func:`source_name`).
 
@@ -298,13 +305,14 @@ def read_records(path: Path) -> list[tuple[str, str]]:
     """
     if path.suffix.lower() == ".pdf":
         pages = read_pdf_pages(path)
-        if blank := sum(not text for text in pages):  # no text layer: scanned, or images
+        blank = sum(not text for text in pages)  # no text layer: scanned, or images
+        if 0 < blank < len(pages):  # none has text: the caller's "no text" error says why
             log.warning(
-                "%s: %s of its %d pages %s no text (scanned? run OCR on it first): left out",
+                "%s: %d of its %d pages %s no text (scanned? run OCR on it first): left out",
                 path,
-                "none" if blank == len(pages) else blank,
+                blank,
                 len(pages),
-                "has" if blank in (1, len(pages)) else "have",
+                "has" if blank == 1 else "have",
             )
         return [
             (f"{source_name(path)}{PAGE_MARK}{n}", text)

@@ -27,6 +27,7 @@ from specrag.indexing.documents import (
     folder_prefix,
     max_file_bytes,
     named_path,
+    no_text_hint,
     read_records,
     source_name,
 )
@@ -248,13 +249,15 @@ def load_files(paths: Iterable[str], empty_ok: bool = False, lapsed_ok: bool = F
                 out.skipped.append(Skipped(str(f), why))
             continue
         if not records:
+            hint = no_text_hint(f)  # one line: was a warning ("none of its pages has no
+            # text", which said the opposite) beside the error
             if f in named:
-                error = InputError(f"no text in {f}")
+                error = InputError(f"no text in {f}{hint}")
                 if not lapsed_ok:
                     raise error
-                out.lapsed.append((Skipped(str(f), "empty (no text)"), error))
+                out.lapsed.append((Skipped(str(f), f"empty (no text){hint}"), error))
                 continue
-            out.skipped.append(Skipped(str(f), "empty (no text)"))
+            out.skipped.append(Skipped(str(f), f"empty (no text){hint}"))
             continue
         out.records.extend(records)
         out.files.append(str(f))
