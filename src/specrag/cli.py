@@ -46,6 +46,37 @@ from specrag.runner import (  # noqa: E402
 )
 
 
+class OutputError(Exception):
+    """Stdout refused what was written (a full disk): :func:`main` says so in one line."""
+
+
+class _StdoutFile:
+    """``sys.stdout`` as it is at each call (a test's capture too).
+
+    A failed write (not a closed pipe) raises :class:`OutputError`, told apart from the
+    command's own errors.
+    """
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.strerror or str(exc)) from exc
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.strerror or str(exc)) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys.stdout, name)
+
+
 class _Stdout(Console):
     """rich's console on stdout; a closed pipe raises ``BrokenPipeError`` for :func:`main`."""
 
@@ -58,7 +89,7 @@ class _Stdout(Console):
 # emoji=False: an answer or a file name holding ":x:" is printed as written (rich's default
 # turned it into an emoji, unlike the answer --json gives)
 err = Console(stderr=True, emoji=False)
-out = _Stdout(emoji=False)
+out = _Stdout(emoji=False, file=_StdoutFile())  # type: ignore[arg-type]
 
 
 def own_warnings(record: logging.LogRecord) -> bool:
@@ -431,7 +462,7 @@ def print_json(value: Any) -> None:
     global _JSON_PRINTED
     text = json.dumps(json_ready(value), ensure_ascii=True, allow_nan=False)
     _JSON_PRINTED = True
-    print(text)
+    print(text, file=_StdoutFile())  # type: ignore[arg-type]
 
 
 def plural(n: int, noun: str) -> str:
@@ -1056,7 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     try:
         code = int(args.func(args) or 0)
-        sys.stdout.flush()  # a closed pipe is found here, not by Python's flush at exit
+        _StdoutFile().flush()  # a closed pipe is found here, not by Python's flush at exit
         if cache := sys.modules.get("specrag.decoding.prefix_cache"):  # a RAPID run's prefix
             cache.DEFAULT_PREFIX_CACHE.flush()  # written before exit; Ctrl-C: "interrupted"
         send_traces()
@@ -1069,6 +1100,9 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:  # stdout closed early (`specrag config --json | head`): no error
         return _drop_stdout(141)  # as a process killed by SIGPIPE
+    except OutputError as exc:  # a full disk: as --help into one says it (was: "unexpected")
+        print_error(f"cannot write the output: {exc}")
+        return _drop_stdout(1)
     except KeyboardInterrupt:  # on a line of its own, also when a streamed answer was cut
         err.print("\nspecrag: interrupted", highlight=False, markup=False)
         return _json_error(args, "interrupted", 130)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from specrag.cli import main, print_demo_summary
 
 # an answer that reads like Rich markup: "[/evidence]" closed no open tag (MarkupError after the
@@ -107,6 +109,27 @@ def test_version_or_help_into_a_closed_pipe_or_a_full_disk(capsys, monkeypatch):
     assert capsys.readouterr().err.strip().splitlines() == 2 * [
         "specrag: error: cannot write the output: No space left on device"
     ]
+
+
+@pytest.mark.parametrize("argv", [["config", "--json"], ["config"]])
+def test_a_commands_output_onto_a_full_disk_is_said_so(argv):
+    """`specrag config --json > /dev/full` read "OSError: ... (set SPECRAG_DEBUG=1 for
+    details)", an unexpected error, where `--help` said "cannot write the output" (a review,
+    2026-12-07)."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "specrag.cli", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines == ["specrag: error: cannot write the output: No space left on device"], lines
 
 
 def test_the_json_view_names_the_query_and_how_the_draft_ended():
