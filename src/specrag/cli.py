@@ -1080,6 +1080,12 @@ def main(argv: list[str] | None = None) -> int:
         extra = [tok for tok in extra if tok.startswith("-")]
     if extra:  # named with the subcommand whose --help lists what it takes
         line = f"unrecognized arguments: {' '.join(extra)} (see `specrag {args.command} --help`)"
+        if args.command == "ask" and not any(tok.startswith("-") for tok in extra):
+            # `specrag ask Who was the Norse leader?`: a question in several words
+            line = (
+                f"unrecognized arguments: {' '.join(extra)} (quote the question: "
+                f'specrag ask "{" ".join([args.question, *extra])}")'
+            )
         print_error(line)
         if wants_json and hasattr(args, "json"):  # `--json=x` before the subcommand: the
             args.json = True  # error is still one JSON document

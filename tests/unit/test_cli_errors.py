@@ -1217,3 +1217,12 @@ def test_a_bad_index_dir_given_twice_is_the_usual_error(capsys, tmp_path, kind):
     code = main(["config", "--index-dir", a, "--set", f"index_dir={b}", "--json"])
     line = one_line_error(capsys, code)
     assert "unexpected" not in line and "RuntimeError" not in line
+
+
+def test_an_unquoted_question_is_told_to_be_quoted(capsys):
+    """`specrag ask Who was the Norse leader?` said only "unrecognized arguments: was the
+    Norse leader?" (a review, 2026-12-07): the line now shows the quoted command."""
+    line = one_line_error(capsys, main(["ask", "Who", "was", "Rollo?", "--json"]))
+    assert 'quote the question: specrag ask "Who was Rollo?"' in line
+    line = one_line_error(capsys, main(["ask", "q", "--bogus"]))
+    assert "quote" not in line and "see `specrag ask --help`" in line
