@@ -394,7 +394,7 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
     report = index_with_progress(
         loaded.records,
         ctx,
-        "forgetting" if args.forget else "indexing files",
+        "forgetting" if args.forget else "indexing sources",
         prune,
         # unreadable now, or an empty folder the index holds files from: what was indexed stays
         keep=kept_paths(loaded.skipped, args.paths)
