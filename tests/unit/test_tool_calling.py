@@ -464,6 +464,20 @@ def test_anthropic_style_tool_choices_are_understood():
         tool_choice_name({"type": "tool", "name": "other"}, one)
 
 
+def test_anthropic_style_any_and_none_reach_the_decode(scripted):
+    """`{"type": "any"}` among two tools was not forced (the prefix compared the raw dict),
+    and `{"type": "none"}` left the tools in the prompt (the review of this session's diff)."""
+    from specrag.models.tools import forced_prefix
+
+    two = [{"function": {"name": "search_docs"}}, {"function": {"name": "lookup_date"}}]
+    assert forced_prefix({"type": "any"}, two) == forced_prefix("any", two) != ""
+    model = scripted(CALL)
+    words = model.bind_tools([search_docs], tool_choice={"type": "none"})
+    assert words.invoke([HumanMessage("q")]).tool_calls == []
+    called = model.bind_tools([search_docs], tool_choice={"type": "auto"})
+    assert called.invoke([HumanMessage("q")]).tool_calls
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_langchains_per_call_stream_keyword_is_taken(scripted, stream):
     """langchain-core's `stream=` opt-in/opt-out reached the decode options and raised

@@ -66,7 +66,13 @@ from specrag.models.local import (
     make_generator,
 )
 from specrag.models.options import MAX_SEED, DecodeOptions, Speculation, refuse_int8_answer
-from specrag.models.tools import forced_prefix, supports_tools, tool_choice_name, tool_names
+from specrag.models.tools import (
+    forced_prefix,
+    plain_choice,
+    supports_tools,
+    tool_choice_name,
+    tool_names,
+)
 from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
@@ -330,7 +336,7 @@ class ChatLocalLM(LocalChatBase):
         temperature = self.temperature if options.temperature is None else options.temperature
         asked = max_new = self._max_new(options)
         # tool_choice "none": the model answers in words, as if no tool were bound
-        tools = () if options.tool_choice in ("none", False) else options.tools
+        tools = () if plain_choice(options.tool_choice) == "none" else options.tools
         if tools and not supports_tools(loaded.tokenizer):
             raise ValueError(no_tools_message(loaded.name))
         forced = forced_prefix(options.tool_choice, tools) if tools else ""

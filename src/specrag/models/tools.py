@@ -44,24 +44,39 @@ def tool_names(tools: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     return tuple(t["function"]["name"] for t in tools)
 
 
+def plain_choice(tool_choice: Any) -> str | None:
+    """A ``tool_choice`` as one value: None (the model decides), "none", "any" or a name.
+
+    OpenAI's ``{"function": {"name"}}`` and Anthropic's ``{"type": ...}`` dicts included:
+    ``{"type": "any"}`` was read as a tool named None, and ``{"type": "none"}`` left the
+    tools bound (a review, 2026-12-07).
+    """
+    if isinstance(tool_choice, dict):
+        named = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        tool_choice = named or tool_choice.get("type")
+    if tool_choice in (None, "auto"):
+        return None
+    if tool_choice in ("none", False):
+        return "none"
+    if tool_choice in ("any", "required", True):
+        return "any"
+    return str(tool_choice)
+
+
 def tool_choice_name(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | None:
     """The tool a ``tool_choice`` forces (None: the model decides).
 
     ``"any"``/``"required"``/``True`` force a call: of the only tool, else the model picks.
     """
     names = list(tool_names(tools))
-    if tool_choice in (None, "auto", "none", False):
+    choice = plain_choice(tool_choice)
+    if choice in (None, "none"):
         return None
-    if isinstance(tool_choice, dict):  # OpenAI's {"function": {"name"}}, Anthropic's {"type"}
-        named = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-        tool_choice = named or tool_choice.get("type")
-        if tool_choice in (None, "auto", "none"):
-            return None
-    if tool_choice in ("any", "required", True):
+    if choice == "any":
         return names[0] if len(names) == 1 else None
-    if tool_choice not in names:
-        raise ValueError(f"tool_choice {tool_choice!r} is not one of the bound tools {names}")
-    return str(tool_choice)
+    if choice not in names:
+        raise ValueError(f"tool_choice {choice!r} is not one of the bound tools {names}")
+    return choice
 
 
 def forced_call_prefix(name: str) -> str:
@@ -83,7 +98,7 @@ def forced_prefix(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str:
     name = tool_choice_name(tool_choice, tools)
     if name is not None:
         return forced_call_prefix(name)
-    if tool_choice in ("any", "required", True):
+    if plain_choice(tool_choice) == "any":
         return f'{TOOL_OPEN}\n{{"name": "'
     return ""
 
