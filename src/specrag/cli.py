@@ -46,8 +46,11 @@ from specrag.runner import (  # noqa: E402
 )
 
 
-class OutputError(Exception):
-    """Stdout refused what was written (a full disk): :func:`main` says so in one line."""
+class OutputError(OSError):
+    """Stdout refused what was written (a full disk): :func:`main` says so in one line.
+
+    An ``OSError`` still: the guards that drop a failed write (an error's JSON) keep it.
+    """
 
 
 class _StdoutFile:
@@ -601,7 +604,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
         else:
             document = read_text(path)
         if not document.strip():
-            raise InputError(f"the document is empty: {args.document}{no_text_hint(path)}")
+            hint = no_text_hint(path)
+            raise InputError(
+                f"the document is empty: {args.document}" + (f" ({hint})" if hint else "")
+            )
     started = time.perf_counter()
     if needs_index:
         from specrag.graph.services import open_index

@@ -132,6 +132,27 @@ def test_a_commands_output_onto_a_full_disk_is_said_so(argv):
     assert lines == ["specrag: error: cannot write the output: No space left on device"], lines
 
 
+def test_an_errors_json_onto_a_full_disk_is_dropped_as_before():
+    """Unbuffered, the error's JSON failed at its write, as OutputError, which the guard that
+    drops it (suppress(OSError)) did not catch: a traceback (the review of this session's
+    diff). The error line stays, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "specrag.cli", "ask", "", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("specrag: error: ")
+
+
 def test_the_json_view_names_the_query_and_how_the_draft_ended():
     """A reason such as "draft too short (3 < 6 tokens)" could not be checked from --json:
     it left out the draft's status and token count, and what was searched."""

@@ -342,9 +342,11 @@ def test_ctrl_c_in_a_sync_call_from_inside_a_running_loop_cancels_the_run():
     import pytest
 
     seen = []
+    running = threading.Event()  # Ctrl-C once the run is under way (not before its start)
 
     class Slow:
         async def ainvoke(self, *args, **kwargs):
+            running.set()
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -354,8 +356,12 @@ def test_ctrl_c_in_a_sync_call_from_inside_a_running_loop_cancels_the_run():
 
     tool = make_specrag_tool(ctx(), graph=Slow(), output="text")
 
+    def interrupt() -> None:
+        if running.wait(20):
+            _thread.interrupt_main()
+
     async def call():
-        threading.Timer(0.3, _thread.interrupt_main).start()
+        threading.Thread(target=interrupt, daemon=True).start()
         tool.invoke({"question": "q"})
 
     start = time.monotonic()

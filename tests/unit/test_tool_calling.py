@@ -500,6 +500,14 @@ def test_a_call_cut_by_a_limit_says_so_in_its_finish_reason(scripted):
     assert late.response_metadata["truncated"] is True
     whole = model.bind_tools([search_docs]).invoke([HumanMessage("q")])
     assert whole.tool_calls and whole.response_metadata["finish_reason"] == "tool_calls"
+    # a call whose object closes on the last token allowed is whole: not "length" (the
+    # review of this session's diff)
+    tok = model.load().tokenizer
+    ids = tok(CALL, add_special_tokens=False)["input_ids"]
+    n = next(k for k in range(1, len(ids) + 1) if tok.decode(ids[:k]).endswith('"}}'))
+    assert n < len(ids)  # the closing tag comes after the object
+    exact = model.bind_tools([search_docs]).invoke([HumanMessage("q")], max_tokens=n)
+    assert exact.tool_calls and exact.response_metadata["finish_reason"] == "tool_calls"
 
 
 @pytest.mark.parametrize("how", ["invoke", "ainvoke"])

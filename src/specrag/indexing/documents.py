@@ -292,9 +292,9 @@ def source_name(path: str | Path) -> str:
 
 
 def no_text_hint(path: Path | str) -> str:
-    """What an empty file's error adds: a PDF without text is likely a scan."""
+    """What an empty file's message adds: a PDF without text is likely a scan ("": none)."""
     if Path(path).suffix.lower() == ".pdf":
-        return " (no page has a text layer: scanned? run OCR on it first)"
+        return "no page has a text layer: scanned? run OCR on it first"
     return ""
 
 

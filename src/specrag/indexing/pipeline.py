@@ -251,13 +251,14 @@ def load_files(paths: Iterable[str], empty_ok: bool = False, lapsed_ok: bool = F
         if not records:
             hint = no_text_hint(f)  # one line: was a warning ("none of its pages has no
             # text", which said the opposite) beside the error
+            empty = f"empty (no text; {hint})" if hint else "empty (no text)"
             if f in named:
-                error = InputError(f"no text in {f}{hint}")
+                error = InputError(f"no text in {f}" + (f" ({hint})" if hint else ""))
                 if not lapsed_ok:
                     raise error
-                out.lapsed.append((Skipped(str(f), f"empty (no text){hint}"), error))
+                out.lapsed.append((Skipped(str(f), empty), error))
                 continue
-            out.skipped.append(Skipped(str(f), f"empty (no text){hint}"))
+            out.skipped.append(Skipped(str(f), empty))
             continue
         out.records.extend(records)
         out.files.append(str(f))

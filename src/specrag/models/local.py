@@ -661,8 +661,10 @@ class _Run:
             tail = self.capture.feed(tail)  # too, before its own held text (was after it)
             rest, calls = self.capture.finish()
             tail += rest
-            if calls and finish in ("stop", "tool_call"):  # a whole call: not one a limit,
-                finish = "tool_calls"  # the budget or a stop sequence cut (it says so)
+            # a whole call (its object complete), whatever stopped the decode at its end;
+            # a call a limit, the budget or a stop sequence cut keeps that reason
+            if calls and (finish in ("stop", "tool_call") or self.capture.done):
+                finish = "tool_calls"
         self.shown += tail
         meta = job.metadata()
         decoding = {**meta, "new_tokens": self.n_tokens}

@@ -107,6 +107,8 @@ def check_document_size(document: str) -> None:
     A graph client (``langgraph dev``) posted any size: its tokenizing and embedding ran
     outside every budget, holding up the other runs' model thread (a review, 2026-12-07).
     """
+    if not document:  # a question alone: a bad SPECRAG_MAX_FILE_MIB is no concern of it
+        return
     from specrag.indexing.documents import MAX_FILE_MIB_ENV, max_file_bytes
 
     limit = max_file_bytes()

@@ -329,7 +329,8 @@ async def stream_model(
         model = with_remote_settings(model, options or DecodeOptions(), ask_logprobs)
     stops = tuple(options.stop) if options is not None and not local else ()
     config = {"tags": tags, "metadata": {"specrag_stage": tags[0]}}
-    node = tags[-1]  # the graph node streaming (a revise event names it: whose text it cuts)
+    # the graph node streaming (a revise event names it: whose text it cuts)
+    node = next((t for t in reversed(tags) if not t.startswith("langsmith:")), tags[0])
     event = None if local else stop_event  # a local decode polls the event itself
 
     def stopping() -> bool:

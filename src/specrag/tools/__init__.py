@@ -138,8 +138,8 @@ def _run_in_helper_thread(coro: Any) -> Any:
 
     context = contextvars.copy_context()
     worker = threading.Thread(target=context.run, args=(work,), name="specrag-tool", daemon=True)
-    worker.start()
     try:
+        worker.start()  # inside: a Ctrl-C while it starts (the run may be under way) cancels
         while not finished.wait(0.1):  # short waits: a signal met in another thread counts too
             pass
     except BaseException:
