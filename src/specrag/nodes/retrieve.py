@@ -102,6 +102,23 @@ def ended_by(budget: asyncio.Timeout, exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) and budget.expired()
 
 
+def ended_why(ctx: SpecRagContext, timed_out: bool, exc: BaseException) -> str:
+    """Why later batches ended: the retrieval budget, or the store's own error."""
+    if timed_out:
+        return f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
+    return f"failed: {short_error(exc)}"
+
+
+def ranked_below(ctx: SpecRagContext) -> str:
+    """A later batch's re-ranking left no chunk relevant."""
+    return f"ranked every chunk below relevance_threshold {ctx.relevance_threshold}"
+
+
+def answering_from(why: str, n: int) -> str:
+    """The error of a run answering from the evidence earlier batches found."""
+    return f"{LATER_BATCHES} {why}; answering from the {n} relevant chunk(s) found before"
+
+
 async def next_batch(batches: Iterator[Batch], n: int, ctx: SpecRagContext) -> Batch | None:
     """The next batch of a search (``n`` delivered so far), after its injected delay."""
     batch = await in_own_thread(lambda: next(batches, None))
@@ -200,11 +217,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
             update.update(chunks=relevant or got.kept, retrieval_status=status)
             if not relevant and got.kept:  # as the incremental policy answers: from before
                 done = False
-                update["errors"] = [
-                    f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
-                    f"{ctx.relevance_threshold}; answering from the {len(got.kept)} "
-                    "relevant chunk(s) found before"
-                ]
+                update["errors"] = [answering_from(ranked_below(ctx), len(got.kept))]
             elif got.found and not relevant:
                 best = max(c["score"] for c in got.found)
                 update["errors"] = [
@@ -215,16 +228,8 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
             timed_out = ended_by(budget, exc)
             relevant = got.relevant(got.found) or got.kept
             if relevant:  # ... the evidence earlier batches found, which stays good evidence
-                later = (
-                    f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
-                    if timed_out
-                    else f"failed: {short_error(exc)}"
-                )
                 update.update(chunks=relevant, retrieval_status="ok")
-                update["errors"] = [
-                    f"{LATER_BATCHES} {later}; answering from the "
-                    f"{len(relevant)} relevant chunk(s) found before"
-                ]
+                update["errors"] = [answering_from(ended_why(ctx, timed_out, exc), len(relevant))]
                 done = False  # the evidence is what arrived in time, not all there was
             else:
                 update.update(chunks=[], retrieval_status="timeout" if timed_out else "failed")
@@ -271,7 +276,6 @@ def stream_rest(
     stream.delivered = len(got.records)
 
     async def rest() -> None:
-        kept = len(got.relevant(got.found))  # the chunks of the evidence the answer has now
         budget = asyncio.timeout(max(0.0, deadline - now()))
         try:
             async with budget:
@@ -280,24 +284,18 @@ def stream_rest(
                         # the stream event now; the trace's copy goes on the answer node's
                         # run (this task outlives retrieve, whose run is posted already)
                         emit({"event": "batch", **got.records[-1]}, traced=False)
+                        # got.kept: the evidence the answer has now
                         if relevant := got.relevant(got.found):
                             await stream.queue.put(relevant)
-                            kept = len(relevant)
                         elif not stream.partial:  # a fused re-ranking dropped every
                             stream.partial = True  # relevant chunk (said once): the answer
                             stream.errors.append(  # keeps the evidence it was given
-                                f"{LATER_BATCHES} ranked every chunk below relevance_threshold "
-                                f"{ctx.relevance_threshold}; answering from the {kept} "
-                                "relevant chunk(s) found before"
+                                answering_from(ranked_below(ctx), len(got.kept))
                             )
         except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
-            if ended_by(budget, exc):
-                why = f"missed the {ctx.retrieval_timeout_s}s retrieval budget"
-            else:  # the store's own error
-                why = f"failed: {short_error(exc)}"
             stream.partial = True  # as a wait-mode run says it: not all the evidence there was
             stream.errors.append(
-                f"{LATER_BATCHES} {why}; answering from the {kept} relevant chunk(s) found before"
+                answering_from(ended_why(ctx, ended_by(budget, exc), exc), len(got.kept))
             )
         finally:
             stream.queue.put_nowait(None)
