@@ -38,17 +38,22 @@ def draft_seed(seed: int | None) -> int | None:
     # seed field may be a signed 32- or 64-bit integer
 
 
-def _no_draft(status: str, **extra: Any) -> dict[str, Any]:
-    """No draft (``off``, ``failed``): its ``drafted`` event still comes, as README says."""
+def _drafted(status: str, tokens: int, confidence: float | None, timings: dict[str, float]) -> None:
+    """The ``drafted`` event: how the draft ended, whether or not there is one."""
     emit(
         {
             "event": "drafted",
             "status": status,
-            "tokens": 0,
-            "confidence": None,
-            **extra.get("timings", {}),
+            "tokens": tokens,
+            "confidence": confidence,
+            **timings,
         }
     )
+
+
+def _no_draft(status: str, **extra: Any) -> dict[str, Any]:
+    """No draft (``off``, ``failed``): its ``drafted`` event still comes, as README says."""
+    _drafted(status, 0, None, extra.get("timings", {}))
     return {
         "draft": "",
         "draft_status": status,
@@ -112,15 +117,7 @@ def make_draft(services: Services):  # noqa: ANN201
         timings = {"draft_s": round(now() - origin, 4)}
         if result.ttft_s is not None:
             timings["draft_ttft_s"] = round(result.started - origin + result.ttft_s, 4)
-        emit(
-            {
-                "event": "drafted",
-                "status": status,
-                "tokens": result.tokens,
-                "confidence": result.confidence,
-                **timings,
-            }
-        )
+        _drafted(status, result.tokens, result.confidence, timings)
         return {
             "draft": result.text,
             "draft_status": status,
