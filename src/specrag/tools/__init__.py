@@ -12,7 +12,7 @@ from typing import Any, Literal
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, Field, ValidationError
 
-from specrag.errors import InputError
+from specrag.errors import InputError, short_error
 from specrag.graph.context import SpecRagContext
 
 log = logging.getLogger(__name__)
@@ -193,10 +193,12 @@ def make_specrag_tool(
         )
     ctx = SpecRagContext(**context) if isinstance(context, dict) else context or SpecRagContext()
 
-    def failed(line: str) -> ToolException:
+    def error_text(line: str) -> str:
         # under output="json" the error is JSON too ({"error": ...}, as the CLI's --json)
-        text = json.dumps({"error": line}, ensure_ascii=False) if output == "json" else line
-        return ToolException(text)
+        return json.dumps({"error": line}, ensure_ascii=False) if output == "json" else line
+
+    def failed(line: str) -> ToolException:
+        return ToolException(error_text(line))
 
     async def arun(question: str) -> str:
         # A ToolException is handled by the tool (handle_tool_error): the agent reads the
@@ -206,16 +208,12 @@ def make_specrag_tool(
         except InputError as exc:  # an empty or over-long question: the agent reads why
             raise failed(f"specrag: error: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - an agent's ToolNode re-raises: its run would end
-            from specrag.errors import short_error
-
             log.warning("the specrag tool failed: %s", short_error(exc))
             log.debug("the specrag tool's failure", exc_info=True)
             raise failed(f"specrag: error: {short_error(exc)}") from exc
         try:
             return fmt(result)
         except Exception as exc:  # noqa: BLE001 - a custom graph's odd result: one line too
-            from specrag.errors import short_error
-
             raise failed(
                 f"specrag: error: the run's result is unreadable: {short_error(exc)}"
             ) from exc
@@ -225,11 +223,10 @@ def make_specrag_tool(
         errors = exc.errors()
         where = ".".join(str(part) for part in errors[0]["loc"]) if errors else ""
         what = errors[0]["msg"] if errors else "invalid"
-        line = (
+        return error_text(
             'specrag: error: the tool takes {"question": "<a question>"}; '
             f"{where or 'arguments'}: {what}"
         )
-        return json.dumps({"error": line}, ensure_ascii=False) if output == "json" else line
 
     def run(question: str) -> str:
         # The graph's nodes are async-only: run them on an event loop of our own. Inside a
