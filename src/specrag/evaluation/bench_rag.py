@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -62,6 +61,7 @@ from specrag.indexing.pipeline import index_records
 from specrag.models.chat import ChatLocalLM, encode_chat
 from specrag.models.loading import load_lm
 from specrag.models.local import decode_text, first_stop, stable_text
+from specrag.models.records import write_atomically
 from specrag.models.registry import local_model_name
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
@@ -588,12 +588,7 @@ def settings_markdown(comparison: dict[str, Any]) -> str:
 
 def save_figure(fig: Any, path: Path) -> None:
     """``fig`` as a PNG at ``path``, atomically (a cut run keeps the last whole plot)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 def markdown(summary: dict[str, Any]) -> str:

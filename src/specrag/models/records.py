@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +39,23 @@ def write_json(path: Path, data: Any, **dumps: Any) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a reader never sees half a file.
+    """Write ``text`` to ``path`` atomically: a reader never sees half a file."""
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
-    A temporary file beside it, then renamed over it; an ``OSError`` (a folder that cannot
-    be made, a full disk) is raised once the temporary is gone.
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` a temporary file beside ``path``, then rename it over ``path``.
+
+    An error (a folder that cannot be made, a full disk) is raised once the temporary is gone.
     """
     # per process and thread: two threads writing one file (a server's threads.json) never
     # share a temporary
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
+        write(tmp)
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
