@@ -342,17 +342,17 @@ class ChatLocalLM(LocalChatBase):
         forced = forced_prefix(options.tool_choice, tools) if tools else ""
         limit = loaded.max_context - 1
         stats = DecodeStats()
-        capped: list[int] = []  # the answer's cap was warned of
+        warned = False  # of the answer's cap, once per answer
 
         def encode(msgs: list[BaseMessage]) -> list[int]:
-            nonlocal max_new
+            nonlocal max_new, warned
             ids = encode_chat(loaded, msgs, tools, forced)
             # Each prompt of an incremental answer is fitted on its own, as serial RAG would
             # fit it (a longer later prompt lowers the limit instead of losing its middle).
             fit = answer_fit(asked, len(ids), limit)
             if fit < asked:
-                if not capped:  # warned once per answer
-                    capped.append(fit)
+                if not warned:
+                    warned = True
                     log.warning(
                         "the reply is capped at %d tokens (max_new_tokens %d): %s reads %d "
                         "tokens at most, and the prompt has %d",
