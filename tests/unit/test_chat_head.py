@@ -95,26 +95,32 @@ def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_pat
     assert got["prompt_tokens"] == 255 - 127 and got["answer_cap"] == 127  # half each
 
 
+async def incremental_decoding(model, first, later):
+    """The decoding stats of an incremental answer to ``first``, rebuilt on ``later`` (taken
+    after its first step)."""
+    from specrag.decoding.incremental import PromptFeed
+    from specrag.models.options import DecodeOptions
+    from specrag.nodes.streaming import stream_model
+
+    feed = PromptFeed()
+    feed.put(later)
+    feed.close()
+    out = await stream_model(
+        model, first, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
+    )
+    return out.metadata["decoding"]
+
+
 async def test_a_later_longer_prompt_of_an_incremental_answer_caps_the_answer(
     tmp_path, monkeypatch
 ):
     """The cap a later prompt set (encode lowers the answer limit for a longer prompt) never
     reached the decode, which went on to the first prompt's limit: prompt and answer ran
     past the model's context."""
-    from specrag.decoding.incremental import PromptFeed
-    from specrag.models.options import DecodeOptions
-    from specrag.nodes.streaming import stream_model
-
     model = short_model(tmp_path, monkeypatch, max_new_tokens=140)  # the short prompt fits
     short = rag("Who led them?")
     long = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
-    feed = PromptFeed()
-    feed.put(long)  # taken after the first step: the rebuild reads the long prompt
-    feed.close()
-    out = await stream_model(
-        model, short, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
-    )
-    got = out.metadata["decoding"]
+    got = await incremental_decoding(model, short, long)  # the rebuild reads the long one
     assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] == 255 - 127
     assert got["answer_cap"] == 127 and got["new_tokens"] <= 127
     assert got["rebuilds"][0]["prompt_tokens"] + got["new_tokens"] <= 255
@@ -126,23 +132,13 @@ async def test_each_prompt_of_an_incremental_answer_gets_its_own_answer_limit(
 ):
     """The answer limit was lowered for the first prompt only: a later, longer prompt that
     serial RAG would fit whole (a lower limit) lost tokens from its middle instead."""
-    from specrag.decoding.incremental import PromptFeed
-    from specrag.models.options import DecodeOptions
-    from specrag.nodes.streaming import stream_model
-
     model = short_model(tmp_path, monkeypatch, max_new_tokens=200)
     loaded = model.load()
     first = [SystemMessage("Answer briefly."), HumanMessage("Rollo led them. " * 8)]
     later = [SystemMessage("Answer briefly."), HumanMessage("Rollo led them. " * 18)]
     n_first, n_later = len(encode_chat(loaded, first)), len(encode_chat(loaded, later))
     assert 255 - n_first < 200 and n_first < n_later <= 255 - 127  # both prompts cap it
-    feed = PromptFeed()
-    feed.put(later)
-    feed.close()
-    out = await stream_model(
-        model, first, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
-    )
-    got = out.metadata["decoding"]
+    got = await incremental_decoding(model, first, later)
     assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] == n_later  # read whole
     assert "prompt_cut" not in got
     assert got["answer_cap"] == 255 - n_later and got["new_tokens"] <= 255 - n_later
@@ -152,21 +148,11 @@ async def test_a_later_shorter_prompt_lifts_the_cap_in_the_stats(tmp_path, monke
     """The first prompt's cap stayed in the stats after a later, shorter prompt (a fusion
     dropped a chunk) lifted it: `answer_cap` named a limit the answer no longer had (a
     review, 2026-12-07)."""
-    from specrag.decoding.incremental import PromptFeed
-    from specrag.models.options import DecodeOptions
-    from specrag.nodes.streaming import stream_model
-
     model = short_model(tmp_path, monkeypatch, max_new_tokens=140)
     long = rag("who led them? " + "Rollo led the Norse settlers of Normandy. " * 60)
     short = rag("Who led them?")
     assert len(encode_chat(model.load(), short)) + 140 <= 255  # no cap for the later prompt
-    feed = PromptFeed()
-    feed.put(short)
-    feed.close()
-    out = await stream_model(
-        model, long, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
-    )
-    got = out.metadata["decoding"]
+    got = await incremental_decoding(model, long, short)
     assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] < 255 - 140
     assert "answer_cap" not in got
 
