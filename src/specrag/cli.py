@@ -16,9 +16,9 @@ import sys
 import textwrap
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from specrag_entry import ENV_DEFAULTS
 
@@ -45,6 +45,8 @@ from specrag.runner import (  # noqa: E402
     unfinished_run,
 )
 
+T = TypeVar("T")
+
 
 class OutputError(OSError):
     """Stdout refused what was written (a full disk): :func:`main` says so in one line.
@@ -61,16 +63,15 @@ class _StdoutFile:
     """
 
     def write(self, text: str) -> int:
-        try:
-            return sys.stdout.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputError(exc.strerror or str(exc)) from exc
+        return self._guarded(lambda: sys.stdout.write(text))
 
     def flush(self) -> None:
+        self._guarded(sys.stdout.flush)
+
+    @staticmethod
+    def _guarded(call: Callable[[], T]) -> T:
         try:
-            sys.stdout.flush()
+            return call()
         except BrokenPipeError:
             raise
         except OSError as exc:
@@ -92,7 +93,8 @@ class _Stdout(Console):
 # emoji=False: an answer or a file name holding ":x:" is printed as written (rich's default
 # turned it into an emoji, unlike the answer --json gives)
 err = Console(stderr=True, emoji=False)
-out = _Stdout(emoji=False, file=_StdoutFile())  # type: ignore[arg-type]
+STDOUT = _StdoutFile()
+out = _Stdout(emoji=False, file=STDOUT)  # type: ignore[arg-type]
 
 
 def own_warnings(record: logging.LogRecord) -> bool:
@@ -465,7 +467,7 @@ def print_json(value: Any) -> None:
     global _JSON_PRINTED
     text = json.dumps(json_ready(value), ensure_ascii=True, allow_nan=False)
     _JSON_PRINTED = True
-    print(text, file=_StdoutFile())  # type: ignore[arg-type]
+    print(text, file=STDOUT)  # type: ignore[arg-type]
 
 
 def plural(n: int, noun: str) -> str:
@@ -1099,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     try:
         code = int(args.func(args) or 0)
-        _StdoutFile().flush()  # a closed pipe is found here, not by Python's flush at exit
+        STDOUT.flush()  # a closed pipe is found here, not by Python's flush at exit
         if cache := sys.modules.get("specrag.decoding.prefix_cache"):  # a RAPID run's prefix
             cache.DEFAULT_PREFIX_CACHE.flush()  # written before exit; Ctrl-C: "interrupted"
         send_traces()
