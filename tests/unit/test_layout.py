@@ -142,6 +142,7 @@ def test_a_timed_verdict_is_kept_per_model_and_machine_and_reused(tmp_path, pays
     "entry",
     [
         {"dual": True, "single_s": "x", "dual_s": 0.5, "on": "?"},  # malformed: not a number
+        {"dual": True, "single_s": 10**400, "dual_s": 0.5, "on": "?"},  # no float: it raised
         {"dual": True, "single_s": 1.0, "dual_s": 0.92, "on": "?"},  # too close to PAYS
     ],
 )
@@ -202,6 +203,86 @@ def test_a_packed_layer_survives_copying_moving_and_casting():
         torch.testing.assert_close(half(x.bfloat16()), plain.bfloat16()(x.bfloat16()))
         with torch.autocast("cpu", dtype=torch.bfloat16):  # the usual weight: autocast's bf16
             torch.testing.assert_close(model(x), plain(x))
+
+
+class Tied(nn.Module):
+    """An output layer sharing the embedding's weight, as SmolLM2 and the Qwen pair do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(80, 48)
+        self.head = nn.Linear(48, 80, bias=False)
+        self.head.weight = self.embed.weight
+
+
+@pytest.mark.skipif(NO_ONEDNN, reason="no oneDNN")
+def test_casting_a_tied_model_leaves_its_output_layer_one_layout():
+    """The embedding casts the shared weight first: the output layer's own ``.to`` saw no
+    change and kept its fp32 packed copy, so every 4-127-token bf16 pass failed in oneDNN."""
+    model = Tied()
+    layout.add(model)
+    assert layout.wide_kind(model) == "oneDNN-packed"
+    model.to(torch.bfloat16)
+    assert type(model.head) is nn.Linear and "weight_t" not in model.head._buffers
+    x = torch.randn(1, 6, 48, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.head(x), x @ model.embed.weight.t())
+
+
+@pytest.mark.parametrize(
+    "packed", [pytest.param(True, marks=pytest.mark.skipif(NO_ONEDNN, reason="no oneDNN")), False]
+)
+def test_a_weight_changed_after_its_copy_was_made_is_read_as_it_is_now(packed, monkeypatch):
+    """``load_state_dict`` (in place) or a new Parameter: wide passes read the stale copy
+    (another model's logits for 4-127 tokens, this one's for a step)."""
+    if not packed:
+        monkeypatch.setattr(layout, "_packed", lambda w: None)
+    plain, dual = linear_pair()
+    layout.add(dual)
+    other = nn.Linear(48, 80)
+    x = torch.randn(1, 8, 48)
+    with torch.inference_mode():
+        dual.load_state_dict(other.state_dict())  # in place
+        torch.testing.assert_close(dual(x), other(x), rtol=1e-5, atol=1e-5)
+        dual.weight = nn.Parameter(plain.weight.detach().clone())  # replaced
+        dual.bias = nn.Parameter(plain.bias.detach().clone())
+        torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+        dual.to("cpu")  # a .to() makes the copy again from the weight as it is now
+        assert layout.wide_kind(dual) == ("oneDNN-packed" if packed else "transposed")
+        dual.weight_t = layout._wide_form(torch.zeros(80, 48))  # the copy a wide pass reads
+        assert torch.equal(dual(x), dual.bias.expand(1, 8, 80))
+
+
+def test_the_transposed_copy_also_leaves_gradients_to_the_usual_weight(monkeypatch):
+    """Where this PyTorch has no oneDNN the second layout is a transposed buffer: a pass that
+    records gradients read it, and the weight got none (no error either)."""
+    monkeypatch.setattr(layout, "_packed", lambda w: None)
+    plain, dual = linear_pair()
+    layout.add(dual)
+    assert layout.wide_kind(dual) == "transposed"
+    x = torch.randn(1, 6, 48)
+    plain(x).square().sum().backward()
+    dual(x).square().sum().backward()
+    assert dual.weight.grad is not None
+    torch.testing.assert_close(dual.weight.grad, plain.weight.grad)
+
+
+def test_a_failed_move_keeps_the_second_layout():
+    """A ``.to()`` that raises (no such device, out of memory) dropped the copy but kept the
+    class: the next wide pass raised AttributeError."""
+    plain, dual = linear_pair()
+    layout.add(dual)
+
+    def fails(t: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        dual._apply(fails)
+    x = torch.randn(1, 6, 48)
+    with torch.inference_mode():
+        torch.testing.assert_close(dual(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert "weight_t" in dual._buffers
 
 
 def test_greedy_speculative_decode_with_both_layouts_is_plain_decoding():

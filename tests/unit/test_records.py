@@ -40,6 +40,24 @@ def test_a_damaged_file_is_kept_aside_with_a_warning_not_written_over(tmp_path, 
     assert aside.read_text().startswith('{"t1"') and "kept as" in caplog.text
 
 
+def test_a_damaged_file_another_process_set_aside_first_is_neither_lost_nor_set_aside(tmp_path):
+    """Two processes read the damaged file; one sets it aside and writes a good one. The other
+    then merges into that good file: it no longer moved it aside too, under the same
+    second's name, over the damaged original (which was lost)."""
+    path = tmp_path / "v.json"
+    path.write_text('{"old": ')
+    first, second = Records(path), Records(path)
+    seen = [second._load()]  # the second process reads the damaged file ...
+    assert seen == [({}, True)]
+    first.put("a", {"v": 1})  # ... the first sets it aside and starts anew ...
+    load = second._load
+    second._load = lambda: seen.pop() if seen else load()  # type: ignore[method-assign]
+    second.put("b", {"v": 2})  # ... then the second one writes
+    assert second.read() == {"a": {"v": 1}, "b": {"v": 2}}
+    (aside,) = tmp_path.glob("v.json.damaged-*")
+    assert aside.read_text() == '{"old": '
+
+
 def test_a_write_that_fails_loses_only_the_record_and_leaves_no_temporary(tmp_path, monkeypatch):
     records = Records(tmp_path / "r.json")
     records.put("a", {"x": 1})

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from specrag.models import int8
-from specrag.models.records import Records
+from specrag.models.records import Records, positive
 
 MIN_ROWS = 4  # fewer rows (steps, narrow passes): the usual layout, unless timed otherwise
 NARROW_PAYS = 0.9  # passes of 1-3 rows read the second layout where it takes <= this x as long
@@ -85,6 +85,21 @@ def _wide_form(weight: torch.Tensor) -> torch.Tensor:
     return packed if packed is not None else weight.t().contiguous()
 
 
+Source = tuple[int, int, int, torch.dtype, torch.device]
+
+
+def _source(weight: torch.Tensor) -> Source:
+    """What a second layout made now is made from: identity, storage, version, dtype, device.
+
+    Any change since (in place, replaced, cast, moved): the copy is stale.
+    """
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor keeps no version (nor can it change outside)
+        version = -1
+    return id(weight), weight.data_ptr(), version, weight.dtype, weight.device
+
+
 class DualLinear(nn.Linear):
     """``nn.Linear`` that also holds its weight in a second layout, for 4-127 input rows.
 
@@ -93,20 +108,35 @@ class DualLinear(nn.Linear):
     The packed form has no storage PyTorch can copy or cast, so ``model.to(...)`` or
     ``.half()`` drops the second layout (a plain ``nn.Linear`` again, as :func:`apply` leaves
     other devices and dtypes) unless the weight stays where and what it was, and a copy
-    (``copy.deepcopy``, pickling) makes it again from the copied weight.
+    (``copy.deepcopy``, pickling) makes it again from the copied weight. The copy is of the
+    weight as it was when made (:func:`_source`): a weight changed since - in place
+    (``load_state_dict``, an optimizer step), replaced, or cast through a tied twin (an
+    output layer sharing the embedding's weight) - is read as it is now, by the usual
+    product, until a ``.to()`` makes the copy again (or drops it, off fp32 CPU).
     """
 
     weight_t: torch.Tensor  # oneDNN-packed [out, in] (``is_mkldnn``) or [in, out]; not saved
     min_rows: int = MIN_ROWS  # fewer rows read the usual weight (:func:`narrow_rows` times it)
+    made_from: Source  # the weight's :func:`_source` when ``weight_t`` was made
+
+    def make_wide(self) -> torch.Tensor:
+        """(Re)make the second layout from the weight as it is now; returns it."""
+        self.register_buffer("weight_t", _wide_form(self.weight.detach()), persistent=False)
+        self.made_from = _source(self.weight)
+        return self.weight_t
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         rows = x.numel() // self.in_features
-        if rows < self.min_rows or rows >= MAX_ROWS:
+        if (
+            rows < self.min_rows
+            or rows >= MAX_ROWS
+            # the second layout's products record no gradient and ignore autocast
+            or torch.is_grad_enabled()
+            or _autocast()
+            or _source(self.weight) != self.made_from  # changed since: the copy is stale
+        ):
             return super().forward(x)
         if self.weight_t.is_mkldnn:
-            # oneDNN's op has no gradient and ignores autocast: there the usual weight serves
-            if torch.is_grad_enabled() or _autocast():
-                return super().forward(x)
             return torch.ops.mkldnn._linear_pointwise(  # type: ignore[no-any-return]
                 x.contiguous(), self.weight_t, self.bias, "none", [], ""
             )
@@ -117,18 +147,20 @@ class DualLinear(nn.Linear):
         wide = self._buffers.pop("weight_t", None)
         if wide is None:
             return super()._apply(fn, recurse)  # type: ignore[return-value]
-
-        def where() -> tuple[int, torch.dtype, torch.device]:
-            return self.weight.data_ptr(), self.weight.dtype, self.weight.device
-
-        before = where()
-        super()._apply(fn, recurse)
-        if where() == before:  # the weight did not change: neither does its copy
+        try:
+            super()._apply(fn, recurse)
+        except BaseException:  # a failed move (no such device, out of memory): as it was
+            self._buffers["weight_t"] = wide
+            raise
+        # compared with what the copy was made from, not with the weight before this call:
+        # a tied twin's own ``_apply`` may have cast or moved the shared weight already
+        if _source(self.weight) == self.made_from:  # unchanged: neither is its copy
             self._buffers["weight_t"] = wide
         elif self.weight.device.type == "cpu" and self.weight.dtype == wide.dtype:
-            self._buffers["weight_t"] = _wide_form(self.weight.detach())
+            self.make_wide()
         else:  # cast, or moved to a GPU: one layout (what apply() gives those)
             self.__class__ = nn.Linear  # type: ignore[assignment]
+            del self.made_from
         return self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -138,7 +170,11 @@ class DualLinear(nn.Linear):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.register_buffer("weight_t", _wide_form(self.weight.detach()), persistent=False)
+        if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32:
+            self.make_wide()
+        else:  # unpickled onto another device or dtype: one layout, as apply() gives those
+            self.__class__ = nn.Linear  # type: ignore[assignment]
+            self.__dict__.pop("made_from", None)
 
 
 def narrow_rows(model: nn.Module, reps: int = 5) -> tuple[int, dict[int, float]]:
@@ -261,9 +297,8 @@ def add(model: nn.Module) -> int:
     for layer in linears(model):
         if isinstance(layer, DualLinear):
             continue
-        weight_t = _wide_form(layer.weight.detach())
         layer.__class__ = DualLinear
-        layer.register_buffer("weight_t", weight_t, persistent=False)
+        weight_t = layer.make_wide()  # type: ignore[operator]
         added += weight_t.numel() * weight_t.element_size()
     return added
 
@@ -274,6 +309,7 @@ def remove(model: nn.Module) -> None:
         if "weight_t" in layer._buffers:  # switched to one layout by set_dual, or not
             del layer._buffers["weight_t"]
             layer.__class__ = nn.Linear  # type: ignore[assignment]
+            layer.__dict__.pop("made_from", None)
 
 
 def linear_bytes(model: nn.Module) -> int:
@@ -319,10 +355,10 @@ class Verdicts(Records):
         found = super().get(key)
         if found is None or not isinstance(found.get("dual"), bool):
             return None
-        times = (found.get("single_s"), found.get("dual_s"))
-        if not all(isinstance(t, int | float) and t > 0 for t in times):
+        times = [positive(found.get(name)) for name in ("single_s", "dual_s")]
+        if None in times:
             return None
-        return found
+        return {**found, "single_s": times[0], "dual_s": times[1]}
 
 
 def apply(

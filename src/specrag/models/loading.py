@@ -46,7 +46,7 @@ from specrag.models.gguf import (
 )
 from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
-from specrag.models.records import Records
+from specrag.models.records import Records, positive
 from specrag.paths import cache_dir, looks_like_path, package_dir, user_path
 
 log = logging.getLogger(__name__)
@@ -587,7 +587,7 @@ def _timing(
     where = f"kept in {cache_dir() / PASS_TIMINGS}"
     key = (tuple(m.key for m in models), check)
     found = _record(slot) or {}
-    kept = {name: _positive(found.get(name)) for name in names}
+    kept = {name: positive(found.get(name)) for name in names}
     if all(v is not None for v in kept.values()):
         _TIMED[key] = f"timed {found.get('on', '?')}, {where}"
         return {name: v for name, v in kept.items() if v is not None}
@@ -600,17 +600,6 @@ def _timing(
 def _record(slot: str | None) -> dict[str, Any] | None:
     """The record kept under ``slot`` (None where there is none, or no slot)."""
     return Records(cache_dir() / PASS_TIMINGS).get(slot) if slot is not None else None
-
-
-def _positive(value: object) -> float | None:
-    """``value`` as a float if it is a positive finite number (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return number if 0 < number < float("inf") else None
 
 
 def _keep(slot: str | None, record: dict[str, Any]) -> None:
@@ -700,7 +689,7 @@ def paid_prefills(drafter: LoadedLM, target: LoadedLM) -> PaidPrefills:
         slot = on_model_thread(_timing_slot, (drafter, target), "prefill ratios paid by joins")
         found = _record(slot)
         paid = found.get("paid") if found is not None else None
-        ratios = [_positive(r) for r in paid] if isinstance(paid, list) else []
+        ratios = [positive(r) for r in paid] if isinstance(paid, list) else []
         record = PaidPrefills(paid=deque(r for r in ratios if r is not None))
         if slot is not None:
             record.saved = lambda ratios: _keep(slot, {"paid": ratios})

@@ -30,6 +30,17 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def positive(value: object) -> float | None:
+    """``value`` as a float if it is a positive finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return number if 0 < number < float("inf") else None
+
+
 def write_json(path: Path, data: Any, **dumps: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically (:func:`write_text`).
 
@@ -103,11 +114,15 @@ class Records:
         if loaded is None and not damaged:  # unreadable now: its records are not written over
             log.warning("%s could not be read now: %r not recorded", self.path, key)
             return
+        if damaged:  # read again: another process may have set it aside and started anew
+            loaded, damaged = self._load()
+            if loaded is None and not damaged:
+                log.warning("%s could not be read now: %r not recorded", self.path, key)
+                return
         data = loaded or {}
         if damaged:  # kept aside, not written over: its records may be worth recovering
-            aside = self.path.with_name(
-                f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
-            )
+            stamp = time.strftime("%Y%m%dT%H%M%S")  # and the pid: two asides never collide
+            aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{os.getpid()}")
             try:
                 os.replace(self.path, aside)
             except OSError as exc:
