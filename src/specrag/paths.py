@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import platformdirs
 
+def _env_dir(name: str, default: Callable[[], str]) -> Path:
+    """``$name`` (or ``default()``) with ``~`` expanded, as a path on the command line is.
 
-def _env_dir(name: str, default: str) -> Path:
-    """``$name`` (or ``default``) with ``~`` expanded, as a path on the command line is.
+    ``platformdirs`` is imported by the defaults alone: the engines' GPU script
+    (``benchmarks/gpu_identity.py``) imports this module where only torch is installed.
 
     A quoted value, an env file, systemd or docker pass a ``~`` on literally (a ``~`` folder
     in the working directory); ``~user`` of no such user is one line naming the variable.
     """
     from specrag.errors import InputError
 
-    value = os.environ.get(name) or default
+    value = os.environ.get(name) or default()
     try:
         return Path(value).expanduser()
     except RuntimeError as exc:  # "Could not determine home directory."
@@ -30,12 +33,18 @@ def _env_dir(name: str, default: str) -> Path:
 
 def data_dir() -> Path:
     """Directory for persistent data (the default Chroma index lives here)."""
-    return _env_dir("SPECRAG_DATA_DIR", platformdirs.user_data_dir("specrag"))
+    return _env_dir("SPECRAG_DATA_DIR", lambda: _platformdirs().user_data_dir("specrag"))
 
 
 def cache_dir() -> Path:
     """Directory for caches that can be rebuilt (converted models)."""
-    return _env_dir("SPECRAG_CACHE_DIR", platformdirs.user_cache_dir("specrag"))
+    return _env_dir("SPECRAG_CACHE_DIR", lambda: _platformdirs().user_cache_dir("specrag"))
+
+
+def _platformdirs() -> Any:
+    import platformdirs
+
+    return platformdirs
 
 
 def default_index_dir() -> Path:

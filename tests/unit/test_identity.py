@@ -24,6 +24,7 @@ def spec(tmp_path_factory):
     ids = lambda n: torch.randint(0, 64, (n,), generator=g).tolist()  # noqa: E731
     cases = [{"id": f"q{i}", "kind": "squad", "prompt": ids(40), "max_new": 40} for i in range(2)]
     haystack = {"id": "h", "prefix": ids(300), "tail": ids(8), "drafter_prompt": ids(50)}
+    haystack["drafter_vocab"] = 16  # ChatRapid's trimmed drafter (its 32768 rows of 64 here)
     return {
         "target": str(root / "target"),
         "drafter": str(root / "drafter"),
@@ -84,6 +85,24 @@ def corrupting(real, at, when):
             yield out
 
     return wrapped
+
+
+def test_the_rapid_row_runs_chat_rapids_drafting_rule(spec, monkeypatch):
+    """ChatRapid's drafter scores its first ``drafter_vocab`` ids (+ its prompt's) at eta 0;
+    the check ran it over every row, so its ``rapid_eta0`` row was not the product's RAPID."""
+    seen = []
+    real = identity.rapid_decode
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["cfg"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(identity, "rapid_decode", spy)
+    target, drafter = (AutoModelForCausalLM.from_pretrained(spec[k]) for k in ("target", "drafter"))
+    hay = {**spec["haystacks"][0], "max_new": 4}
+    with torch.inference_mode():
+        identity._rapid_case(target, drafter, hay, (), rapid=True)
+    assert [c.drafter_vocab for c in seen] == [16] and seen[0].lossless
 
 
 def test_a_method_that_changes_a_token_is_reported(spec, monkeypatch):
@@ -153,3 +172,41 @@ def test_the_gpu_script_refuses_a_bad_prompts_file_in_one_line(tmp_path, capsys)
         out, err = capsys.readouterr()
         assert json.loads(out)["error"].startswith(f"--prompts {bad}")
         assert err.startswith("gpu_identity: error: --prompts") and err.count("\n") == 1
+
+
+# what a bare GPU machine lacks: the package's dependencies beyond torch, transformers and gguf
+# (and theirs: typer brings rich, the hub brings requests)
+NOT_ON_A_BARE_MACHINE = [
+    "platformdirs", "langgraph", "langchain", "langchain_core", "langchain_community",
+    "langchain_huggingface", "langchain_chroma", "chromadb", "langsmith", "accelerate",
+    "sentence_transformers", "psutil", "pypdf", "bm25s", "pydantic",
+]  # fmt: skip
+
+
+def test_the_gpu_script_runs_where_only_torch_transformers_and_gguf_are(spec, tmp_path):
+    """README's second way: ``run --prompts`` on a machine with torch, transformers and gguf
+    only. The GGUF helpers came to import ``specrag.paths``, which imported platformdirs at
+    the top: a ModuleNotFoundError traceback and nothing on stdout under ``--json``."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({**spec, "haystacks": [], "cases": spec["cases"][:1]}))
+    blocked = "".join(f"sys.modules[{m!r}] = None\n" for m in NOT_ON_A_BARE_MACHINE)
+    code = (
+        "import runpy, sys\n"
+        f"{blocked}"
+        f"sys.argv = ['gpu_identity', 'run', '--prompts', {str(prompts)!r}, '--device', 'cpu',"
+        f" '--dtypes', 'float32', '--out', {str(tmp_path / 'out')!r}, '--json']\n"
+        f"runpy.run_path({str(root / 'benchmarks' / 'gpu_identity.py')!r}, run_name='__main__')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPECRAG_CACHE_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["dtypes"]["float32"], done.stdout[:500]

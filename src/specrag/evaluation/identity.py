@@ -21,7 +21,6 @@ Two steps, so that the second runs on a bare GPU machine:
 
 from __future__ import annotations
 
-import os
 import platform
 import random
 import time
@@ -115,6 +114,7 @@ def prepare(
                 "max_new": MAX_NEW,
                 # ChatRapid's cut-off, so the check runs the product's drafting rule
                 "min_draft_confidence": ChatRapid.model_fields["min_draft_confidence"].default,
+                "drafter_vocab": ChatRapid.model_fields["drafter_vocab"].default,
             }
         )
 
@@ -132,11 +132,12 @@ def prepare(
 
 
 def _cache_root() -> Path:
+    from specrag.paths import cache_dir  # stdlib only (SPECRAG_CACHE_DIR, else platformdirs)
+
     try:
-        from specrag.paths import cache_dir
-    except ImportError:  # a bare machine without the package's dependencies
-        return Path(os.environ.get("SPECRAG_CACHE_DIR") or "/tmp/specrag-cache") / "models"
-    return cache_dir() / "models"
+        return cache_dir() / "models"
+    except ImportError:  # a bare machine: no platformdirs, no SPECRAG_CACHE_DIR
+        return Path("/tmp/specrag-cache/models")
 
 
 def load_model(source: str, dtype: torch.dtype, device: torch.device) -> Any:
@@ -295,7 +296,11 @@ def _rapid_case(
             hay["drafter_prompt"],
             max_new_tokens=hay["max_new"],
             sampler=GREEDY,
-            cfg=RapidConfig(eta=0.0, min_draft_confidence=hay.get("min_draft_confidence", 0.0)),
+            cfg=RapidConfig(
+                eta=0.0,
+                min_draft_confidence=hay.get("min_draft_confidence", 0.0),
+                drafter_vocab=hay.get("drafter_vocab", 0),
+            ),
             eos_ids=eos,
             stats=rs,
         )
