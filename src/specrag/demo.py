@@ -58,9 +58,10 @@ SCENARIOS = [
     ),
     Scenario(
         "long document",
-        "What was the Anglo-Norman language's final form?",
-        "A ~2K-token document (the SQuAD 'Normans' article) given with the question: RAPID "
-        "decoding, the target reads the whole document, a drafter reads the retrieved chunks.",
+        "What was the name of the count of Apulia?",  # its paragraph ends the document
+        "A ~2K-token document (the SQuAD 'Normans' article's first 12 paragraphs) given with "
+        "the question: RAPID decoding, the target reads the whole document, a drafter reads "
+        "the retrieved chunks.",
         "rapid_generate",
         long_document=True,
     ),

@@ -22,3 +22,17 @@ def test_a_setting_the_user_gave_wins_over_the_scenarios():
     kept = scenario_context(base, remote, {"draft_temperature": 0.8})
     assert kept.draft_temperature == 0.8
     assert kept.added_retrieval_latency_s == remote.overrides["added_retrieval_latency_s"]
+
+
+def test_the_long_document_holds_the_answer_to_its_question():
+    """The RAPID scenario asked for the Anglo-Norman language's final form, whose paragraph
+    (Normans 17) the ~1,500-word document stops before: the model could only make it up."""
+    from specrag.data.datasets import squad_questions
+    from specrag.demo import normans_document
+
+    document = normans_document()
+    key = lambda question: question.strip().rstrip("?")  # noqa: E731  (SQuAD's own spelling)
+    golds = {key(q.question): q.answers for q in squad_questions()}
+    for scenario in (s for s in SCENARIOS if s.long_document):
+        answers = golds[key(scenario.question)]
+        assert any(a in document for a in answers), (scenario.question, answers)
