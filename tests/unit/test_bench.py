@@ -1102,3 +1102,16 @@ def test_rapid_acceptance_pools_the_answers_tokens():
     assert pooled_acceptance(rs) == 0.8
     assert pooled_acceptance(rs[1:]) is None
     assert pooled_acceptance([{"acceptance_rate": 0.5}, {"acceptance_rate": 0.7}]) == 0.6
+
+
+def test_bench_rag_without_matplotlib_warns_and_draws_no_plots(tmp_path, monkeypatch, caplog):
+    """matplotlib is in the dev extra only: a plain install's `bench rag` raised at its very
+    end, before writing summary.json and table.md (a resumed run failed there again)."""
+    import sys
+
+    from specrag.evaluation.bench_rag import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with caplog.at_level("WARNING"):
+        assert plots({}, tmp_path) == []
+    assert "matplotlib is not installed" in caplog.text and not list(tmp_path.iterdir())

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -640,9 +641,18 @@ def _yerr(points: list[float], cis: list[Any]) -> list[list[float]]:
 
 
 def plots(summary: dict[str, Any], out_dir: Path, quick: bool = False) -> list[Path]:
-    """latency.png, speedup.png and accuracy.png; error bars are the 95% bootstrap intervals."""
-    import matplotlib
+    """latency.png, speedup.png and accuracy.png; error bars are the 95% bootstrap intervals.
 
+    None without matplotlib (in the ``dev`` extra, not a dependency): one warning, the run's
+    text results are written all the same.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        logging.getLogger(__name__).warning(
+            "plots not drawn: matplotlib is not installed (pip install matplotlib)"
+        )
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -829,8 +839,8 @@ def run(
         "answer_settings.json": json.dumps(settings, indent=2),
         "answer_settings.md": settings_markdown(settings),
     }
-    pngs = plots(summary, out_dir, quick)
-    files = [*write_results(out_dir, quick, texts), *map(str, pngs), str(runlog.path)]
+    written = write_results(out_dir, quick, texts)  # before the plots: what a failed one spares
+    files = [*written, *map(str, plots(summary, out_dir, quick)), str(runlog.path)]
     log.print(markdown(summary))
     log.print(settings_markdown(settings))
     log.print("results written to: " + ", ".join(files))
