@@ -309,6 +309,47 @@ def test_rapid_with_no_new_tokens_reads_nothing(tmp_path, monkeypatch):
     assert model.prefix_cache.nbytes() == 0
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"eta": float("nan")},  # answered "" (id 0 twelve times), finish_reason "length"
+        {"eta": float("inf")},
+        {"eta": -3.0},
+        {"lam": 2.0},  # a mixture with negative probabilities
+        {"alpha": float("nan")},
+        {"gamma": 0},  # drafting silently off
+        {"min_draft_confidence": 5.0},
+        {"drafter_vocab": -1},
+        {"drafter_tokens": 0},
+        {"chunk_tokens": 0},  # failed deep in the text splitter
+    ],
+)
+def test_rapid_settings_out_of_range_are_refused_when_the_model_is_made(bad):
+    """The graph's rapid_* settings had ranges; ChatRapid's own fields took anything."""
+    from pydantic import ValidationError
+
+    from specrag.models.rapid_chat import ChatRapid
+
+    with pytest.raises(ValidationError):
+        ChatRapid(**bad)
+
+
+def test_a_rapid_model_loads_its_document_search_with_its_models(tmp_path, monkeypatch):
+    """The embedding model of the drafter's document search loaded at the first call, inside
+    its max_time (1.7 s of a 0.5 s budget: an empty answer), though loading is outside it; and
+    a run reports the gamma it drafts with (a gamma of 32 starts at 16)."""
+    from specrag.models import loading
+
+    loaded = []
+    monkeypatch.setattr(loading, "load_embeddings", lambda name: loaded.append(name))
+    model = short_rapid(tmp_path, monkeypatch, max_new_tokens=4)
+    model.load()
+    assert loaded == [model.embedding_model]
+    big = model.model_copy(update={"gamma": 32})
+    out = big.invoke([HumanMessage("Who?")], document="Rollo led them.", drafter_context="R")
+    assert out.response_metadata["gamma"] == 16
+
+
 def test_settings_that_change_a_rapid_answer_are_in_its_identity():
     """drafter_dtype, the confidence cut-off, the drafter vocabulary, adaptive gamma and the
     embedding model were not: a LangChain cache served one model's answer for the other."""

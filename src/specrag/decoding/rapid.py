@@ -58,6 +58,11 @@ class RapidConfig:
     drafter_vocab: int = 0  # > 0 and lossless: the drafter scores these first ids + its prompt's
 
     @property
+    def first_gamma(self) -> int:
+        """The first round's draft length: ``gamma``, within ``max_gamma`` where it adapts."""
+        return min(self.gamma, max(self.max_gamma, 1)) if self.adaptive_gamma else self.gamma
+
+    @property
     def lossless(self) -> bool:
         """True when the output follows the target alone (no knowledge transfer)."""
         return (
@@ -189,12 +194,8 @@ def rapid_decode(
     if max_new_tokens <= 0:  # nothing to decode: neither model runs
         return finish("length")
     before = prefill_stop(should_stop)
-    try:  # budgets apply to both prefills
-        t0 = own_clock()
-        z0 = settle(prefill(target, target_prompt, before))  # [vocab]
-        rows = z0.shape[-1]
-        st.target_prefill_s = own_clock() - t0
-        st.prefilled = True
+
+    def drafter_prefill() -> torch.Tensor:
         t0 = own_clock()
         if cfg.drafter_vocab and cfg.lossless:  # with transfer q shapes the answer: all rows
             # counted in the drafter's prefill: it copies the kept rows
@@ -202,17 +203,37 @@ def rapid_decode(
         d0 = settle(prefill(drafter, drafter_prompt, before))
         st.drafter_prefill_s = own_clock() - t0
         st.drafter_prefilled = True
+        return d0
+
+    try:  # budgets apply to both prefills
+        t0 = own_clock()
+        z0 = settle(prefill(target, target_prompt, before))  # [vocab]
+        rows = z0.shape[-1]
+        st.target_prefill_s = own_clock() - t0
+        st.prefilled = True
+        # with transfer the drafter's q shapes the first token; without, the first token is
+        # the target's own and comes before the drafter reads its prompt (which it may never
+        # need: an end token first, one token asked for, a budget)
+        q0 = None if cfg.lossless else draft_dist(drafter_prefill())[None]
     except Stopped as stop:
         return finish(stop.reason)
-    t_start = time.perf_counter()
+    if q0 is not None:
+        t_start = time.perf_counter()
 
     # First token: from the transfer distribution at the prompt's last position.
-    _, p_hat0 = transfer_distribution(z0[None], draft_dist(d0)[None], cfg, sampler)
+    _, p_hat0 = transfer_distribution(z0[None], q0 if q0 is not None else z0[None], cfg, sampler)
     first = int(p_hat0[0].argmax()) if greedy else sampler.pick(p_hat0[0], generator)
     generated.append(first)
     yield [Token(first, token_logprob(z0, first), "target")]
+    if t_start is None:  # lossless: the drafter's prefill, if a draft can follow
+        if first not in eos_ids and len(generated) < max_new_tokens:
+            try:
+                drafter_prefill()
+            except Stopped as stop:
+                return finish(stop.reason)
+        t_start = time.perf_counter()  # decode_s: the tokens after the first, as with transfer
     # adaptive: within max_gamma from the start (a success took a gamma of 100 down to 16)
-    gamma = min(cfg.gamma, max(cfg.max_gamma, 1)) if cfg.adaptive_gamma else cfg.gamma
+    gamma = cfg.first_gamma
     while True:
         last = generated[-1]
         if last in eos_ids:

@@ -291,7 +291,12 @@ class SpecRagContext:
         "(with a local answer model; a remote one answers from the retrieved chunks).",
         ge=0,
     )
-    rapid_gamma: int = _f(10, "RAPID draft tokens per step.", ge=1)
+    rapid_gamma: int = _f(
+        10,
+        "RAPID draft tokens per step, at the start: it adapts (+1 after a fully accepted "
+        "step, -1 after a rejection) within 1-16, so a larger value starts at 16.",
+        ge=1,
+    )
     rapid_transfer: Literal["shift", "mixture", "none"] = _f(
         "shift", "RAPID knowledge-transfer rule (applied when rapid_eta > 0)."
     )

@@ -172,16 +172,19 @@ class ChatRapid(LocalChatBase):
     max_new_tokens: int = Field(
         default=128, ge=0, validation_alias=AliasChoices("max_new_tokens", "max_tokens")
     )
-    gamma: int = 10
+    # the ranges SpecRagContext's rapid_* settings take (a NaN eta answered "" silently)
+    gamma: int = Field(default=10, ge=1)  # adaptive: the first round's, within 1-16
     transfer: Transfer = "shift"
-    eta: float = 5.0
-    alpha: float = 0.1
-    lam: float = 0.3
+    eta: float = Field(default=5.0, ge=0.0, allow_inf_nan=False)
+    alpha: float = Field(default=0.1, ge=0.0, le=1.0)
+    lam: float = Field(default=0.3, ge=0.0, le=1.0)
     adaptive_gamma: bool = True
-    min_draft_confidence: float = 0.6  # see SpecRagContext.rapid_drafter_confidence
-    drafter_vocab: int = 32768  # eta 0: the drafter scores these first ids + its prompt's
-    drafter_tokens: int = 768
-    chunk_tokens: int = 128
+    # see SpecRagContext.rapid_drafter_confidence
+    min_draft_confidence: float = Field(default=0.6, ge=0.0, le=1.0)
+    # eta 0: the drafter scores these first ids + its prompt's (0: every row)
+    drafter_vocab: int = Field(default=32768, ge=0)
+    drafter_tokens: int = Field(default=768, ge=1)
+    chunk_tokens: int = Field(default=128, ge=8)
     embedding_model: str = EMBEDDED_LM
     drafter_retriever: DrafterRetriever | None = None  # None: document search, embedding_model
     use_prefix_cache: bool = True
@@ -222,8 +225,15 @@ class ChatRapid(LocalChatBase):
         }
 
     def load(self) -> tuple[LoadedLM, LoadedLM]:
-        """Load target and drafter (once per process)."""
+        """Load target and drafter, and the drafter's document search (once per process).
+
+        The search's embedding model too: a first call loaded it inside its ``max_time``.
+        """
         target, drafter, _ = self._models()
+        if self.drafter_retriever is None:
+            from specrag.models.loading import load_embeddings
+
+            load_embeddings(self.embedding_model)
         return target, drafter
 
     def _models(self) -> tuple[LoadedLM, LoadedLM, str]:
@@ -395,7 +405,7 @@ class ChatRapid(LocalChatBase):
                 **stats.as_dict(),
                 "prefix_cache_hit": hit["value"],
                 "eta": cfg.eta,
-                "gamma": cfg.gamma,
+                "gamma": cfg.first_gamma,  # the first round's (a larger one starts at 16)
                 "transfer": cfg.transfer,
                 "target_prompt_tokens": len(target_prompt),
                 "drafter_prompt_tokens": len(drafter_prompt),
