@@ -435,6 +435,26 @@ server.shutdown()""",
 print("written")
 
 
+def commit() -> str:
+    """The checkout's commit, ``-dirty`` where files differ from it (outputs of other code)."""
+    here = Path(__file__).resolve().parent
+    git = lambda *a: subprocess.run(  # noqa: E731
+        ["git", *a], capture_output=True, text=True, cwd=here
+    ).stdout.strip()
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", str(here.parent / "src"))
+    return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
+
+
+def machine() -> str:
+    """Where the outputs were made: cores, GPU, and whether the pair's cells ran."""
+    import torch
+
+    gpu = f"GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no GPU"
+    pair = os.environ.get("SPECRAG_NOTEBOOK_PAIR") == "1"
+    models = "embedded SmolLM2-135M" + (" and the Qwen2.5-Coder pair" if pair else "")
+    return f"{os.cpu_count()} CPU cores, {gpu}, {models}"
+
+
 def execute(path: Path) -> None:
     """Run a notebook in a fresh temporary data dir and save it with its outputs."""
     from nbclient import NotebookClient
@@ -446,13 +466,10 @@ def execute(path: Path) -> None:
         NotebookClient(
             book, timeout=900, kernel_name="python3", resources={"metadata": {"path": tmp}}
         ).execute()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=OUT
-    ).stdout.strip()
     book.metadata["specrag_run"] = {
         "executed": datetime.date.today().isoformat(),
-        "commit": commit,
-        "machine": "2 CPU cores, no GPU, embedded SmolLM2-135M",
+        "commit": commit(),
+        "machine": machine(),
     }
     nbf.write(book, path)
     print("executed", path.name)
