@@ -48,7 +48,7 @@ def test_a_damaged_file_another_process_set_aside_first_is_neither_lost_nor_set_
     path.write_text('{"old": ')
     first, second = Records(path), Records(path)
     seen = [second._load()]  # the second process reads the damaged file ...
-    assert seen == [({}, True)]
+    assert seen == [({}, b'{"old": ')]
     first.put("a", {"v": 1})  # ... the first sets it aside and starts anew ...
     load = second._load
     second._load = lambda: seen.pop() if seen else load()  # type: ignore[method-assign]
@@ -56,6 +56,23 @@ def test_a_damaged_file_another_process_set_aside_first_is_neither_lost_nor_set_
     assert second.read() == {"a": {"v": 1}, "b": {"v": 2}}
     (aside,) = tmp_path.glob("v.json.damaged-*")
     assert aside.read_text() == '{"old": '
+
+
+def test_two_writers_that_both_read_the_damaged_file_never_lose_it(tmp_path):
+    """Two threads (one pid) both read the damaged file, twice; the first sets it aside and
+    writes a good one, then the second writes. The second moved the first's good file aside
+    under the same name, over the damaged original: now each keeps a copy of what it read."""
+    path = tmp_path / "v.json"
+    path.write_text('{"old": ')
+    first, second = Records(path), Records(path)
+    seen = [second._load(), second._load()]
+    first.put("a", {"v": 1})
+    load = second._load
+    second._load = lambda: seen.pop() if seen else load()  # type: ignore[method-assign]
+    second.put("b", {"v": 2})
+    asides = list(tmp_path.glob("v.json.damaged-*"))
+    assert asides and all(a.read_text() == '{"old": ' for a in asides)
+    assert second.read() == {"b": {"v": 2}}  # the first's record: lost, as documented
 
 
 def test_a_write_that_fails_loses_only_the_record_and_leaves_no_temporary(tmp_path, monkeypatch):
@@ -92,17 +109,17 @@ def test_a_file_that_cannot_be_read_now_is_not_written_over(tmp_path, monkeypatc
 
     records = Records(tmp_path / "threads.json")
     records.put("t1", {"settings": {"seed": "3"}})
-    real = Path.read_text
+    real = Path.read_bytes
 
     def busy(self, *a, **k):
         if self == records.path:
             raise OSError(24, "Too many open files")
         return real(self, *a, **k)
 
-    monkeypatch.setattr(Path, "read_text", busy)
+    monkeypatch.setattr(Path, "read_bytes", busy)
     with caplog.at_level("WARNING"):
         records.put("t2", {"settings": {}})
-    monkeypatch.setattr(Path, "read_text", real)
+    monkeypatch.setattr(Path, "read_bytes", real)
     assert records.read() == {"t1": {"settings": {"seed": "3"}}}
     assert "could not be read now" in caplog.text and not list(tmp_path.glob("*.damaged*"))
 

@@ -2,7 +2,8 @@
 
 Used for what the cache dir remembers between processes (timed layout verdicts, GGUF
 digests). An unreadable file or a record that is not an object counts as missing (the next
-write keeps such a file aside as ``<name>.damaged-<time>``, with a warning; one that cannot be
+write keeps a copy of such a file aside as ``<name>.damaged-<time>-<random>``, with a
+warning; one that cannot be
 read now is left as it is); a write goes
 to a temporary file first, then is renamed over the old one, so a reader never sees half a
 file. Two processes writing at once may drop one's record, which only costs that record's
@@ -21,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -79,21 +81,23 @@ class Records:
         self.path = path
         self.limit = limit  # records kept: a write beyond it drops the least recently written
 
-    def _load(self) -> tuple[dict[str, Any] | None, bool]:
-        """Every record (None: the file could not be read now), and whether it is damaged.
+    def _load(self) -> tuple[dict[str, Any] | None, bytes | None]:
+        """Every record (None: the file could not be read now), and its bytes if damaged.
 
         Damaged: read, but not a JSON object. A file that could not be read (no file handle
         left, a disk error, no permission) is not known to be damaged: nothing is written.
         """
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            raw = self.path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):  # no file (a file as its folder:
-            return {}, False  # no records either - the write that follows says why)
-        except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep
-            return {}, True
+            return {}, None  # no records either - the write that follows says why)
         except OSError:
-            return None, False
-        return (data, False) if isinstance(data, dict) else ({}, True)
+            return None, None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep
+            return {}, raw
+        return (data, None) if isinstance(data, dict) else ({}, raw)
 
     def read(self) -> dict[str, Any]:
         """Every record ({} when the file is missing, unreadable or not a JSON object)."""
@@ -111,20 +115,20 @@ class Records:
         least recently written are dropped.
         """
         loaded, damaged = self._load()
-        if loaded is None and not damaged:  # unreadable now: its records are not written over
+        if damaged is not None:  # read again: another writer may have started anew since
+            loaded, damaged = self._load()
+        if loaded is None:  # unreadable now: its records are not written over
             log.warning("%s could not be read now: %r not recorded", self.path, key)
             return
-        if damaged:  # read again: another process may have set it aside and started anew
-            loaded, damaged = self._load()
-            if loaded is None and not damaged:
-                log.warning("%s could not be read now: %r not recorded", self.path, key)
-                return
-        data = loaded or {}
-        if damaged:  # kept aside, not written over: its records may be worth recovering
-            stamp = time.strftime("%Y%m%dT%H%M%S")  # and the pid: two asides never collide
-            aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{os.getpid()}")
+        data = loaded
+        if damaged is not None:  # kept aside, not written over: its records may be worth
+            # recovering. A copy of the bytes read, not the file moved: a good file another
+            # writer put there since is not taken for the damaged one.
+            stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+            aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
             try:
-                os.replace(self.path, aside)
+                with open(aside, "xb") as f:
+                    f.write(damaged)
             except OSError as exc:
                 log.warning(
                     "%s is damaged and could not be kept aside (%s): %r not recorded",
