@@ -426,11 +426,12 @@ def test_rapid_lossless_yields_its_first_token_before_the_drafter_reads_its_prom
     assert stats.drafter_prefilled and stats.draft_tokens > stats.accepted_tokens > 0
     if eta == 0:
         assert out == greedy(model, target_prompt, 30)
-    for n, eos in ((1, ()), (30, (out[0],))):  # one token; an end token first
+    for n, eos in ((1, ()), (2, ()), (30, (out[0],))):  # 1 or 2 tokens; an end token first
         drafter, stats = LMState(model), RapidStats()
         one, stats = rapid_greedy(LMState(model), drafter, target_prompt, drafter_prompt, n,
                                   RapidConfig(eta=0.0), eos_ids=eos)  # fmt: skip
-        assert one == out[:1] and not drafter.tokens and not stats.drafter_prefilled
+        assert one == out[: min(n, 2) if not eos else 1], n
+        assert not drafter.tokens and not stats.drafter_prefilled
         assert stats.as_dict()["drafter_forward_passes"] == 0
 
 
@@ -620,6 +621,8 @@ def test_no_new_tokens_decodes_nothing(model):
         == []
     )
     assert stats.finish_reason == "length" and stats.new_tokens == 0
+    # no time either (it reported the process's clock: decode_own_s 56374 s)
+    assert stats.decode_s == stats.decode_own_s == 0.0, stats.as_dict()
     shown = [Token(t, 0.0, "target") for t in greedy(model, prompt, 3)]
     steps = list(
         decode(LMState(model), prompt, max_new_tokens=0, sampler=Sampler(0.0), prior=shown)
@@ -794,3 +797,36 @@ def test_the_prefill_pass_tokens_are_apart_from_the_decode_time(model):
     assert _per_token([rec], "decode_s", first=True) == {"d|q": (2.1, 21)}
     old = {**rec, "first_step_tokens": None}  # records from before: the first token only
     assert _per_token([old], "decode_s", first=True) == {"d|q": (2.1, 29)}
+
+
+def test_the_pay_check_sees_the_crop_a_rejection_costs(model, monkeypatch):
+    """A cache that cannot crop (LFM2, Mamba, Jamba ...) re-reads the accepted tokens after a
+    rejection: a pass of its own that plain steps never pay. It was timed after the round's
+    pass_s, so the pay check saw rejected rounds at half their cost (measured: 1.95x)."""
+    import time as clock
+
+    prompt = [3, 4, 5, 6, 7]
+    answer = greedy(model, prompt, 12)
+    seen: list[tuple[int, float]] = []
+
+    class Wrong:  # proposes a right token, then a wrong one: every round is cropped
+        def propose(self, generated, k):
+            at = len(generated)
+            return (answer[at : at + 1] + [(answer[at + 1] + 1) % 64])[:k], "test"
+
+        def observe(self, candidates, emitted, pass_s):
+            seen.append((candidates, pass_s))
+
+    real = LMState.crop
+
+    def slow_crop(self, n, *args, **kwargs):  # as a re-read would cost
+        if n < len(self):
+            clock.sleep(0.05)
+        return real(self, n, *args, **kwargs)
+
+    monkeypatch.setattr(LMState, "crop", slow_crop)
+    got = run(decode(LMState(model), prompt, max_new_tokens=12, sampler=Sampler(0.0),
+                     proposer=Wrong()))  # fmt: skip
+    assert got == answer
+    rounds = [s for c, s in seen if c == 2]
+    assert rounds and min(rounds) >= 0.05, seen

@@ -226,7 +226,9 @@ def rapid_decode(
     generated.append(first)
     yield [Token(first, token_logprob(z0, first), "target")]
     if t_start is None:  # lossless: the drafter's prefill, if a draft can follow
-        if first not in eos_ids and len(generated) < max_new_tokens:
+        # (room for a draft token and the target's token after it: two tokens asked for
+        # end with the target's own second one, as the loop's last round does)
+        if first not in eos_ids and len(generated) + 1 < max_new_tokens:
             try:
                 drafter_prefill()
             except Stopped as stop:

@@ -284,7 +284,9 @@ def decode(
     if max_new_tokens <= 0:  # nothing to decode: no pass runs, what was shown goes
         if prior:
             yield Revise(keep=0, dropped=len(prior))
-        return finish("length")
+        finish("length")
+        stats.decode_s = stats.decode_own_s = 0.0  # (its clocks never started)
+        return
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
         logits_all = settle(prefill_verify(lm, prompt, before or opened, prefill_stop(should_stop)))
     except Stopped as stop:
@@ -343,7 +345,13 @@ def decode(
         step, n_accepted, hit_eos = _verify(
             logits_all, cands, source, q, sampler, generator, eos_ids
         )
-        # timed after verifying: reading the logits waits for the device (CUDA is async)
+        # the cache holds prompt + generated + ``last`` + candidates; keep only what was
+        # accepted (the newly emitted model token is fed at the next step). Timed with the
+        # pass, after verifying (reading the logits waits for the device: CUDA is async):
+        # a cache that cannot crop re-reads what was accepted, a pass of its own, paid for
+        # rejections only - the pay check must see it.
+        generated.extend(t.id for t in step)
+        lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
         pass_s = own_clock() - t_pass
         stats.forward_passes += 1
         if not cands:
@@ -355,10 +363,6 @@ def decode(
             observe(len(cands), len(step), pass_s)
         if cands and shrink_k:
             k = min(k + 2, max_candidates) if n_accepted == len(cands) else max(1, k - 1)
-        # the cache holds prompt + generated + ``last`` + candidates; keep only what was
-        # accepted (the newly emitted model token is fed at the next step).
-        generated.extend(t.id for t in step)
-        lm.crop(len(prompt) + len(generated) - (0 if hit_eos else 1))
         last = generated[-1]
         at = own_clock()
         yield step  # other decodes' turns may run before the next step: not this one's time

@@ -91,7 +91,10 @@ Source = tuple[int, int, int, torch.dtype, torch.device]
 def _source(weight: torch.Tensor) -> Source:
     """What a second layout made now is made from: identity, storage, version, dtype, device.
 
-    Any change since (in place, replaced, cast, moved): the copy is stale.
+    Any change since (in place, replaced, cast, moved): the copy is stale. Not seen: writes
+    through ``weight.data`` (its own version counter) and in-place writes to a weight made
+    inside ``torch.inference_mode`` (no version kept); after such a write, a ``.to()`` of the
+    layer (or :func:`remove` and :func:`add`) makes the copy again.
     """
     try:
         version = weight._version
