@@ -1513,3 +1513,31 @@ def test_a_pdf_with_no_text_at_all_is_one_error_line_with_the_ocr_hint(
     code = main(["ask", "q", "--document", str(tmp_path / "scan.pdf")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "the document is empty" in err[-1] and "run OCR" in err[-1]
+
+
+def test_a_pdf_page_that_cannot_be_read_is_left_out_not_the_whole_file(
+    tmp_path, monkeypatch, caplog
+):
+    """One damaged page (an inline image without its end, found by a review) made the whole
+    PDF unreadable: its other pages were never indexed, and `ask --document` refused it."""
+    import pypdf
+
+    from specrag.indexing.documents import Unreadable, read_pdf_pages
+
+    real = pypdf.PageObject.extract_text
+
+    def damaged(self, *args, **kwargs):
+        text = real(self, *args, **kwargs)
+        if "BROKEN" in text:
+            raise ValueError("Unexpected end of stream.")
+        return text
+
+    monkeypatch.setattr(pypdf.PageObject, "extract_text", damaged)
+    path = tmp_path / "report.pdf"
+    write_pdf(path, ["The sky is blue.", "BROKEN page", "The grass is green."])
+    with caplog.at_level("WARNING"):
+        assert read_pdf_pages(path) == ["The sky is blue.", "", "The grass is green."]
+    assert "page(s) 2 could not be read (Unexpected end of stream.): left out" in caplog.text
+    write_pdf(path, ["BROKEN one", "BROKEN two"])
+    with pytest.raises(Unreadable, match="cannot read PDF .*Unexpected end of stream"):
+        read_pdf_pages(path)

@@ -269,7 +269,26 @@ def read_pdf_pages(path: Path) -> list[str]:
         # an owner password only ("no copying"; any viewer opens it): read with the empty one
         if reader.is_encrypted and not reader.decrypt(""):
             raise Unreadable(f"cannot read {path}: the PDF is encrypted")
-        return [valid_text((page.extract_text() or "").strip()) for page in reader.pages]
+        pages: list[str] = []
+        failed: list[int] = []
+        first_error = ""
+        for number, page in enumerate(reader.pages, 1):
+            try:  # a damaged page is left out, as a blank one is: not the whole file
+                pages.append(valid_text((page.extract_text() or "").strip()))
+            except Exception as exc:  # noqa: BLE001 - pypdf raises many kinds
+                first_error = first_error or first_line(exc)
+                failed.append(number)
+                pages.append("")
+        if failed and len(failed) == len(pages):
+            raise Unreadable(f"cannot read PDF {path}: {first_error}")
+        if failed:
+            log.warning(
+                "%s: page(s) %s could not be read (%s): left out",
+                source_name(path),
+                ", ".join(map(str, failed)),
+                first_error,
+            )
+        return pages
     except InputError:
         raise
     except FileNotFoundError as exc:
