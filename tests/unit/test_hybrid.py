@@ -260,3 +260,20 @@ def test_a_search_lists_the_collections_ids_only_after_a_write(tmp_path):
 
     index.upsert_source("b.md", [Chunk("b1", "b.md", "Rollo led the Norse settlers.", 0)])
     assert sources(index.search("Rollo Norse settlers", 1, "bm25")) == {"b.md"}  # listed again
+
+
+def test_a_one_character_term_is_searched_too():
+    """bm25s' default pattern keeps words of 2+ characters: "What does clause 7 require?"
+    scored clauses 7 and 8 alike (README's own example), "appendix B" found no B."""
+    built = LexicalIndex.build(
+        ["c7", "c8", "a", "b"],
+        [
+            "Clause 7: the tenant must give notice two months ahead.",
+            "Clause 8: the tenant must pay the rent on the first day.",
+            "Appendix A lists the fees.",
+            "Appendix B lists the deposits.",
+        ],
+    )
+    c7 = built.search("What does clause 7 require?", 2)
+    assert c7[0][0] == "c7" and c7[0][1] > c7[1][1], c7
+    assert built.search("What is in appendix B?", 1)[0][0] == "b"

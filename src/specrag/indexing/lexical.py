@@ -24,6 +24,11 @@ from typing import Any
 from specrag.paths import process_running
 
 
+# every word, one character too: bm25s' default (2+ characters) dropped "7" of "clause 7",
+# "B" of "appendix B" (a question about clause 7 ranked clauses 7 and 8 alike)
+TOKEN_PATTERN = r"(?u)\b\w+\b"
+
+
 @functools.cache
 def tokenizer_id() -> str:
     """What the saved rows' tokens depend on besides the texts: bm25s' version and options."""
@@ -31,7 +36,7 @@ def tokenizer_id() -> str:
         version = importlib.metadata.version("bm25s")
     except importlib.metadata.PackageNotFoundError:
         version = "?"
-    return f"bm25s {version}|stopwords=en"
+    return f"bm25s {version}|stopwords=en|tokens={TOKEN_PATTERN}"
 
 
 def fingerprint(ids: list[str]) -> str:
@@ -47,7 +52,9 @@ def fingerprint(ids: list[str]) -> str:
 def _tokenize(texts: list[str]) -> Any:
     import bm25s
 
-    return bm25s.tokenize(texts, stopwords="en", show_progress=False)
+    return bm25s.tokenize(
+        texts, stopwords="en", token_pattern=TOKEN_PATTERN, show_progress=False
+    )
 
 
 @dataclass
