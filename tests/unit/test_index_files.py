@@ -1242,6 +1242,29 @@ def test_encodings_a_user_s_files_declare_or_imply_are_read_and_line_ends_are_ne
         read_text(tmp_path / "bin.txt")
 
 
+def test_a_utf16_file_cut_mid_character_is_read_with_the_damage_marked(tmp_path, caplog):
+    """A UTF-16 log still being written (odd length) or with one lone surrogate was refused
+    whole, and a re-index of its folder then dropped its indexed text."""
+    import codecs
+
+    from specrag.errors import InputError
+
+    line = "The service started at 09:14.\n" * 20
+    (tmp_path / "cut.log.txt").write_bytes(codecs.BOM_UTF16_LE + line.encode("utf-16-le") + b"A")
+    lone = (line + "\ud83d" + line).encode("utf-16-le", "surrogatepass")
+    (tmp_path / "lone.txt").write_bytes(codecs.BOM_UTF16_LE + lone)
+    (tmp_path / "nobom.txt").write_bytes(line.encode("utf-16-le") + b"A")
+    with caplog.at_level("WARNING"):
+        assert read_text(tmp_path / "cut.log.txt") == line + "\ufffd"
+        assert read_text(tmp_path / "lone.txt") == line + "\ufffd" + line
+        assert read_text(tmp_path / "nobom.txt") == line + "\ufffd"
+    assert caplog.text.count("1 damaged utf-16 code unit(s), read as U+FFFD") == 3
+    noise = codecs.BOM_UTF16_LE + bytes((i * 89 + 7) % 256 for i in range(4000))
+    (tmp_path / "noise.txt").write_bytes(noise)  # not text: still refused
+    with pytest.raises(InputError, match="not UTF-16 text despite its byte order mark"):
+        read_text(tmp_path / "noise.txt")
+
+
 def test_pdf_pages_without_text_are_said(tmp_path, caplog):
     """A scanned page (no text layer) was left out silently (a review, 2026-12-06)."""
     from specrag.indexing.documents import read_records

@@ -454,11 +454,11 @@ def _decode(raw: bytes, path: Path, declared: str | None) -> str:
     )
     for bom, codec in boms:
         if raw.startswith(bom):
-            try:
-                return raw[len(bom) :].decode(codec)
-            except UnicodeDecodeError as exc:
+            text = _wide_text(raw[len(bom) :], codec, path)
+            if text is None:
                 name = codec[:6].upper()
-                raise InputError(f"not {name} text despite its byte order mark: {path}") from exc
+                raise InputError(f"not {name} text despite its byte order mark: {path}")
+            return text
     head = raw[:8192]
     if b"\x00" in head:
         # mostly-ASCII UTF-16 without a BOM: a NUL in most high bytes, none in the low ones
@@ -466,9 +466,9 @@ def _decode(raw: bytes, path: Path, declared: str | None) -> str:
         half = len(head) // 2
         wide = "utf-16-le" if odd > 0.6 * half and not even else None
         wide = "utf-16-be" if even > 0.6 * half and not odd else wide
-        if wide is not None and len(raw) % 2 == 0:
-            with contextlib.suppress(UnicodeDecodeError):
-                return raw.decode(wide)
+        text = _wide_text(raw, wide, path) if wide is not None else None
+        if text is not None:
+            return text
         raise InputError(f"not a text file (binary content): {path}")
     try:
         return raw.decode("utf-8-sig")
@@ -487,6 +487,22 @@ def _decode(raw: bytes, path: Path, declared: str | None) -> str:
         return text
     log.warning("%s is not UTF-8: read as Windows-1252 (Latin-1)", path)
     return raw.decode("cp1252", errors=_AS_LATIN1)
+
+
+def _wide_text(raw: bytes, codec: str, path: Path) -> str | None:
+    """``raw`` as UTF-16/32 text, a few damaged code units as U+FFFD (with a warning).
+
+    A file cut mid-character (a log still being written) or one lone surrogate was refused
+    whole (and a re-index then dropped its indexed text); past a few damaged units in a
+    thousand it is not such text: None.
+    """
+    text = raw.decode(codec, errors="replace")
+    bad = text.count("\ufffd") - raw.decode(codec, errors="ignore").count("\ufffd")
+    if bad > max(2, len(text) // 1000):
+        return None
+    if bad:
+        log.warning("%s: %d damaged %s code unit(s), read as U+FFFD", path, bad, codec[:6])
+    return text
 
 
 def require_supported(path: Path, given: str | Path) -> None:
