@@ -1193,6 +1193,34 @@ def test_html_cells_and_blocks_keep_their_words_apart_and_entities_are_read_once
     assert "AT&amp;T" in words and "&lt;b&gt;" in words and "unbolded" in words
 
 
+def test_a_cells_paragraphs_keep_its_row_one_line():
+    """Word, Google Docs and most CMS exports put a <p> (or <div>, a list) in every cell:
+    each cell became paragraphs of its own ("Product\\n | \\nPrice"), so a row's cells and
+    its header could land in different chunks."""
+    from specrag.indexing.documents import html_to_text
+
+    page = (
+        "<table><tr><th><p class=MsoNormal>Product</p></th><th><p>Price</p></th></tr>"
+        "<tr><td><p>Widget</p><p>blue</p></td><td><div>10 EUR</div></td></tr>"
+        "<tr><td><ul><li>a</li><li>b</li></ul></td><td><h3>Big</h3></td></tr></table>"
+        "<p>After</p>"
+    )
+    assert html_to_text(page) == "Product | Price\nWidget blue | 10 EUR\na b | Big\n\nAfter"
+
+
+def test_a_latin1_label_reads_as_windows_1252_as_browsers_read_it(tmp_path):
+    """A page labelled iso-8859-1 with Windows-1252's curly quotes (most such pages) read
+    them as C1 control characters; a utf-16 label on an ASCII-readable page read it all as
+    CJK noise."""
+    quotes = "It\u2019s \u201cquoted\u201d \u2013 costs 5\u20ac"
+    (tmp_path / "l1.html").write_bytes(
+        f'<meta charset="iso-8859-1"><p>{quotes}</p>'.encode("cp1252")
+    )
+    (tmp_path / "u16.html").write_bytes(b'<meta charset="utf-16"><p>plain words here</p>')
+    assert read_text(tmp_path / "l1.html") == quotes
+    assert read_text(tmp_path / "u16.html") == "plain words here"
+
+
 def test_a_tables_rows_stay_lines_of_one_paragraph_and_a_br_is_one_line_break():
     """Every cell was a paragraph of its own ("Name\n\nQty\n\nWidget\n\n10"), so a row's
     cells and its header could land in different chunks; "<br/>" was a paragraph break and

@@ -199,10 +199,13 @@ class _TextOnly(HTMLParser):
             if not self._in_row:  # a cell outside a row: a line of its own
                 self.parts.append("\n")
             elif self._cells:
+                self._trim()
                 self.parts.append(" | ")
             self._cells += 1
         elif tag == "br":  # a line break; "<br/>" also calls handle_endtag, which adds none
             self.parts.append("\n")
+        elif tag in BLOCK_TAGS and self._in_row and tag != "table":
+            self._space()  # a cell's paragraphs (Word's <p> in every cell): the row stays a line
         elif tag in BLOCK_TAGS:
             self._end_heading()  # an unclosed heading ends where the next block starts
             self.parts.append("\n")
@@ -210,6 +213,16 @@ class _TextOnly(HTMLParser):
                 self._tables, self._in_row = self._tables + 1, False
             elif tag in _HEADINGS:
                 self._heading = (_HEADINGS[tag], len(self.parts))
+
+    def _space(self) -> None:
+        """One space between a cell's blocks (none at a line's start or after one)."""
+        if self.parts and not self.parts[-1].endswith((" ", "\n")):
+            self.parts.append(" ")
+
+    def _trim(self) -> None:
+        """No space before a cell's separator or the row's end."""
+        while self.parts and self.parts[-1] == " ":
+            self.parts.pop()
 
     def _end_heading(self) -> None:
         if self._heading is None:
@@ -225,7 +238,10 @@ class _TextOnly(HTMLParser):
         if tag in ("script", "style") and self._skip:
             self._skip -= 1
         elif tag == "tr":
+            self._trim()
             self._in_row = False
+        elif tag in BLOCK_TAGS and self._in_row and tag != "table":
+            self._space()
         elif tag in BLOCK_TAGS:
             self._end_heading()
             self.parts.append("\n")
@@ -396,6 +412,9 @@ def declared_charset(raw: bytes) -> str | None:
     ``<meta charset=...>`` or ``<meta http-equiv=... content="...; charset=...">``. Not a
     codec that is no character set (``base64``, ``rot13``, ``hex``: Python refuses them for
     ``bytes.decode``; ``unicode_escape``, ``punycode``: they decode escapes, not a page).
+    Read as browsers read them (WHATWG's encoding labels): Latin-1 and ASCII name
+    Windows-1252 (Latin-1 pages full of its curly quotes read as C1 controls), and a UTF-16
+    or UTF-32 label, which a page whose meta tag reads as ASCII cannot be in, is none.
     """
     found = _CHARSET.search(raw[:4096])
     if found is None:
@@ -404,6 +423,10 @@ def declared_charset(raw: bytes) -> str | None:
         name = codecs.lookup(found[1].decode("ascii")).name
         "a".encode(name)  # LookupError for a bytes-to-bytes or str-to-str codec
     except (LookupError, UnicodeError):
+        return None
+    if name in ("iso8859-1", "ascii"):
+        return "cp1252"
+    if name.startswith(("utf-16", "utf-32")):
         return None
     return None if name.endswith("escape") or name in ("punycode", "idna") else name
 

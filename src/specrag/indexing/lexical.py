@@ -23,7 +23,6 @@ from typing import Any
 
 from specrag.paths import process_running
 
-
 # every word, one character too: bm25s' default (2+ characters) dropped "7" of "clause 7",
 # "B" of "appendix B" (a question about clause 7 ranked clauses 7 and 8 alike)
 TOKEN_PATTERN = r"(?u)\b\w+\b"
@@ -52,9 +51,7 @@ def fingerprint(ids: list[str]) -> str:
 def _tokenize(texts: list[str]) -> Any:
     import bm25s
 
-    return bm25s.tokenize(
-        texts, stopwords="en", token_pattern=TOKEN_PATTERN, show_progress=False
-    )
+    return bm25s.tokenize(texts, stopwords="en", token_pattern=TOKEN_PATTERN, show_progress=False)
 
 
 @dataclass
