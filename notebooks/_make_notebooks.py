@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 import nbformat as nbf
 from pathlib import Path
@@ -445,13 +446,16 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
 
 
-def machine() -> str:
-    """Where the outputs were made: cores, GPU, and whether the pair's cells ran."""
+def machine(book: Any) -> str:
+    """Where the outputs were made: cores, GPU, and whether ``book``'s pair cells ran."""
     import torch
 
+    from specrag.models.pair import installed
+
     gpu = f"GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "no GPU"
-    pair = os.environ.get("SPECRAG_NOTEBOOK_PAIR") == "1"
-    models = "embedded SmolLM2-135M" + (" and the Qwen2.5-Coder pair" if pair else "")
+    pair_cells = any("SPECRAG_NOTEBOOK_PAIR" in cell.source for cell in book.cells)
+    ran = pair_cells and os.environ.get("SPECRAG_NOTEBOOK_PAIR") == "1" and installed()
+    models = "embedded SmolLM2-135M" + (" and the Qwen2.5-Coder pair" if ran else "")
     return f"{os.cpu_count()} CPU cores, {gpu}, {models}"
 
 
@@ -469,7 +473,7 @@ def execute(path: Path) -> None:
     book.metadata["specrag_run"] = {
         "executed": datetime.date.today().isoformat(),
         "commit": commit(),
-        "machine": machine(),
+        "machine": machine(book),
     }
     nbf.write(book, path)
     print("executed", path.name)
