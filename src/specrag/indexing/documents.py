@@ -519,6 +519,10 @@ def _wide_text(raw: bytes, codec: str, path: Path) -> str | None:
     whole (and a re-index then dropped its indexed text); past a few damaged units in a
     thousand it is not such text: None.
     """
+    try:  # whole text (nearly every file): one decode
+        return raw.decode(codec)
+    except UnicodeDecodeError:
+        pass
     text = raw.decode(codec, errors="replace")
     bad = text.count("\ufffd") - raw.decode(codec, errors="ignore").count("\ufffd")
     if bad > max(2, len(text) // 1000):
