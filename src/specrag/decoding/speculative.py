@@ -274,19 +274,20 @@ def decode(
     k = max_candidates
     own = {"start": 0.0, "away": 0.0}  # decoding's own clock: its start, the time at yields
 
-    def finish(reason: str) -> None:
+    def finish(reason: str, decoded: bool = True) -> None:
         stats.finish_reason = reason
         stats.new_tokens = len(generated)
+        stats.cache_refills, stats.cache_restores = lm.refills, lm.restores
+        if not decoded:  # decoding never began (its clocks never started): no decode time
+            stats.decode_s = stats.decode_own_s = 0.0
+            return
         stats.decode_s = time.perf_counter() - t1  # wall: it spans turns
         stats.decode_own_s = own_clock() - own["start"] - own["away"]
-        stats.cache_refills, stats.cache_restores = lm.refills, lm.restores
 
     if max_new_tokens <= 0:  # nothing to decode: no pass runs, what was shown goes
         if prior:
             yield Revise(keep=0, dropped=len(prior))
-        finish("length")
-        stats.decode_s = stats.decode_own_s = 0.0  # (its clocks never started)
-        return
+        return finish("length", decoded=False)
     try:  # budgets apply to prefill too: a long prompt stops between prefill slices
         logits_all = settle(prefill_verify(lm, prompt, before or opened, prefill_stop(should_stop)))
     except Stopped as stop:
@@ -295,9 +296,7 @@ def decode(
             generated.extend(before)
         if len(prior) > len(before):  # ... up to a lower max_new_tokens than before
             yield Revise(keep=len(before), dropped=len(prior) - len(before))
-        finish(stop.reason)
-        stats.decode_s = stats.decode_own_s = 0.0  # decoding never began: prefill's time
-        return
+        return finish(stop.reason, decoded=False)  # prefill's time only
     stats.prefill_s = own_clock() - t0
     t1 = time.perf_counter()
     own["start"] = own_clock()
