@@ -162,8 +162,7 @@ class DualLinear(nn.Linear):
         elif self.weight.device.type == "cpu" and self.weight.dtype == wide.dtype:
             self.make_wide()
         else:  # cast, or moved to a GPU: one layout (what apply() gives those)
-            self.__class__ = nn.Linear  # type: ignore[assignment]
-            del self.made_from
+            _one_layout(self)
         return self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -176,8 +175,7 @@ class DualLinear(nn.Linear):
         if self.weight.device.type == "cpu" and self.weight.dtype == torch.float32:
             self.make_wide()
         else:  # unpickled onto another device or dtype: one layout, as apply() gives those
-            self.__class__ = nn.Linear  # type: ignore[assignment]
-            self.__dict__.pop("made_from", None)
+            _one_layout(self)
 
 
 def narrow_rows(model: nn.Module, reps: int = 5) -> tuple[int, dict[int, float]]:
@@ -310,9 +308,14 @@ def remove(model: nn.Module) -> None:
     """Undo :func:`add`: plain ``nn.Linear`` layers again, the second copies freed."""
     for layer in linears(model):
         if "weight_t" in layer._buffers:  # switched to one layout by set_dual, or not
-            del layer._buffers["weight_t"]
-            layer.__class__ = nn.Linear  # type: ignore[assignment]
-            layer.__dict__.pop("made_from", None)
+            _one_layout(layer)
+
+
+def _one_layout(layer: nn.Linear) -> None:
+    """A plain ``nn.Linear`` again: its second copy, and what it was made from, dropped."""
+    layer._buffers.pop("weight_t", None)
+    layer.__dict__.pop("made_from", None)
+    layer.__class__ = nn.Linear  # type: ignore[assignment]
 
 
 def linear_bytes(model: nn.Module) -> int:
