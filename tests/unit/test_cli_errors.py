@@ -1226,3 +1226,26 @@ def test_an_unquoted_question_is_told_to_be_quoted(capsys):
     assert 'quote the question: specrag ask "Who was Rollo?"' in line
     line = one_line_error(capsys, main(["ask", "q", "--bogus"]))
     assert "quote" not in line and "see `specrag ask --help`" in line
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://h:8000/chroma", "a path"),
+        ("http://user:pw@h:8000", "a user name or password"),
+        ("https://h/x?tenant=t", "a path and a query"),
+        ("http://h:8000/#top", "a fragment"),
+    ],
+)
+def test_an_index_url_with_more_than_host_and_port_is_refused(url, said):
+    """A review (2026-12-07): `parse_url` dropped a path, a query or credentials and talked
+    to the server's root without them (a proxy path, basic auth: a misleading "cannot reach",
+    or the wrong endpoint)."""
+    from specrag.errors import IndexError_
+    from specrag.indexing.store import parse_url
+
+    with pytest.raises(IndexError_, match="bad --index-url") as got:
+        parse_url(url)
+    assert f"({said} cannot be used)" in str(got.value)
+    assert parse_url("http://h:8000/") == ("h", 8000, False)
+    assert parse_url("https://h") == ("h", 443, True)

@@ -236,7 +236,8 @@ def _require_collection(client: Any, collection: str, where: str, option: str) -
 def parse_url(url: str) -> tuple[str, int, bool]:
     """``(host, port, ssl)`` of a Chroma server's ``http(s)://HOST:PORT``.
 
-    Anything else is a one-line ``IndexError_``.
+    Anything else is a one-line ``IndexError_``: a path, a query, a fragment or a user name
+    too (the client would drop them and talk to the server's root without credentials).
     """
     from urllib.parse import urlparse
 
@@ -245,6 +246,18 @@ def parse_url(url: str) -> tuple[str, int, bool]:
         parsed = urlparse(url)  # ValueError: a bracketed host left open ('http://[::1')
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise IndexError_(bad)
+        extra = [
+            what
+            for what, there in (
+                ("a path", parsed.path not in ("", "/")),
+                ("a query", bool(parsed.query or parsed.params)),
+                ("a fragment", bool(parsed.fragment)),
+                ("a user name or password", "@" in parsed.netloc),
+            )
+            if there
+        ]
+        if extra:
+            raise IndexError_(f"{bad} ({' and '.join(extra)} cannot be used)")
         port = parsed.port or (443 if parsed.scheme == "https" else 8000)
     except ValueError:  # that, or a port that is not a number, or over 65535
         raise IndexError_(bad) from None
