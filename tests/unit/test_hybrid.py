@@ -277,3 +277,39 @@ def test_a_one_character_term_is_searched_too():
     c7 = built.search("What does clause 7 require?", 2)
     assert c7[0][0] == "c7" and c7[0][1] > c7[1][1], c7
     assert built.search("What is in appendix B?", 1)[0][0] == "b"
+
+
+def test_an_open_index_deleted_or_rebuilt_with_another_model_is_refused_not_remade(tmp_path):
+    """A review (2026-12-07): a long-lived reader reopened a changed index with Chroma's
+    get-or-create and no model check: an index deleted meanwhile was made again, empty (its
+    searches found nothing, and `ask` then said "empty" instead of "no index"); one rebuilt
+    with another embedding model was searched with this one's query vectors."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    from specrag.errors import IndexError_
+    from specrag.indexing.store import local_index_at
+
+    directory = tmp_path / "index"
+    index_records([("a.md", "The zebrafish genome was sequenced in Hinxton.")], directory)
+    index = open_for_writing(directory, "specrag", "embedded")
+    assert sources(index.search("zebrafish", 1, "dense")) == {"a.md"}
+    shutil.rmtree(directory)
+    with pytest.raises(IndexError_, match="no index at .*deleted while open"):
+        list(index.search("zebrafish", 1, "dense"))
+    assert not local_index_at(directory)  # not made again
+    rebuild = (
+        "import sys; from pathlib import Path; "
+        "from specrag.indexing.store import EMBEDDING_KEY, local_client; "
+        "Path(sys.argv[1]).mkdir(); "
+        "c = local_client(sys.argv[1]).create_collection('specrag', metadata={"
+        "'hnsw:space': 'cosine', EMBEDDING_KEY: 'someorg/other-minilm'}); "
+        "c.add(ids=['b'], embeddings=[[0.1] * 384], documents=['Rollo led the Norse.'], "
+        "metadatas=[{'source': 'b.md', 'chunk': 0}])"
+    )
+    subprocess.run([sys.executable, "-c", rebuild, str(directory)], check=True, timeout=300)
+    with pytest.raises(IndexError_, match="other-minilm"):
+        list(index.search("Rollo", 1, "dense"))

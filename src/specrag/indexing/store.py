@@ -428,16 +428,37 @@ class VectorIndex:
                 self._reopen()
 
     def _reopen(self) -> None:
-        """A new Chroma system for this path (its vector index read from disk again)."""
+        """A new Chroma system for this path (its vector index read from disk again).
+
+        Checked as :meth:`__init__` checks an index it opens: an index deleted meanwhile is not
+        made again (an empty one, whose searches found nothing: "no index at ..." instead),
+        nor is a collection dropped meanwhile; one rebuilt with another embedding model is
+        refused (its vectors and this process's queries would not compare).
+        """
         from chromadb.api.shared_system_client import SharedSystemClient
 
+        where = str(self.directory)
+        if not local_index_at(self.directory):
+            raise IndexError_(
+                f"no index at {where} (deleted while open): run `specrag index PATH` or "
+                "`specrag demo` first"
+            )
         # Chroma's own cache of systems, by path: only ``clear_system_cache`` (every path's)
         # is public. This path's is dropped, not stopped: other objects may still use it.
         identifier = getattr(self._client, "_identifier", str(self.directory))
         with SharedSystemClient._refcount_lock:
             SharedSystemClient._identifier_to_system.pop(identifier, None)
             SharedSystemClient._identifier_to_refcount.pop(identifier, None)
-        self._attach(local_client(str(self.directory)))
+        client = local_client(where)
+        _require_collection(
+            client, self.collection_name, f"in the index at {where}", f"--index-dir {where}"
+        )
+        self._attach(client)
+        if self._stamp:
+            built_with = (self._collection.metadata or {}).get(EMBEDDING_KEY)
+            check_embedding_stamp(
+                built_with, self._stamp[EMBEDDING_KEY], self.collection_name, where
+            )
         self._seen = self._written()
         log.info("the index at %s was written by another process: reopened", self.directory)
 
