@@ -750,6 +750,40 @@ def test_a_first_run_cut_short_leaves_what_it_reached_through_links_to_be_pruned
     assert indexed_sources(tmp_path, capsys, d) == [str(real / "docs" / "keep.md")]
 
 
+@pytest.mark.parametrize("first_run", [True, False])
+def test_a_run_cut_short_after_a_link_was_added_leaves_its_target_to_be_pruned(
+    tmp_path, monkeypatch, capsys, first_run
+):
+    """A review (2026-12-07): a run's reach was recorded only after it had written and pruned
+    all; a run cut short after a link was added left the link's target indexed, and once the
+    link was removed no run pruned it (the record never said the link had reached it)."""
+    from specrag.indexing.store import VectorIndex
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, shared = tmp_path / "docs", tmp_path / "shared"
+    d.mkdir()
+    shared.mkdir()
+    (d / "keep.md").write_text("Keep this text about owls.")
+    (shared / "s.md").write_text("Shared text about ospreys.")
+    real = tmp_path.resolve()
+    if not first_run:
+        assert indexed_sources(tmp_path, capsys, d) == [str(real / "docs" / "keep.md")]
+    (d / "ext").symlink_to(shared)
+    upsert = VectorIndex.upsert_source
+
+    def cut_after_the_target(self, source, *a, **k):
+        got = upsert(self, source, *a, **k)
+        if source.endswith("s.md"):
+            raise KeyboardInterrupt
+        return got
+
+    monkeypatch.setattr(VectorIndex, "upsert_source", cut_after_the_target)
+    assert main(["index", str(d)]) == 130
+    monkeypatch.setattr(VectorIndex, "upsert_source", upsert)
+    (d / "ext").unlink()
+    assert indexed_sources(tmp_path, capsys, d) == [str(real / "docs" / "keep.md")]
+
+
 def test_an_index_without_a_link_record_prunes_nothing_for_links(
     tmp_path, monkeypatch, capsys, caplog
 ):

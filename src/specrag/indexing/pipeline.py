@@ -529,6 +529,17 @@ def _index_records(
         # saved before any text is written: a run cut short must not leave what it wrote to
         # be taken for "there before the record" (held for good, its links never pruned)
         index.save_reach(first)
+    if reach is not None:  # what this run reaches, added before any text is written: a run
+        # cut short after a link was added leaves its target for the next run to prune once
+        # the link goes (the final record, saved after pruning, replaces this one)
+        recorded = index.reach()
+        base = first if recorded is None else recorded
+        grown = {
+            **base,
+            **{key: sorted({*base.get(key, []), *entries}) for key, entries in reach.items()},
+        }
+        if grown != base:
+            index.save_reach(grown)
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
         records,
