@@ -914,6 +914,35 @@ def test_forget_removes_what_the_index_holds_of_a_path_gone_or_not(tmp_path, mon
     assert after == [str(keep.resolve())]  # the folder is still there: forgotten all the same
 
 
+def test_a_forget_cut_short_is_finished_by_the_same_forget(tmp_path, monkeypatch, capsys):
+    """A review (2026-12-07): `--forget docs` removed the folder's own files before what its
+    links reached; cut short between them, the same `--forget` again was "the index holds
+    nothing of docs", and the link's target stayed indexed for good."""
+    from specrag.indexing.store import VectorIndex
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    d, shared = tmp_path / "a-docs", tmp_path / "z-shared"  # the folder's own files sort first
+    d.mkdir()
+    shared.mkdir()
+    (d / "keep.md").write_text("Keep this text about owls.")
+    (shared / "s.md").write_text("Shared text about ospreys.")
+    (d / "ext").symlink_to(shared)
+    assert len(indexed_sources(tmp_path, capsys, d)) == 2
+    remove, calls = VectorIndex.remove_source, []
+
+    def cut_at_the_second(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return remove(self, *a, **k)
+
+    monkeypatch.setattr(VectorIndex, "remove_source", cut_at_the_second)
+    assert main(["index", "--forget", str(d)]) == 130 and len(calls) == 2
+    monkeypatch.setattr(VectorIndex, "remove_source", remove)
+    capsys.readouterr()
+    assert indexed_sources(tmp_path, capsys, "--forget", d) == []
+
+
 def test_an_empty_path_is_no_working_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)

@@ -557,7 +557,10 @@ def _index_records(
     forgotten = _Held(gone)
     if roots or (plan and plan.unlinked) or forgotten:
         present = {source for source, _ in records}
-        for source in sorted(index.sources()):
+        # what a forgotten path reached through links before the path's own sources: a run
+        # cut short between them is finished by the same `--forget` again, which finds the
+        # path in the index still (it found nothing of it, and the targets stayed for good)
+        for source in sorted(index.sources(), key=lambda source: (source in forgotten, source)):
             if source in present or source in kept:
                 continue
             # under a named (or walked) folder, and not under a deeper folder left unread
