@@ -943,6 +943,41 @@ def test_a_forget_cut_short_is_finished_by_the_same_forget(tmp_path, monkeypatch
     assert indexed_sources(tmp_path, capsys, "--forget", d) == []
 
 
+def test_a_named_link_pointed_elsewhere_drops_what_it_reached(tmp_path, monkeypatch, capsys):
+    """A review (2026-12-07): the record keyed a named link (`index latest`, `latest -> v2`)
+    by its target, so after `latest -> v3` the next `index latest` kept v2's text beside v3's
+    (old releases piled up and were cited); so for a named file link. `--forget latest` drops
+    the link's record with its text."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    real = tmp_path.resolve()
+    for v in ("v2", "v3"):
+        (tmp_path / v).mkdir()
+        (tmp_path / v / f"{v}.md").write_text(f"Release {v}: the walrus eats clams.")
+        (tmp_path / f"{v}.txt").write_text(f"Notes {v}: the owl eats mice.")
+    latest, current = tmp_path / "latest", tmp_path / "current.txt"
+    latest.symlink_to(tmp_path / "v2")
+    current.symlink_to(tmp_path / "v2.txt")
+    assert indexed_sources(tmp_path, capsys, latest, current) == [
+        str(real / "v2.txt"),
+        str(real / "v2" / "v2.md"),
+    ]
+    latest.unlink()
+    current.unlink()
+    latest.symlink_to(tmp_path / "v3")
+    current.symlink_to(tmp_path / "v3.txt")
+    assert indexed_sources(tmp_path, capsys, latest, current) == [
+        str(real / "v3.txt"),
+        str(real / "v3" / "v3.md"),
+    ]
+    (record,) = (tmp_path / "data").rglob("reach-*.json")
+    assert json.loads(record.read_text()) == {
+        f"{real / 'current.txt'}": [str(real / "v3.txt")],
+        f"{real / 'latest'}{os.sep}": [f"{real / 'v3'}{os.sep}"],
+    }
+    assert indexed_sources(tmp_path, capsys, "--forget", latest, current) == []
+    assert json.loads(record.read_text()) == {}
+
+
 def test_an_empty_path_is_no_working_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)

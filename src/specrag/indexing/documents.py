@@ -607,20 +607,28 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
             files += found
             skipped += left_out
             folders += walked
-            key = folder_prefix(path.resolve())
-            out = [p for p in map(folder_prefix, walked) if not p.startswith(key)]
+            own = folder_prefix(path.resolve())
+            out = [p for p in map(folder_prefix, walked) if not p.startswith(own)]
             linked = [source_name(f.resolve()) for f in found]
             for s in left_out:  # a target away (a drive not mounted) is still linked to
                 if s.reason == BROKEN_LINK:
                     target = os.path.realpath(s.path)
                     linked += [folder_prefix(target), source_name(target)]
-            out += [f for f in linked if not f.startswith((key, *out))]
+            out += [f for f in linked if not f.startswith((own, *out))]
+            key = own
+            if path.is_symlink():  # a named link (``latest -> v2``) reaches its target: once
+                key = folder_prefix(path.parent.resolve() / path.name)  # it points elsewhere,
+                out.append(own)  # what it reached goes (as a link inside a folder's does)
             reach[key] = sorted({*reach.get(key, []), *out})
             if any(s.reason.startswith(UNREADABLE) for s in left_out):
                 incomplete.append(key)
         else:
             files.append(path)
-            reach.setdefault(source_name(path.resolve()), [])
+            if path.is_symlink():  # ``current.md -> v2.md``, as a named folder link above
+                link = source_name(path.parent.resolve() / path.name)
+                reach[link] = sorted({*reach.get(link, []), source_name(path.resolve())})
+            else:
+                reach.setdefault(source_name(path.resolve()), [])
     skipped = list(dict.fromkeys(skipped))  # once, where two named folders overlap
     return Collected(_one_per_file(files), skipped, list(dict.fromkeys(folders)), reach, incomplete)
 
