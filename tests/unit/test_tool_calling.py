@@ -554,3 +554,63 @@ async def test_decode_speedup_counts_a_calls_own_time_beside_concurrent_calls(sm
         decoding = reply.response_metadata["decoding"]
         assert decoding["new_tokens"] >= 6, decoding  # decoded side by side
         assert 0.7 < decoding["decode_speedup_vs_plain"]["ratio"] < 1.3, decoding
+
+
+def test_a_broken_call_ends_at_its_closing_tag_not_at_the_token_limit(scripted):
+    """A review (2026-12-07): a `<tool_call>` block whose object missed its last brace never
+    ended the decode at `</tool_call>`: the model went on to invent the tool's result, which
+    became the answer, with finish_reason "tool_calls" and no call to make."""
+    broken = '<tool_call>\n{"name": "search_docs", "arguments": {"query": "x"}\n</tool_call>'
+    invented = "\nThe tool returned: Ragnar led them."
+    msg = scripted(broken + invented).bind_tools([search_docs]).invoke([HumanMessage("q")])
+    assert msg.tool_calls == [] and len(msg.invalid_tool_calls) == 1
+    assert "Ragnar" not in str(msg.content) and "Ragnar" not in msg.invalid_tool_calls[0]["args"]
+    assert msg.response_metadata["finish_reason"] == "stop"
+    assert msg.response_metadata["decoding"]["new_tokens"] < 36  # it stopped at the tag
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        '<tool_call>\n```json\n{"name": "search_docs", "arguments": {"query": "x"}}\n```\n'
+        "</tool_call>",
+        '```\n{"name": "search_docs", "arguments": {"query": "x"}}\n```',
+        '```JSON\n{"name": "search_docs", "arguments": {"query": "x"}}\n```',
+        '{ "name": "search_docs", "arguments": {"query": "x"} }',
+        '{\n  "name": "search_docs",\n  "arguments": {"query": "x"}\n}',
+        '<tool_call>\n{"name": "search_docs", "arguments": null}\n</tool_call>',
+    ],
+)
+def test_more_call_formats_are_calls_with_nothing_left_in_the_answer(scripted, written):
+    """A review (2026-12-07): a call fenced inside `<tool_call>` tags was invalid; one in a
+    plain or upper-case fence left its opening fence in the answer; a bare object with a
+    space (`{ "name"`) or pretty-printed was no call; `"arguments": null` was invalid."""
+    args = {} if "null" in written else {"query": "x"}
+    bound = scripted("Let me search.\n" + written).bind_tools([search_docs])
+    msg = bound.invoke([HumanMessage("q")])
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == [("search_docs", args)]
+    assert str(msg.content).strip() == "Let me search." and msg.invalid_tool_calls == []
+    assert msg.response_metadata["finish_reason"] == "tool_calls"
+    streamed = "".join(str(c.content) for c in bound.stream([HumanMessage("q")]))
+    assert streamed.strip() == "Let me search."
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        'Here:\n```json\n["a", "b"]\n```\nThat is all I know about it.',
+        "Code:\n```python\nprint(1)\n```\nThat prints one.",
+        "The <tools> tag lists them. Done.",
+    ],
+)
+def test_a_fence_without_a_call_streams_as_it_comes(written):
+    """A review (2026-12-07): after a ```json fence holding no object (a list, a string) the
+    rest of the answer was held back from the stream until the decode ended."""
+    from specrag.models.tools import ToolCapture
+
+    capture = ToolCapture(names=["search_docs"])
+    shown = "".join(capture.feed(ch) for ch in written)  # a character at a time
+    assert written.startswith(shown) and len(shown) >= len(written) - 1
+    assert not capture.done
+    tail, chunks = capture.finish()
+    assert shown + tail == written and chunks == []

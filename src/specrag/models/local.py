@@ -37,7 +37,13 @@ from specrag.decoding.speculative import Revise, Step, Token
 from specrag.decoding.state import shared_prefix
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
-from specrag.models.tools import ToolCapture, defuse_dicts, partial_start, template_messages
+from specrag.models.tools import (
+    ToolCapture,
+    any_valid,
+    defuse_dicts,
+    partial_start,
+    template_messages,
+)
 from specrag.models.worker import MODEL_THREAD
 
 log = logging.getLogger(__name__)
@@ -663,8 +669,10 @@ class _Run:
             tail += rest
             # a whole call (its object complete), whatever stopped the decode at its end;
             # a call a limit, the budget or a stop sequence cut keeps that reason
-            if calls and (finish in ("stop", "tool_call") or self.capture.done):
+            if any_valid(calls) and (finish in ("stop", "tool_call") or self.capture.done):
                 finish = "tool_calls"
+            elif finish == "tool_call":  # a broken call's block ended: no call to make
+                finish = "stop"
         self.shown += tail
         meta = job.metadata()
         decoding = {**meta, "new_tokens": self.n_tokens}

@@ -176,7 +176,77 @@ def _defuse_values(value: Any, specials: tuple[str, ...]) -> Any:
 # the offline-agent test), so those count as calls too - only while tools are bound, and only
 # where the object names a bound tool: any other JSON there is the answer's text (a config
 # in a fence was cut from the answer, its decode stopped, and an invalid call filed).
-OPENERS = (TOOL_OPEN, "<tools>", "```json", '{"name"')
+# A weak opener (any but <tool_call>) opens a call only where a JSON object follows it (after a
+# fence's info string and blank space): a fence of code, a bare word after <tools>, is text at
+# once (an answer with a ```python fence was held back from the stream until its end).
+OPENERS = (TOOL_OPEN, "<tools>", "```", '{"name"')
+TOOL_CLOSE = "</tool_call>"
+_BARE = re.compile(r'\{\s*"name"\s*:')  # a bare call object, pretty-printed or not
+# the end of a text that may still become a bare call object's opening
+_BARE_PARTIAL = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?\Z')
+_HEAD = re.compile(r"(?:<tools>|```[\w+.-]*[ \t]*)?\s*")  # an opener, up to its object
+_FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\n?(.*?)\n?\s*(?:```\s*)?\Z", re.DOTALL)
+
+
+def find_opener(text: str, start: int = 0) -> int:
+    """Where the first tool-call opener in ``text`` (from ``start``) begins; -1: none."""
+    found = [i for i in (text.find(o, start) for o in OPENERS) if i >= 0]
+    bare = _BARE.search(text, start)
+    if bare is not None:
+        found.append(bare.start())
+    return min(found, default=-1)
+
+
+def opener_pending(text: str) -> int:
+    """Length of the end of ``text`` that may still become a tool-call opener (held back)."""
+    keep = partial_start(text, OPENERS)
+    cut = text.rfind("{")
+    if cut >= 0 and _BARE_PARTIAL.match(text, cut):
+        keep = max(keep, len(text) - cut)
+    return keep
+
+
+def weak_head(captured: str) -> bool | None:
+    """After a weak opener (``captured`` starts with it): does a JSON object follow it?
+
+    None: not known yet (the opener's line, or blank space, is all there is so far).
+    """
+    at = _HEAD.match(captured)
+    rest = captured[at.end() :] if at else captured
+    if not rest:
+        return None
+    return rest.startswith("{")
+
+
+def _unfenced(body: str) -> str:
+    """A call body without the ```json fence a model may write inside <tool_call> tags."""
+    fenced = _FENCED.match(body) if body.lstrip().startswith("```") else None
+    return fenced.group(1).strip() if fenced else body
+
+
+def _closed_at(text: str) -> int | None:
+    """The end of the first ``</tool_call>`` in ``text`` outside a JSON string; None: none.
+
+    A string ends at a line break too (JSON strings hold none): a call cut inside a string
+    (``"query": "Nor`` then a new line) is closed by its tag still.
+    """
+    in_str, escaped = False, False
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch in ('"', "\n"):
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif text.startswith(TOOL_CLOSE, i):
+            return i + len(TOOL_CLOSE)
+        i += 1
+    return None
 
 
 def partial_start(text: str, sequences: Sequence[str]) -> int:
@@ -227,6 +297,8 @@ def _as_call(body: str) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     args = data.get("arguments", data.get("parameters", {}))
+    if args is None:  # ``"arguments": null``: a call without arguments
+        args = {}
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -256,9 +328,12 @@ def _weak_piece(text: str, names: Sequence[str]) -> tuple[int, int, str, str] | 
     """The first call after a weak opener: (begin, end, its raw text, its object's text)."""
     start = 0
     while True:
-        at = min((i for i in (text.find(o, start) for o in OPENERS) if i >= 0), default=-1)
+        at = find_opener(text, start)
         if at < 0:
             return None
+        if not weak_head(text[at:]):  # no object right after it: text, as the stream shows
+            start = at + 1
+            continue
         span = _first_object(text[at:])
         end = at + span[1] if span else len(text)
         body = text[at + span[0] : at + span[1]] if span else text[at:]
@@ -287,11 +362,11 @@ def _blocks(text: str) -> list[tuple[int, int, str, str]]:
     """
     pieces: list[tuple[int, int, str, str]] = []
     for m in _BLOCK.finditer(text):
-        begin, end, body = m.start(), m.end(), m.group(1).strip()
+        begin, end, body = m.start(), m.end(), _unfenced(m.group(1).strip())
         if _as_call(body) is None:
             inner = m.start(1)
             span = _first_object(text[inner:])
-            if span is not None and not text[inner : inner + span[0]].strip():
+            if span is not None and _HEAD.fullmatch(text[inner : inner + span[0]].lstrip()):
                 tail = text[inner + span[1] :]
                 rest = tail.lstrip()
                 closed = rest.startswith("</tool_call>")
@@ -379,30 +454,50 @@ class ToolCapture:
         captured, weak = self.captured, self.weak
         if not self.capturing:
             return False
+        return self._end(captured, weak) is not None
+
+    def _end(self, captured: str, weak: bool) -> int | None:
+        """Where the captured call ends: its object's end (a weak opener's: an object calling
+        a bound tool), or a ``<tool_call>`` block's closing tag (a broken call: a missing
+        brace must not let the model go on to invent the tool's result); None: not yet.
+        """
+        if weak and weak_head(captured) is False:
+            return None
         span = _first_object(captured)
-        if span is None:
-            return False
-        return not weak or _weak_call(captured[span[0] : span[1]], self.names)
+        if weak:
+            ok = span is not None and _weak_call(captured[span[0] : span[1]], self.names)
+            return span[1] if span is not None and ok else None
+        closed = _closed_at(captured)
+        if span is not None and (closed is None or span[1] <= closed):
+            return span[1]
+        return closed
 
     def feed(self, delta: str) -> str:
         """The part of ``delta`` that is answer text."""
         if self.capturing:
             self.captured += delta
-            span = _first_object(self.captured) if self.weak else None
+            if not self.weak:
+                return ""
+            if weak_head(self.captured) is False:  # no object after the opener: text
+                head = _HEAD.match(self.captured)
+                cut = max(1, head.end() if head else 0)
+                text, rest = self.captured[:cut], self.captured[cut:]
+                self.capturing, self.weak, self.captured = False, False, ""
+                return text + self.feed(rest)
+            span = _first_object(self.captured)
             if span and not _weak_call(self.captured[span[0] : span[1]], self.names):
                 text, rest = self.captured[: span[1]], self.captured[span[1] :]
                 self.capturing, self.weak, self.captured = False, False, ""
                 return text + self.feed(rest)
             return ""
         buf = self.pending + delta
-        found = [i for i in (buf.find(o) for o in OPENERS) if i >= 0]
-        if found:
-            at = min(found)
+        at = find_opener(buf)
+        if at >= 0:
             self.weak = not buf.startswith(TOOL_OPEN, at)  # before capturing: ``done`` reads both
             self.captured, self.pending = buf[at:], ""
             self.capturing = True
             return buf[:at] + self.feed("")
-        keep = partial_start(buf, OPENERS)
+        keep = opener_pending(buf)
         self.pending = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
@@ -411,9 +506,14 @@ class ToolCapture:
         tail, self.pending = self.pending, ""
         if not self.captured:
             return tail, []
-        # A verify pass can accept several tokens at once, past the object's end: cut there,
-        # as a one-token decode stops there (``done``), so the text after it never counts.
-        span = _first_object(self.captured)
-        captured = self.captured[: span[1]] if span else self.captured
+        # A verify pass can accept several tokens at once, past the call's end: cut there, as
+        # a one-token decode stops there (``done``), so the text after it never counts.
+        end = self._end(self.captured, self.weak)
+        captured = self.captured[:end] if end is not None else self.captured
         content, chunks = parse_tool_calls(captured, self.names)
         return tail + content, chunks
+
+
+def any_valid(chunks: Sequence[ToolCallChunk]) -> bool:
+    """Whether one of ``chunks`` is a call LangChain files under ``tool_calls`` (JSON args)."""
+    return any(str(c.get("args") or "").startswith("{") for c in chunks)
