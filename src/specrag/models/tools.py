@@ -457,9 +457,11 @@ class ToolCapture:
         return self._end(captured, weak) is not None
 
     def _end(self, captured: str, weak: bool) -> int | None:
-        """Where the captured call ends: its object's end (a weak opener's: an object calling
-        a bound tool), or a ``<tool_call>`` block's closing tag (a broken call: a missing
-        brace must not let the model go on to invent the tool's result); None: not yet.
+        """Where the captured call ends (None: not yet).
+
+        Its object's end (after a weak opener: an object calling a bound tool), or a
+        ``<tool_call>`` block's closing tag (a broken call: a missing brace must not let the
+        model go on to invent the tool's result).
         """
         if weak and weak_head(captured) is False:
             return None
