@@ -1115,3 +1115,63 @@ def test_bench_rag_without_matplotlib_warns_and_draws_no_plots(tmp_path, monkeyp
     with caplog.at_level("WARNING"):
         assert plots({}, tmp_path) == []
     assert "matplotlib is not installed" in caplog.text and not list(tmp_path.iterdir())
+
+
+def test_the_bench_index_holds_the_runs_own_paragraphs_only(tmp_path, monkeypatch):
+    """A review (2026-12-07): the HotpotQA bench index kept every earlier run's paragraphs
+    (414 for a quick run, 594 after a full one): a run's distractors hung on run history."""
+    from specrag.indexing.store import stored_sources
+
+    monkeypatch.setattr(bench_rag, "cache_dir", lambda: tmp_path)
+    log = Console(file=io.StringIO())
+    big = [(f"hotpot:T{i}", f"Paragraph {i} about walruses and clams.") for i in range(4)]
+    directory = bench_rag._index("bench_hotpot", big, log)
+    directory = bench_rag._index("bench_hotpot", big[:2], log)
+    assert stored_sources(directory, "bench_hotpot", "") == {"hotpot:T0", "hotpot:T1"}
+
+
+def test_hf_passes_per_token_count_the_stop_texts_tokens_as_the_graphs_do(monkeypatch):
+    """A review (2026-12-07): an HF answer's passes per token divided the passes over every
+    decoded token by the tokens before its stop sequence (1.10 for plain decoding that ended
+    at a stop; the graph's DecodeStats: 1.0)."""
+    from specrag.graph.context import SpecRagContext
+    from specrag.models.loading import load_lm
+
+    ctx = SpecRagContext()
+    tok = load_lm(ctx.answer_spec, ctx.device, ctx.dtype).tokenizer
+    answer = tok("Rollo led the Norse settlers.", add_special_tokens=False)["input_ids"]
+    ids = answer + tok("\n<evidence", add_special_tokens=False)["input_ids"]
+
+    def plain(loaded, prompt, **kwargs):  # one pass per decoded token, stop text included
+        text = tok.decode(ids)
+        return {"answer": text, "new_tokens": len(ids), "forward_passes": len(ids),
+                "output_ids": list(ids)}  # fmt: skip
+
+    monkeypatch.setattr(bench_rag, "hf_generate", plain)
+    chunk = {"id": "c1", "source": "squad:T:1", "text": "Rollo led the Norse.", "score": 0.9}
+    res = bench_rag.run_hf_lookup("Who led the Norse?", [chunk], ctx)
+    assert len(answer) <= res["new_tokens"] < len(ids)  # cut at the stop sequence
+    assert res["passes_per_token"] == 1.0
+
+
+def test_no_rag_samples_the_draft_the_graph_samples(monkeypatch):
+    """A review (2026-12-07): `no_rag` ("the draft node's decoding") sampled with the run's
+    seed, the draft node with its own seed drawn from it since 2026-12-06 (``draft_seed``):
+    per question, two unrelated samples."""
+    from specrag.graph.context import SpecRagContext
+    from specrag.nodes.draft import draft_seed
+
+    made = []
+
+    class Seen(Exception):
+        pass
+
+    def chat(**kwargs):
+        made.append(kwargs)
+        raise Seen
+
+    monkeypatch.setattr(bench_rag, "ChatLocalLM", chat)
+    ctx = SpecRagContext(seed=bench_rag.SEED)
+    with pytest.raises(Seen):
+        asyncio.run(bench_rag.run_one(PUPPY, "no_rag", 0.0, None, ctx))
+    assert made[0]["seed"] == draft_seed(bench_rag.SEED) != bench_rag.SEED

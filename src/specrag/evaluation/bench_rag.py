@@ -64,6 +64,7 @@ from specrag.models.loading import load_lm
 from specrag.models.local import decode_text, first_stop, stable_text
 from specrag.models.records import write_atomically
 from specrag.models.registry import local_model_name
+from specrag.nodes.draft import draft_seed
 from specrag.paths import cache_dir
 from specrag.progress import progress_bar
 
@@ -106,8 +107,11 @@ LATENCIES = [0.0, 0.5, 1.0, 2.0]
 # message and stop sequences - every answer stops at an invented '<evidence' block too, and
 # an HF answer's tokens before a stop count a character split over tokens as the graph does;
 # 10: a 30 s retrieval budget - the default 3 s held a 2 s injected delay with the draft
-# decoding beside it, where serial_lookup has none - and a run a budget cut is counted).
-PROTOCOL = 10
+# decoding beside it, where serial_lookup has none - and a run a budget cut is counted;
+# 11: the HotpotQA index holds the run's own paragraphs only (it kept every earlier run's:
+# ``_index``), ``no_rag`` samples with the draft node's seed (``draft_seed``, since
+# 2026-12-06), and HF baselines' passes per token count the stop text's tokens, as the graph's).
+PROTOCOL = 11
 RETRIEVAL_BUDGET_S = 30.0  # never reached at the injected delays (LATENCIES)
 
 
@@ -128,7 +132,15 @@ def case_key(item: dict[str, Any], system: str, latency: float, setup: str) -> s
 
 
 def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Path:
+    """The bench index of ``collection``, holding ``records`` and nothing else.
+
+    The sources of one set share a prefix (``squad:``, ``hotpot:``); what a run before this
+    one indexed under it and this one does not is pruned: the HotpotQA index grew with every
+    sample size run (414 paragraphs for a quick run, 594 after a full one), so a run's
+    distractors depended on the runs before it.
+    """
     directory = cache_dir() / "bench-index"
+    roots = sorted({source.split(":", 1)[0] + ":" for source, _ in records})
     with progress_bar(log, transient=True) as bar:
         task = bar.add_task(f"indexing {collection}", total=len(records))
         index_records(
@@ -136,6 +148,7 @@ def _index(collection: str, records: list[tuple[str, str]], log: Console) -> Pat
             directory,
             collection=collection,
             progress=lambda n: bar.update(task, completed=n),
+            prune_roots=roots,
         )
     return directory
 
@@ -204,9 +217,11 @@ def run_hf_lookup(
     )
     if (cut := first_stop(res["answer"], stops)) is not None:
         res["answer"] = res["answer"][:cut].strip()
+    decoded = res["new_tokens"]
     if (ids := res.pop("output_ids", None)) is not None:  # the answer's tokens, as the graph's
-        res["new_tokens"] = tokens_before_stop(loaded.tokenizer, ids, stops)
-    res["passes_per_token"] = res["forward_passes"] / max(res["new_tokens"], 1)
+        res["new_tokens"], decoded = tokens_before_stop(loaded.tokenizer, ids, stops), len(ids)
+    # per token decoded, the stop text's too, as the graph's DecodeStats counts
+    res["passes_per_token"] = res["forward_passes"] / max(decoded, 1)
     return res
 
 
@@ -248,7 +263,7 @@ async def run_one(
             temperature=ctx.draft_temperature,
             max_new_tokens=ctx.draft_max_tokens,
             speculation="none",
-            seed=SEED,
+            seed=draft_seed(SEED),  # the draft node's own seed from the run's (SEED)
             stop=list(ctx.stop_sequences()),  # the draft's own prompt and stop rules
         )
         first: list[float] = []
