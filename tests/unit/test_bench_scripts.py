@@ -64,12 +64,24 @@ def test_ctrl_c_and_package_errors_are_one_line(capsys):
     assert line == "s: error: cannot load model x: not found" and doc["error"].startswith("cannot")
 
 
-def test_a_bug_keeps_its_traceback():
+def test_a_bug_keeps_its_traceback(capsys):
+    """... and under --json still prints one JSON document (a review, 2026-12-07: a CUDA
+    out-of-memory error in `gpu_identity.py run --json` left stdout empty)."""
+
     def bug(argv):
         raise ZeroDivisionError
 
+    def oom(argv):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
     with pytest.raises(ZeroDivisionError):
         run_script("s", bug, [])
+    assert capsys.readouterr().out == ""
+    with pytest.raises(RuntimeError):
+        run_script("s", oom, ["run", "--json"])
+    assert json.loads(capsys.readouterr().out) == {
+        "error": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    }
 
 
 def test_an_out_folder_that_cannot_be_written_is_one_line(capsys, tmp_path):

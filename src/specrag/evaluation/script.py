@@ -4,8 +4,10 @@ A usage error or a known failure is one ``NAME: error: ...`` line on stderr and 
 ``--json`` the script also prints ``{"error": ...}`` on stdout (one JSON document on stdout,
 whatever happens). Ctrl-C is one line and exit 130. A package error (a model that does not
 load, the pair not installed) and an ``OSError`` (an ``--out`` that cannot be written) are
-known failures. Standard library and ``specrag.errors`` only: ``gpu_identity.py`` runs on a
-bare GPU machine where the package's dependencies are missing.
+known failures. Anything else (a bug, a CUDA out-of-memory error) keeps its traceback on stderr
+and exits 1; with ``--json`` it prints ``{"error": "TYPE: first line"}`` on stdout first.
+Standard library and ``specrag.errors`` only: ``gpu_identity.py`` runs on a bare GPU machine
+where the package's dependencies are missing.
 """
 
 from __future__ import annotations
@@ -63,3 +65,9 @@ def run_script(
         return fail(str(exc), 2)
     except OSError as exc:  # a results folder that cannot be written, a full disk
         return fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
+    except Exception as exc:  # a bug keeps its traceback; stdout still gets one document
+        if "--json" in args:
+            said = str(exc).strip().splitlines()
+            line = f"{type(exc).__name__}: {said[0]}" if said else type(exc).__name__
+            print(json.dumps({"error": line}), flush=True)
+        raise
