@@ -61,6 +61,7 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
         "revisions": result.get("revisions") or [],
         "stats": result.get("stats") or {},
         "errors": result.get("errors") or [],
+        "evidence_complete": result.get("evidence_complete"),
     }
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from specrag import build_graph, prompts
 from specrag.indexing.store import Batch
+from specrag.runner import result_json
 from tests.fakes import (
     HANG_S,
     FakeLogprobChat,
@@ -191,6 +192,10 @@ async def test_a_late_or_failing_later_batch_keeps_the_evidence_found_before():
         assert result["route"] == "generate" and result["answer"] == "Paris.", result["reason"]
         assert [c["id"] for c in result["chunks"]] == ["id0"]
         assert any(why in e and "from the 1 relevant chunk(s)" in e for e in result["errors"])
+        # in the graph's output (a review, 2026-12-07: a State key only, so ainvoke and
+        # `ask --json` never showed what README's route table says)
+        assert result["evidence_complete"] is False
+        assert result_json(result)["evidence_complete"] is False
 
 
 @pytest.mark.parametrize("policy", ["wait", "incremental"])

@@ -86,6 +86,10 @@ class OutputState(TypedDict, total=False):
     """Decoding statistics (candidates proposed/accepted, forward passes, RAPID counters)."""
     errors: Annotated[list[str], operator.add]
     """Errors met on the way (the run still answered)."""
+    evidence_complete: bool
+    """False while an incremental run's later batches are still coming (``answer_policy``),
+    or when later batches missed the retrieval budget or failed and the run answers from the
+    evidence that arrived before (``errors`` says which)."""
 
 
 class State(InputState, OutputState, total=False):
@@ -113,10 +117,6 @@ class State(InputState, OutputState, total=False):
     """True when the draft was cut short (by its time budget, by retrieval finishing or by
     ``draft_max_tokens``)."""
     retrieval_status: RetrievalStatus
-    evidence_complete: bool
-    """False while an incremental run's later batches are still coming (``answer_policy``),
-    or when later batches missed the retrieval budget or failed and the run answers from the
-    evidence that arrived before (``errors`` says which)."""
     document_tokens: int
     """Length of the input document in answer-model tokens (0 without a document)."""
     rapid_unavailable: str
