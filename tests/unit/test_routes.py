@@ -375,3 +375,29 @@ async def test_a_run_without_a_draft_still_sends_its_drafted_event(how):
     assert [e["status"] for e in drafted] == [how]
     assert drafted[0]["tokens"] == 0 and drafted[0]["confidence"] is None
     assert any(e.get("event") == "retrieved" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("confidence", "threshold", "route", "said"),
+    [
+        (0.3496, 0.35, "generate", "draft confidence 0.3496 < 0.35"),
+        (0.9996, 0.9999, "generate", "draft confidence 0.9996 < 0.9999"),
+        (0.351, 0.3505, "refine", "draft confidence 0.351 >= 0.3505"),
+        (0.8, 0.5, "refine", "draft confidence 0.80 >= 0.5"),
+    ],
+)
+def test_a_routes_reason_never_contradicts_it_by_rounding(confidence, threshold, route, said):
+    """A review (2026-12-07): confidences were shown with 2 decimals whatever the threshold:
+    "draft confidence 0.35 < 0.35: serial RAG" (0.3496), "1.00 < 0.9999"."""
+    from specrag.graph.routing import against, decide
+
+    state = {
+        "retrieval_status": "ok",
+        "draft": "Rollo was the Norse leader who settled in Normandy.",
+        "draft_tokens": 12,
+        "draft_status": "ok",
+        "draft_confidence": confidence,
+    }
+    got, reason = decide(state, ctx(confidence_threshold=threshold))
+    assert got == route and reason.startswith(said), reason
+    assert against(0.1996, 0.2) == "0.1996" and against(0.25, 0.2) == "0.25"

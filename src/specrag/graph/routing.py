@@ -13,6 +13,20 @@ from specrag.graph.context import SpecRagContext
 GateRoute = Literal["refine", "generate", "rapid_generate", "fallback"]
 
 
+def against(value: float, threshold: float) -> str:
+    """``value`` with 2 decimals, or as many more as keep it on its side of ``threshold``.
+
+    A reason says "confidence 0.35 < 0.35" otherwise (0.3496 against 0.35): right branch,
+    an explanation wrong on its face.
+    """
+    below = value < threshold
+    for digits in range(2, 9):
+        shown = f"{value:.{digits}f}"
+        if (float(shown) < threshold) == below:
+            return shown
+    return repr(value)
+
+
 def draft_usable(state: dict[str, Any], ctx: SpecRagContext) -> tuple[bool, str]:
     """Whether the draft can be used (refined, or shown as unverified), and why not.
 
@@ -65,9 +79,11 @@ def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
         return "refine", f"draft{cut} has no log-probabilities (confidence unknown): refine"
     if confidence < ctx.confidence_threshold:
         return "generate", (
-            f"draft confidence {confidence:.2f} < {ctx.confidence_threshold}: serial RAG"
+            f"draft confidence {against(confidence, ctx.confidence_threshold)} < "
+            f"{ctx.confidence_threshold}: serial RAG"
         )
-    return "refine", f"draft{cut} confidence {confidence:.2f} >= {ctx.confidence_threshold}: refine"
+    shown = against(confidence, ctx.confidence_threshold)
+    return "refine", f"draft{cut} confidence {shown} >= {ctx.confidence_threshold}: refine"
 
 
 def route_after_gate(state: dict[str, Any]) -> GateRoute:

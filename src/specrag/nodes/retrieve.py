@@ -14,6 +14,7 @@ from langgraph.runtime import Runtime
 from specrag import prompts
 from specrag.errors import short_error
 from specrag.graph.context import SpecRagContext
+from specrag.graph.routing import against
 from specrag.graph.services import SEARCH_DEADLINE, Services
 from specrag.graph.signals import EvidenceStream, open_evidence_stream, retrieval_signal
 from specrag.graph.state import State
@@ -221,7 +222,8 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
             elif got.found and not relevant:
                 best = max(c["score"] for c in got.found)
                 update["errors"] = [
-                    f"retrieve: best score {best:.2f} < relevance_threshold "
+                    f"retrieve: best score {against(best, ctx.relevance_threshold)} < "
+                    "relevance_threshold "
                     f"{ctx.relevance_threshold}"
                 ]
         except Exception as exc:  # noqa: BLE001 - the fallback route, or ...
