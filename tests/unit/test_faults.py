@@ -703,3 +703,29 @@ async def test_a_seed_past_a_remote_apis_range_is_folded_below_2_31():
     assert seen and all(0 <= s < 2**31 for s in seen), seen
     await timed(services(answer=Seeded(reply="Paris.", calls=[])), seed=7)
     assert 7 in seen  # a seed in range is sent as it is
+
+
+@pytest.mark.parametrize("policy", ["wait", "incremental"])
+async def test_evidence_a_later_batch_brings_back_makes_the_evidence_complete_again(policy):
+    """A review (2026-12-07): batch 2's fused ranking left nothing relevant, batch 3 (a
+    reranker) brought relevant chunks back; the incremental answer wove them in but kept
+    "answering from the 1 relevant chunk(s) found before" and evidence_complete false, which
+    the wait policy, answering from the same chunks, did not say."""
+    first = chunk("Paris is the capital of France.", n=0)
+    low = chunk("Lyon has a large old town.", score=0.05, n=1)
+    back = chunk("France's capital: Paris.", score=0.9, n=2)
+
+    def three(query, document, ctx):
+        yield Batch("dense", [first])
+        time.sleep(0.05)  # the incremental answer has started from batch 1
+        yield Batch("hybrid", [low], [low])  # a fused ranking: nothing relevant
+        time.sleep(0.05)
+        yield Batch("rerank", [back], [back, first])  # relevant again
+
+    svc = dataclasses.replace(services(), batch_retriever=three)
+    context = ctx(answer_policy=policy, incremental_grace_s=0.0, draft_policy="off")
+    result = await build_graph(svc).ainvoke({"question": "capital of France?"}, context=context)
+    assert result["route"] == "generate" and result["verified"], result["reason"]
+    assert [c["id"] for c in result["citations"]] == ["id2", "id0"]
+    assert result["evidence_complete"] is True
+    assert not any("relevance_threshold" in e for e in result["errors"]), result["errors"]

@@ -279,6 +279,7 @@ def stream_rest(
 
     async def rest() -> None:
         budget = asyncio.timeout(max(0.0, deadline - now()))
+        emptied = ""  # the note of a re-ranking that left nothing relevant, while it holds
         try:
             async with budget:
                 while (batch := await next_batch(batches, len(got.records), ctx)) is not None:
@@ -288,12 +289,14 @@ def stream_rest(
                         emit({"event": "batch", **got.records[-1]}, traced=False)
                         # got.kept: the evidence the answer has now
                         if relevant := got.relevant(got.found):
+                            if emptied:  # a later batch brought relevant evidence back (a
+                                stream.errors.remove(emptied)  # reranker): the answer has
+                                stream.partial, emptied = False, ""  # it all, as in wait mode
                             await stream.queue.put(relevant)
                         elif not stream.partial:  # a fused re-ranking dropped every
                             stream.partial = True  # relevant chunk (said once): the answer
-                            stream.errors.append(  # keeps the evidence it was given
-                                answering_from(ranked_below(ctx), len(got.kept))
-                            )
+                            emptied = answering_from(ranked_below(ctx), len(got.kept))
+                            stream.errors.append(emptied)  # keeps the evidence it was given
         except Exception as exc:  # noqa: BLE001 - the answer keeps the evidence it has
             stream.partial = True  # as a wait-mode run says it: not all the evidence there was
             stream.errors.append(
