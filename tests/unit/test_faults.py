@@ -729,3 +729,38 @@ async def test_evidence_a_later_batch_brings_back_makes_the_evidence_complete_ag
     assert [c["id"] for c in result["citations"]] == ["id2", "id0"]
     assert result["evidence_complete"] is True
     assert not any("relevance_threshold" in e for e in result["errors"]), result["errors"]
+
+
+async def test_hung_sync_only_remote_models_never_starve_later_runs():
+    """A review (2026-12-07): a chat model with a synchronous stream only (a blocking SDK) was
+    stepped by LangChain on the event loop's shared pool (cores + 4 threads); each hung call
+    kept one, and once they were all held every later run waited in its first thread hop (a
+    model's warm-up) with no budget to end the wait: no answer and no message. Each run's
+    draft is cut at its budget, as before, and every run answers."""
+    import os
+
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    release = threading.Event()
+
+    class HungSync(FakeLogprobChat):  # a blocking SDK's call that never returns
+        def _stream(self, *args, **kwargs):
+            release.wait(60)
+            yield from ()
+
+    class AsyncAnswer(FakeLogprobChat):  # native async: never on the pool
+        async def _astream(self, *args, **kwargs):
+            yield ChatGenerationChunk(message=AIMessageChunk(content="Paris."))
+
+    graph = build_graph(services(draft=HungSync(calls=[]), answer=AsyncAnswer(calls=[])))
+    runs = min(32, (os.cpu_count() or 1) + 4) + 2  # past the shared pool's threads
+    try:
+        for _ in range(runs):
+            async with asyncio.timeout(20):
+                result = await graph.ainvoke(
+                    {"question": "capital of France?"}, context=ctx(draft_timeout_s=0.2)
+                )
+            assert result["answer"] == "Paris." and result["route"] == "generate"
+    finally:
+        release.set()

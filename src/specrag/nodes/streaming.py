@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
@@ -13,7 +14,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,6 +285,82 @@ async def until_stopped(work: Coroutine[Any, Any, None], stopped: Callable[[], b
             task.exception()
 
 
+def steps_on_the_shared_pool(model: Any) -> bool:
+    """Whether LangChain's ``astream`` would run ``model`` on the event loop's shared pool.
+
+    A chat model with a synchronous stream only (``_stream``; or no stream and no native
+    ``_agenerate``) is stepped there, one ``next`` per job: a call that hangs holds a thread
+    of that pool (cores + 4) for good, and after a few every later run waited for one in its
+    first thread hop (a model's warm-up), with no budget to end the wait - no answer, no
+    message (a review, 2026-12-07). Such a model streams on a thread of its own instead.
+    """
+    if not isinstance(model, BaseChatModel):
+        return False
+    cls = type(model)
+    if cls._astream is not BaseChatModel._astream:
+        return False
+    if cls._stream is not BaseChatModel._stream:
+        return True
+    return cls._agenerate is BaseChatModel._agenerate
+
+
+async def stream_in_own_thread(
+    model: BaseChatModel, messages: list[BaseMessage], config: Any, **kwargs: Any
+) -> AsyncIterator[Any]:
+    """``model.stream(...)``'s chunks, stepped on a daemon thread of its own.
+
+    In step with the reader, as LangChain steps it: the next chunk is asked for once the
+    reader wants it, so a stream closed early (a stop cut, the budget's end) is closed at the
+    chunk the reader read last. The caller's context variables (tracing) go with it. A call
+    that never returns strands that thread alone, which never holds up the process's exit.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue()
+    wanted = threading.Semaphore(0)  # one release per chunk the reader asks for
+    closed = threading.Event()
+    end = object()
+    context = contextvars.copy_context()
+
+    def put(ok: bool, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (ok, item))
+        except RuntimeError:  # the loop closed meanwhile: nobody reads
+            closed.set()
+
+    def work() -> None:
+        try:
+            chunks = model.stream(messages, config=config, **kwargs)
+            try:
+                while True:
+                    wanted.acquire()
+                    if closed.is_set():
+                        break
+                    chunk = next(chunks, end)
+                    put(True, chunk)
+                    if chunk is end:
+                        break
+            finally:
+                chunks.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            put(False, exc)
+
+    threading.Thread(
+        target=context.run, args=(work,), name="specrag-model-stream", daemon=True
+    ).start()
+    try:
+        while True:
+            wanted.release()
+            ok, item = await queue.get()
+            if not ok:
+                raise item
+            if item is end:
+                return
+            yield item
+    finally:
+        closed.set()
+        wanted.release()  # a thread waiting to be asked sees it is closed
+
+
 async def stream_model(
     model: BaseChatModel,
     messages: list[BaseMessage],
@@ -341,7 +418,11 @@ async def stream_model(
     async def consume() -> None:
         # closed as the loop ends (a stop cut, the stop event): a provider's stream is let go
         # at once, not when it is collected
-        chunks: Any = model.astream(messages, config=config, **kwargs)  # type: ignore[arg-type]
+        chunks: Any = (
+            stream_in_own_thread(model, messages, config, **kwargs)
+            if steps_on_the_shared_pool(model)
+            else model.astream(messages, config=config, **kwargs)  # type: ignore[arg-type]
+        )
         async with contextlib.aclosing(chunks):
             await read(chunks)
 
