@@ -18,6 +18,7 @@ a time budget never pays for a load.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import os
@@ -940,6 +941,17 @@ def load_embeddings(name: str = EMBEDDED_LM) -> Any:
         return emb
 
 
+# Set (by :func:`specrag.nodes.prepare.in_own_thread`) in the context of work a run may give
+# up on: long work checks it between its steps and stops once it is set.
+WORK_STOP: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "specrag_work_stop", default=None
+)
+
+
+class WorkStopped(RuntimeError):
+    """Work whose run gave up on it (cancelled, Ctrl-C), stopped between two of its steps."""
+
+
 class ModelThreadEmbeddings(Embeddings):
     """Embeddings whose computation runs on the model thread (one OpenMP team per process)."""
 
@@ -955,7 +967,10 @@ class ModelThreadEmbeddings(Embeddings):
         run's decode steps and question embeddings behind it; between batches they get turns.
         """
         out: list[list[float]] = []
+        stop = WORK_STOP.get()
         for start in range(0, len(texts), self.batch):
+            if stop is not None and stop.is_set():  # Ctrl-C on a long --document: at once,
+                raise WorkStopped("embedding stopped: its run was cancelled")  # not at its end
             out += on_model_thread_short(
                 self.inner.embed_documents, texts[start : start + self.batch]
             )

@@ -17,11 +17,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
+import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from langgraph.runtime import Runtime
 from langgraph.types import Overwrite
@@ -30,19 +32,68 @@ from specrag.errors import InputError, short_error, short_number
 from specrag.graph.context import SpecRagContext, validate_question
 from specrag.graph.services import RapidUnavailable, Services
 from specrag.graph.state import State
+from specrag.models.loading import WORK_STOP
 from specrag.nodes.streaming import clock, emit, now
 
 log = logging.getLogger(__name__)
 
 
-async def quietly(work: Callable[[], Any], errors: list[str] | None = None) -> Any:
+T = TypeVar("T")
+
+
+async def in_own_thread(fn: Callable[[], T], name: str = "specrag-search") -> T:
+    """``fn()`` on a daemon thread of its own (the caller's context variables: tracing).
+
+    For a search, which may never return (a store that accepts a connection and never
+    answers): the run's budget ends the wait, not the thread. On the event loop's shared pool
+    (cores + 4 threads) a few such runs would strand every thread, and each later run would
+    wait forever in its first ``to_thread`` (model warm-ups), with no budget to end it; a
+    daemon thread also never holds up the process's exit. A waiter that gives up (cancelled:
+    Ctrl-C, a caller's timeout) sets :data:`~specrag.models.loading.WORK_STOP` in ``fn``'s
+    context: long work (embedding a document) stops at its next step.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+    stop = threading.Event()
+    context.run(WORK_STOP.set, stop)
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():  # the waiter may have gone (its budget ended)
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def work() -> None:
+        try:
+            result: Any = context.run(fn)
+            ok = True
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            result, ok = exc, False
+        try:
+            loop.call_soon_threadsafe(settle, ok, result)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits
+            pass
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    try:
+        return await done
+    finally:
+        stop.set()  # done, or given up on: either way no step of it is wanted any more
+
+
+async def quietly(
+    work: Callable[[], Any], errors: list[str] | None = None, stoppable: bool = False
+) -> Any:
     """Run blocking ``work`` in a thread; None if it raised.
 
     The node that needs the part reports its failure; where none would (``errors`` given),
     it is recorded there. Warming a part ahead of its node (prepare; retrieve indexing a
-    resumed run's document) goes through here.
+    resumed run's document) goes through here. ``stoppable`` (embedding a document): on a
+    thread of its own that a cancelled run stops between two batches (Ctrl-C waited for the
+    whole document, minutes for a large one, and ``asyncio.run`` for the pool's thread).
     """
     try:
+        if stoppable:
+            return await in_own_thread(work, "specrag-document")
         return await asyncio.to_thread(work)
     except Exception as exc:  # noqa: BLE001
         log.debug("%s (left to the node that needs it)", exc)
@@ -165,7 +216,7 @@ def make_prepare(services: Services):  # noqa: ANN201
                 origin = now()
                 timings["load_s"] = round(origin - t0, 4)
             start = now()
-            await quietly(lambda: services.index_document(ctx, document))
+            await quietly(lambda: services.index_document(ctx, document), stoppable=True)
             timings["document_index_s"] = round(now() - start, 4)
 
         def count(text: str) -> int:  # history turns, in answer-model tokens

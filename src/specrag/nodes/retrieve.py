@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.runtime import Runtime
@@ -22,7 +20,7 @@ from specrag.indexing.documents import Chunk
 from specrag.indexing.store import Batch
 from specrag.models.options import DecodeOptions
 from specrag.nodes.answer import LATER_BATCHES
-from specrag.nodes.prepare import quietly
+from specrag.nodes.prepare import in_own_thread, quietly
 from specrag.nodes.streaming import emit, now, resumed_origin, stream_model
 
 # the share of the retrieval budget a model's follow-up rewrite may take (the search the rest)
@@ -61,41 +59,6 @@ async def followup_query(
         return text[0].strip()
     except Exception:  # noqa: BLE001 - rewriting is an aid: never fail retrieval over it
         return concat
-
-
-T = TypeVar("T")
-
-
-async def in_own_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` on a daemon thread of its own (the caller's context variables: tracing).
-
-    For a search, which may never return (a store that accepts a connection and never
-    answers): the run's budget ends the wait, not the thread. On the event loop's shared pool
-    (cores + 4 threads) a few such runs would strand every thread, and each later run would
-    wait forever in its first ``to_thread`` (model warm-ups), with no budget to end it; a
-    daemon thread also never holds up the process's exit.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(ok: bool, value: Any) -> None:
-        if not done.done():  # the waiter may have gone (its budget ended)
-            done.set_result(value) if ok else done.set_exception(value)
-
-    def work() -> None:
-        try:
-            result: Any = context.run(fn)
-            ok = True
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-            result, ok = exc, False
-        try:
-            loop.call_soon_threadsafe(settle, ok, result)
-        except RuntimeError:  # the loop closed meanwhile: nobody waits
-            pass
-
-    threading.Thread(target=work, name="specrag-search", daemon=True).start()
-    return await done
 
 
 def ended_by(budget: asyncio.Timeout, exc: BaseException) -> bool:
@@ -188,7 +151,7 @@ def make_retrieve(services: Services):  # noqa: ANN201 - a node function
         if document:  # indexed by prepare (a cache hit); a run resumed in a new process
             # indexes it here, outside the retrieval budget, as prepare would have (a failure:
             # the search below meets it and says why)
-            await quietly(lambda: services.index_document(ctx, document))
+            await quietly(lambda: services.index_document(ctx, document), stoppable=True)
         start = now()
         got = Delivered(ctx, document, start)
         update: dict[str, Any] = {"query": question}

@@ -340,7 +340,9 @@ async def stream_in_own_thread(
                     if chunk is end:
                         break
             finally:
-                chunks.close()
+                close = getattr(chunks, "close", None)  # a generator: its provider's stream
+                if close is not None:
+                    close()
         except BaseException as exc:  # noqa: BLE001 - handed to the reader
             put(False, exc)
 
