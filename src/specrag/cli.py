@@ -610,6 +610,10 @@ def cmd_ask(args: argparse.Namespace) -> int:
             raise InputError(
                 f"the document is empty: {args.document}" + (f" ({hint})" if hint else "")
             )
+    if document is not None:  # as the graph measures it (its text as UTF-8), before any model
+        from specrag.nodes.prepare import check_document_size  # loads and anything is saved:
+
+        check_document_size(document)  # UTF-16 or Windows-1252 text grows as UTF-8
     started = time.perf_counter()
     if needs_index:
         from specrag.graph.services import open_index

@@ -1249,3 +1249,29 @@ def test_an_index_url_with_more_than_host_and_port_is_refused(url, said):
     assert f"({said} cannot be used)" in str(got.value)
     assert parse_url("http://h:8000/") == ("h", 8000, False)
     assert parse_url("https://h") == ("h", 443, True)
+
+
+def test_a_document_larger_as_utf8_than_on_disk_is_refused_before_any_model_loads(
+    capsys, monkeypatch, tmp_path
+):
+    """A review (2026-12-07): the CLI bounded a --document file's bytes, the graph its text's
+    UTF-8 size; UTF-16 Chinese text (1.5x as UTF-8) passed the first, loaded the models and
+    failed in prepare - and on a --thread left a run `--resume` offered and failed again."""
+    import importlib
+
+    services = importlib.import_module("specrag.graph.services")
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPECRAG_MAX_FILE_MIB", "0.01")  # 10,485 bytes
+    doc = tmp_path / "cjk16.txt"
+    doc.write_bytes(("首都是巴黎。" * 690).encode("utf-16"))  # 8,282 bytes; 12,420 as UTF-8
+    assert doc.stat().st_size < 0.01 * 2**20
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded before the document was refused")
+
+    monkeypatch.setattr(services, "default_chat_model", no_load)
+    monkeypatch.setattr(services, "load_embeddings", no_load)
+    argv = ["ask", "首都是哪里?", "--document", str(doc), "--thread", "big"]
+    line = one_line_error(capsys, main(argv))
+    assert "the document is too large: 0.0118 MiB, past the 0.01 MiB limit" in line
+    assert one_line_error(capsys, main(["ask", "--thread", "big", "--resume"]))
