@@ -3,6 +3,7 @@ other files (skipped files are reported, with the reason)."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -975,6 +976,12 @@ def test_a_named_link_pointed_elsewhere_drops_what_it_reached(tmp_path, monkeypa
         f"{real / 'latest'}{os.sep}": [f"{real / 'v3'}{os.sep}"],
     }
     assert indexed_sources(tmp_path, capsys, "--forget", latest, current) == []
+    assert json.loads(record.read_text()) == {}
+    # a broken named link (its target deleted) is forgotten with its record too: a record
+    # left behind held what the link had reached for good (a review of this fix, 2026-12-07)
+    indexed_sources(tmp_path, capsys, latest)
+    shutil.rmtree(tmp_path / "v3")
+    assert indexed_sources(tmp_path, capsys, "--forget", latest) == []
     assert json.loads(record.read_text()) == {}
 
 

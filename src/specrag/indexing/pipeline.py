@@ -359,9 +359,9 @@ def forget_entries(paths: Iterable[str], held: set[str]) -> list[str]:
                 f"the index holds nothing of {p} (looked for as source {source_name(real)})"
             )
         named = named_path(p)
-        if named.is_symlink():  # a named link's record goes too (:func:`collect_files_report`)
-            link = named.parent.resolve() / named.name
-            found.append(folder_prefix(link) if named.is_dir() else source_name(link))
+        if named.is_symlink():  # a named link's record goes too (:func:`collect_files_report`;
+            link = named.parent.resolve() / named.name  # a folder's or a file's: a broken
+            found += [folder_prefix(link), source_name(link)]  # link is neither now)
         out += found
     return out
 
