@@ -614,3 +614,43 @@ def test_a_fence_without_a_call_streams_as_it_comes(written):
     assert not capture.done
     tail, chunks = capture.finish()
     assert shown + tail == written and chunks == []
+
+
+ARRAY_CALL = '{"name": "search_docs", "arguments": {"query": "x"}}'
+
+
+@pytest.mark.parametrize(
+    ("written", "content"),
+    [
+        ("Let me search.\n```json\n[" + ARRAY_CALL + "]\n```", "Let me search.\n"),
+        ("Let me search.\n<tools>[" + ARRAY_CALL + "]</tools>", "Let me search.\n"),
+        (
+            "Run this:\n```python\nprint(1)\n```\n" + ARRAY_CALL,
+            "Run this:\n```python\nprint(1)\n```\n",
+        ),
+        ("See ```a``` and\n```\n" + ARRAY_CALL + "\n```", "See ```a``` and\n"),
+    ],
+)
+def test_a_call_after_a_code_block_or_in_an_array_leaves_the_text_whole(written, content):
+    """A review of the fence openers (2026-12-07): a call in a JSON array left its opener
+    (```json\\n[ or <tools>[) in the answer, and a bare call right after a code block took the
+    block's closing fence into the call (the answer's code block was left open). Split at
+    random points, as a stream splits it."""
+    import random
+
+    from specrag.models.tools import ToolCapture
+
+    rng = random.Random(7)
+    for trial in range(60):
+        cuts = sorted(rng.sample(range(1, len(written)), rng.randint(0, 8)))
+        pieces = [written[i:j] for i, j in zip([0, *cuts], [*cuts, len(written)], strict=True)]
+        capture = ToolCapture(names=["search_docs"])
+        shown = "".join(capture.feed(piece) for piece in (list(written) if trial == 0 else pieces))
+        assert capture.done, pieces
+        tail, chunks = capture.finish()
+        assert shown + tail == content, pieces
+        assert [(c["name"], json.loads(c["args"])) for c in chunks] == [
+            ("search_docs", {"query": "x"})
+        ]
+    text, chunks = parse_tool_calls(written, ["search_docs"])
+    assert text == content.strip() and [c["name"] for c in chunks] == ["search_docs"]

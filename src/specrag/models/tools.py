@@ -184,7 +184,21 @@ TOOL_CLOSE = "</tool_call>"
 _BARE = re.compile(r'\{\s*"name"\s*:')  # a bare call object, pretty-printed or not
 # the end of a text that may still become a bare call object's opening
 _BARE_PARTIAL = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?\Z')
-_HEAD = re.compile(r"(?:<tools>|```[\w+.-]*[ \t]*)?\s*")  # an opener, up to its object
+# an opener, up to its object (the first of a JSON array of calls too)
+_HEAD = re.compile(r"(?:<tools>|```[\w+.-]*[ \t]*)?\s*(?:\[\s*)?")
+FENCE = "```"
+
+
+def closes_a_fence(text: str, at: int, before: int = 0) -> bool:
+    """Whether the fence at ``at`` closes a code block ``text`` opened before it.
+
+    ``before``: fences shown ahead of ``text`` (a stream's earlier chunks). Such a fence is
+    text, not a call's opener, whatever follows it (a bare call right after a code block's
+    end took the block's closing fence into the call).
+    """
+    return text.startswith(FENCE, at) and (before + text.count(FENCE, 0, at)) % 2 == 1
+
+
 _FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\n?(.*?)\n?\s*(?:```\s*)?\Z", re.DOTALL)
 
 
@@ -331,7 +345,7 @@ def _weak_piece(text: str, names: Sequence[str]) -> tuple[int, int, str, str] | 
         at = find_opener(text, start)
         if at < 0:
             return None
-        if not weak_head(text[at:]):  # no object right after it: text, as the stream shows
+        if closes_a_fence(text, at) or not weak_head(text[at:]):  # text, as the stream shows
             start = at + 1
             continue
         span = _first_object(text[at:])
@@ -339,6 +353,8 @@ def _weak_piece(text: str, names: Sequence[str]) -> tuple[int, int, str, str] | 
         body = text[at + span[0] : at + span[1]] if span else text[at:]
         if _weak_call(body, names):
             tail = text[end:].lstrip()
+            if tail.startswith("]"):  # an array of calls: the first is the call
+                tail = tail[1:].lstrip()
             for closer in ("</tools>", "</tool_call>", "```"):  # the opener's closing tag/fence
                 if tail.startswith(closer):
                     end = len(text) - len(tail) + len(closer)
@@ -442,6 +458,7 @@ class ToolCapture:
         self.capturing = bool(forced)
         self.names = tuple(names)
         self.weak = False  # captured after a weak opener: may still turn out to be text
+        self.fences = 0  # code fences shown as text so far (odd: inside a code block)
 
     @property
     def done(self) -> bool:
@@ -485,23 +502,33 @@ class ToolCapture:
                 cut = max(1, head.end() if head else 0)
                 text, rest = self.captured[:cut], self.captured[cut:]
                 self.capturing, self.weak, self.captured = False, False, ""
-                return text + self.feed(rest)
+                return self._shown(text) + self.feed(rest)
             span = _first_object(self.captured)
             if span and not _weak_call(self.captured[span[0] : span[1]], self.names):
                 text, rest = self.captured[: span[1]], self.captured[span[1] :]
                 self.capturing, self.weak, self.captured = False, False, ""
-                return text + self.feed(rest)
+                return self._shown(text) + self.feed(rest)
             return ""
         buf = self.pending + delta
-        at = find_opener(buf)
+        at, text_to = find_opener(buf), 0
+        while at >= 0 and closes_a_fence(buf, at, self.fences):  # a code block's end: text
+            text_to = at + len(FENCE)
+            at = find_opener(buf, text_to)
         if at >= 0:
             self.weak = not buf.startswith(TOOL_OPEN, at)  # before capturing: ``done`` reads both
             self.captured, self.pending = buf[at:], ""
             self.capturing = True
-            return buf[:at] + self.feed("")
-        keep = opener_pending(buf)
+            return self._shown(buf[:at]) + self.feed("")
+        # held back: what may still open a call, never part of a closing fence (shown whole,
+        # so that the fences shown are counted right)
+        keep = min(opener_pending(buf), len(buf) - text_to)
         self.pending = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
+        return self._shown(buf[: len(buf) - keep])
+
+    def _shown(self, text: str) -> str:
+        """``text``, shown: its code fences counted (evaluated before what follows it)."""
+        self.fences += text.count(FENCE)
+        return text
 
     def finish(self) -> tuple[str, list[ToolCallChunk]]:
         """(text still to show, tool-call chunks) once decoding is over."""
