@@ -800,3 +800,24 @@ def test_a_cancelled_runs_document_embedding_stops_between_batches():
     seen = len(calls)
     time.sleep(0.3)
     assert 0 < seen < 40 and len(calls) <= seen + 1, (seen, len(calls))
+
+
+def test_a_wrapped_sync_only_model_streams_on_its_own_thread_too():
+    """A review of that fix (2026-12-07): a model wrapped by `bind` or `with_config` (a
+    RunnableBinding) was judged as no chat model, and streamed on the shared pool again."""
+    from specrag.nodes.streaming import steps_on_the_shared_pool
+
+    class SyncOnly(FakeLogprobChat):
+        def _stream(self, *args, **kwargs):
+            yield from ()
+
+    model = SyncOnly(calls=[])
+    assert steps_on_the_shared_pool(model)
+    assert steps_on_the_shared_pool(model.with_config(tags=["x"]).bind(stop=["\n"]))
+
+    class Native(FakeLogprobChat):
+        async def _astream(self, *args, **kwargs):
+            for _ in ():
+                yield
+
+    assert not steps_on_the_shared_pool(Native(calls=[]).with_config(tags=["x"]))

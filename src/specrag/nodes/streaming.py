@@ -292,8 +292,13 @@ def steps_on_the_shared_pool(model: Any) -> bool:
     ``_agenerate``) is stepped there, one ``next`` per job: a call that hangs holds a thread
     of that pool (cores + 4) for good, and after a few every later run waited for one in its
     first thread hop (a model's warm-up), with no budget to end the wait - no answer, no
-    message (a review, 2026-12-07). Such a model streams on a thread of its own instead.
+    message (a review, 2026-12-07). Such a model streams on a thread of its own instead;
+    one wrapped (``model.bind(...)``, ``with_config``) is judged by the model it wraps.
     """
+    from langchain_core.runnables import RunnableBinding
+
+    while isinstance(model, RunnableBinding):
+        model = model.bound
     if not isinstance(model, BaseChatModel):
         return False
     cls = type(model)
