@@ -57,3 +57,32 @@ def defuse(text: str, specials: tuple[str, ...] = ()) -> str:
     if text.startswith(">"):
         text = "\u203a" + text[1:]
     return text
+
+
+def _tag_patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    alternatives = "|".join(map(re.escape, names))
+    # a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2"
+    # is prose, whose "<" the fragment rule defuses, keeping its words
+    whole = re.compile(
+        rf"</?\s*(?:{alternatives})(?:\s+[\w-]+\s*=\s*(?:\"[^\"<>]*\"|'[^'<>]*'|[^\s\"'<>]+))*"
+        r"\s*/?>",
+        re.IGNORECASE,
+    )
+    fragment = re.compile(rf"<(?=\s*/?\s*(?:{alternatives}))", re.IGNORECASE)
+    return whole, fragment
+
+
+_PATTERNS: dict[tuple[str, ...], tuple[re.Pattern[str], re.Pattern[str]]] = {}
+
+
+def strip_tags(text: str, names: tuple[str, ...]) -> str:
+    """``text`` that cannot open or close a prompt's ``<name>`` block (``names``).
+
+    A whole tag (``</evidence>``, ``<document id="2">``) becomes a space; the ``<`` of a
+    fragment of one (``<evidence`` cut off) becomes ``\u2039``. What delimits user text in a
+    prompt (evidence blocks, a long document) is kept from the text it delimits.
+    """
+    if names not in _PATTERNS:
+        _PATTERNS[names] = _tag_patterns(names)
+    whole, fragment = _PATTERNS[names]
+    return fragment.sub("\u2039", whole.sub(" ", text))

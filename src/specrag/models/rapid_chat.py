@@ -33,7 +33,7 @@ from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_deco
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token, prefill_stop
 from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped, sync
-from specrag.defuse import defuse
+from specrag.defuse import defuse, strip_tags
 from specrag.errors import InputError, short_error
 from specrag.models.loading import (
     DRAFTER_FAILED,
@@ -103,19 +103,28 @@ def split_messages(
     return "\n".join(instructions) or RAPID_INSTRUCTIONS, doc, question, turns
 
 
+_BLOCK_TAGS = ("document", "evidence")  # the tags that delimit user text in a prompt
+
+
 def layout(
     loaded: LoadedLM, instructions: str, context: str, question: str, history: Turns = ()
 ) -> tuple[list[int], list[int], list[int]]:
     """Token ids ``(head, context, tail)``; the cacheable prefix is ``head + context``.
 
     The three parts are tokenised separately so the prefix's ids never depend on the question.
-    The context and the question are user text: chat control tokens in them are defused, so
-    a document cannot open a system turn of its own.
+    The context, the question and earlier turns are user text: chat control tokens in them are
+    defused, so a document cannot open a system turn of its own, and ``<document>`` (and
+    ``<evidence>``) tags taken out, so none can close the document's block and write outside
+    it (a review, 2026-12-07).
     """
     tok = loaded.tokenizer
     specials = special_tokens(tok)
-    context = defuse(context, specials)
-    turns = [(role, defuse(text, specials)) for role, text in (*history, ("user", question))]
+
+    def user_text(text: str) -> str:
+        return defuse(strip_tags(text, _BLOCK_TAGS), specials)
+
+    context = user_text(context)
+    turns = [(role, user_text(text)) for role, text in (*history, ("user", question))]
     document = f"<document>\n{_PLACEHOLDER}\n</document>"
     msgs = [{"role": "system", "content": instructions}]
     if turns[0][0] != "user":  # the document opens the conversation in a user turn

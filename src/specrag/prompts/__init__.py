@@ -9,13 +9,13 @@ inside a document cannot pose as an instruction, a route marker or a system prom
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from specrag.defuse import defuse as defuse  # re-exported: the one defusing function
+from specrag.defuse import strip_tags
 
 DRAFT_SYSTEM = (
     "You are a knowledgeable assistant. Answer the user's question directly and fluently in "
@@ -91,18 +91,10 @@ DOCUMENT_UNCHECKED_PREFIX = (
 # after an unverified draft its budget (or the evidence's arrival) stopped mid-way
 DRAFT_CUT_SUFFIX = " [... the draft was cut short]"
 
-# a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2" is
-# prose, whose "<" the fragment rule defuses, keeping its words
-_TAG = re.compile(
-    r"</?\s*evidence(?:\s+[\w-]+\s*=\s*(?:\"[^\"<>]*\"|'[^'<>]*'|[^\s\"'<>]+))*\s*/?>",
-    re.IGNORECASE,
-)
-_TAG_FRAGMENT = re.compile(r"<(?=\s*/?\s*evidence)", re.IGNORECASE)  # "<evidence" unclosed
-
 
 def neutralise(text: str) -> str:
     """Evidence text with delimiter tags and chat control tokens defused."""
-    return defuse(_TAG_FRAGMENT.sub("\u2039", _TAG.sub(" ", text)))
+    return defuse(strip_tags(text, ("evidence",)))
 
 
 def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
@@ -120,13 +112,16 @@ History = Sequence[dict[str, str]]
 
 
 def history_messages(history: History) -> list[BaseMessage]:
-    """Earlier chat turns (``role``/``content`` dicts) as messages; user text defused."""
+    """Earlier chat turns (``role``/``content`` dicts) as messages, neutralised as evidence is.
+
+    An earlier turn is text a caller (or an earlier question on a thread) wrote: one holding
+    ``</evidence><evidence id="2" ...>`` forged a block ahead of the real evidence, whose
+    answer came out verified and cited the real sources (a review, 2026-12-07).
+    """
     out: list[BaseMessage] = []
     for turn in history:
-        if turn["role"] == "assistant":
-            out.append(AIMessage(turn["content"]))
-        else:
-            out.append(HumanMessage(defuse(turn["content"])))
+        text = neutralise(turn["content"])
+        out.append(AIMessage(text) if turn["role"] == "assistant" else HumanMessage(text))
     return out
 
 
