@@ -629,6 +629,17 @@ ARRAY_CALL = '{"name": "search_docs", "arguments": {"query": "x"}}'
             "Run this:\n```python\nprint(1)\n```\n",
         ),
         ("See ```a``` and\n```\n" + ARRAY_CALL + "\n```", "See ```a``` and\n"),
+        # three backticks inline (not a fence: a fence starts a line) leave the count alone
+        (
+            "Blocks open with ``` marks.\n```json\n" + ARRAY_CALL + "\n```",
+            "Blocks open with ``` marks.\n",
+        ),
+        (
+            'Type `` ``` `` to open one.\n```json\n{"arguments": {"query": "x"}, '
+            '"name": "search_docs"}\n```',
+            "Type `` ``` `` to open one.\n",
+        ),
+        ("Let me search.\n[" + ARRAY_CALL + "]", "Let me search.\n"),  # a bare array
     ],
 )
 def test_a_call_after_a_code_block_or_in_an_array_leaves_the_text_whole(written, content):

@@ -179,24 +179,39 @@ def _defuse_values(value: Any, specials: tuple[str, ...]) -> Any:
 # A weak opener (any but <tool_call>) opens a call only where a JSON object follows it (after a
 # fence's info string and blank space): a fence of code, a bare word after <tools>, is text at
 # once (an answer with a ```python fence was held back from the stream until its end).
-OPENERS = (TOOL_OPEN, "<tools>", "```", '{"name"')
+OPENERS = (TOOL_OPEN, "<tools>", "```")  # and a bare object: _BARE
 TOOL_CLOSE = "</tool_call>"
-_BARE = re.compile(r'\{\s*"name"\s*:')  # a bare call object, pretty-printed or not
+# a bare call object, pretty-printed or not (the first of a JSON array of calls too)
+_BARE = re.compile(r'(?:\[\s*)?\{\s*"name"\s*:')
 # the end of a text that may still become a bare call object's opening
-_BARE_PARTIAL = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?\Z')
+_BARE_PARTIAL = re.compile(r'\[\s*\Z|(?:\[\s*)?\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?\Z')
+# a code fence that starts a line (up to 3 spaces before it, as CommonMark has it)
+_LINE_FENCE = re.compile(r"\n[ \t]{0,3}```")
 # an opener, up to its object (the first of a JSON array of calls too)
 _HEAD = re.compile(r"(?:<tools>|```[\w+.-]*[ \t]*)?\s*(?:\[\s*)?")
 FENCE = "```"
 
 
-def closes_a_fence(text: str, at: int, before: int = 0) -> bool:
+def line_fences(text: str, line_start: bool = True) -> int:
+    """Code fences that start a line of ``text`` (``line_start``: ``text`` starts a line)."""
+    return len(_LINE_FENCE.findall(("\n" if line_start else "") + text))
+
+
+def closes_a_fence(text: str, at: int, before: int = 0, line_start: bool = True) -> bool:
     """Whether the fence at ``at`` closes a code block ``text`` opened before it.
 
-    ``before``: fences shown ahead of ``text`` (a stream's earlier chunks). Such a fence is
-    text, not a call's opener, whatever follows it (a bare call right after a code block's
-    end took the block's closing fence into the call).
+    ``before``: fences that started a line in the text shown ahead of ``text`` (a stream's
+    earlier chunks); ``line_start``: whether ``text`` starts a line. A fence opens and closes
+    a code block only at the start of a line (three backticks inline in prose do neither).
+    A closing fence is text, not a call's opener, whatever follows it (a bare call right after
+    a code block's end took the block's closing fence into the call).
     """
-    return text.startswith(FENCE, at) and (before + text.count(FENCE, 0, at)) % 2 == 1
+    if not text.startswith(FENCE, at):
+        return False
+    ahead = ("\n" if line_start else "") + text[:at]
+    if not re.search(r"\n[ \t]{0,3}\Z", ahead):
+        return False
+    return (before + line_fences(text[:at], line_start)) % 2 == 1
 
 
 _FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\n?(.*?)\n?\s*(?:```\s*)?\Z", re.DOTALL)
@@ -214,9 +229,9 @@ def find_opener(text: str, start: int = 0) -> int:
 def opener_pending(text: str) -> int:
     """Length of the end of ``text`` that may still become a tool-call opener (held back)."""
     keep = partial_start(text, OPENERS)
-    cut = text.rfind("{")
-    if cut >= 0 and _BARE_PARTIAL.match(text, cut):
-        keep = max(keep, len(text) - cut)
+    for cut in (text.rfind("["), text.rfind("{")):
+        if cut >= 0 and _BARE_PARTIAL.match(text, cut):
+            keep = max(keep, len(text) - cut)
     return keep
 
 
@@ -458,7 +473,8 @@ class ToolCapture:
         self.capturing = bool(forced)
         self.names = tuple(names)
         self.weak = False  # captured after a weak opener: may still turn out to be text
-        self.fences = 0  # code fences shown as text so far (odd: inside a code block)
+        self.fences = 0  # code fences that started a line of the text shown (odd: in a block)
+        self.line_start = True  # the text shown so far ends a line (or is none)
 
     @property
     def done(self) -> bool:
@@ -511,7 +527,7 @@ class ToolCapture:
             return ""
         buf = self.pending + delta
         at, text_to = find_opener(buf), 0
-        while at >= 0 and closes_a_fence(buf, at, self.fences):  # a code block's end: text
+        while at >= 0 and closes_a_fence(buf, at, self.fences, self.line_start):  # a block's end
             text_to = at + len(FENCE)
             at = find_opener(buf, text_to)
         if at >= 0:
@@ -526,8 +542,10 @@ class ToolCapture:
         return self._shown(buf[: len(buf) - keep])
 
     def _shown(self, text: str) -> str:
-        """``text``, shown: its code fences counted (evaluated before what follows it)."""
-        self.fences += text.count(FENCE)
+        """``text``, shown: its line-starting code fences counted (before what follows it)."""
+        if text:
+            self.fences += line_fences(text, self.line_start)
+            self.line_start = text.endswith("\n")
         return text
 
     def finish(self) -> tuple[str, list[ToolCallChunk]]:
