@@ -86,3 +86,19 @@ def strip_tags(text: str, names: tuple[str, ...]) -> str:
         _PATTERNS[names] = _tag_patterns(names)
     whole, fragment = _PATTERNS[names]
     return fragment.sub("\u2039", whole.sub(" ", text))
+
+
+_BREAKS: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def break_tags(text: str, names: tuple[str, ...]) -> str:
+    """``text`` in which no ``<name ...>`` or ``</name>`` tag (``names``) is one any more.
+
+    The ``<`` of each (a whole tag, or the start of one cut off) becomes ``\u2039``; the rest
+    stays, so code that looks like one reads as before (``List<Document>`` becomes
+    ``List\u2039Document>``, ``i<document.forms`` and ``<DocumentRoot`` stay as they are).
+    """
+    if names not in _BREAKS:
+        alternatives = "|".join(map(re.escape, names))
+        _BREAKS[names] = re.compile(rf"<(?=\s*/?\s*(?:{alternatives})(?:[\s/>]|\Z))", re.IGNORECASE)
+    return _BREAKS[names].sub("\u2039", text)

@@ -33,7 +33,7 @@ from specrag.decoding.rapid import RapidConfig, RapidStats, Transfer, rapid_deco
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Token, prefill_stop
 from specrag.decoding.state import VERIFIER_MARKS, LMState, Stopped, sync
-from specrag.defuse import defuse, strip_tags
+from specrag.defuse import break_tags, defuse
 from specrag.errors import InputError, short_error
 from specrag.models.loading import (
     DRAFTER_FAILED,
@@ -114,14 +114,14 @@ def layout(
     The three parts are tokenised separately so the prefix's ids never depend on the question.
     The context, the question and earlier turns are user text: chat control tokens in them are
     defused, so a document cannot open a system turn of its own, and ``<document>`` (and
-    ``<evidence>``) tags taken out, so none can close the document's block and write outside
-    it (a review, 2026-12-07).
+    ``<evidence>``) tags broken (:func:`~specrag.defuse.break_tags`), so none can close the
+    document's block and write outside it (a review, 2026-12-07).
     """
     tok = loaded.tokenizer
     specials = special_tokens(tok)
 
     def user_text(text: str) -> str:
-        return defuse(strip_tags(text, _BLOCK_TAGS), specials)
+        return defuse(break_tags(text, _BLOCK_TAGS), specials)
 
     context = user_text(context)
     turns = [(role, user_text(text)) for role, text in (*history, ("user", question))]
