@@ -814,6 +814,8 @@ def test_a_wrapped_sync_only_model_streams_on_its_own_thread_too():
     model = SyncOnly(calls=[])
     assert steps_on_the_shared_pool(model)
     assert steps_on_the_shared_pool(model.with_config(tags=["x"]).bind(stop=["\n"]))
+    assert steps_on_the_shared_pool(model.with_retry())
+    assert steps_on_the_shared_pool(model.with_fallbacks([SyncOnly(calls=[])]))
 
     class Native(FakeLogprobChat):
         async def _astream(self, *args, **kwargs):

@@ -293,12 +293,14 @@ def steps_on_the_shared_pool(model: Any) -> bool:
     of that pool (cores + 4) for good, and after a few every later run waited for one in its
     first thread hop (a model's warm-up), with no budget to end the wait - no answer, no
     message (a review, 2026-12-07). Such a model streams on a thread of its own instead;
-    one wrapped (``model.bind(...)``, ``with_config``) is judged by the model it wraps.
+    one wrapped (``bind``, ``with_config``, ``with_retry``, ``with_fallbacks``) is judged by
+    the model it wraps (the first, for fallbacks).
     """
-    from langchain_core.runnables import RunnableBinding
+    from langchain_core.runnables import RunnableWithFallbacks
+    from langchain_core.runnables.base import RunnableBindingBase
 
-    while isinstance(model, RunnableBinding):
-        model = model.bound
+    while isinstance(model, (RunnableBindingBase, RunnableWithFallbacks)):  # with_retry too
+        model = model.bound if isinstance(model, RunnableBindingBase) else model.runnable
     if not isinstance(model, BaseChatModel):
         return False
     cls = type(model)
