@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -253,28 +253,35 @@ def _unfenced(body: str) -> str:
     return fenced.group(1).strip() if fenced else body
 
 
-def _closed_at(text: str) -> int | None:
-    """The end of the first ``</tool_call>`` in ``text`` outside a JSON string; None: none.
+def _outside_strings(text: str, start: int = 0, line_ends_string: bool = False) -> Iterator[int]:
+    """Positions in ``text`` (from ``start``) outside JSON strings (their quotes excluded).
 
-    A string ends at a line break too (JSON strings hold none): a call cut inside a string
-    (``"query": "Nor`` then a new line) is closed by its tag still.
+    ``line_ends_string``: a line break ends a string too (JSON strings hold none).
     """
     in_str, escaped = False, False
-    i = 0
-    while i < len(text):
+    for i in range(start, len(text)):
         ch = text[i]
         if in_str:
             if escaped:
                 escaped = False
             elif ch == "\\":
                 escaped = True
-            elif ch in ('"', "\n"):
+            elif ch == '"' or (line_ends_string and ch == "\n"):
                 in_str = False
         elif ch == '"':
             in_str = True
-        elif text.startswith(TOOL_CLOSE, i):
+        else:
+            yield i
+
+
+def _closed_at(text: str) -> int | None:
+    """The end of the first ``</tool_call>`` in ``text`` outside a JSON string; None: none.
+
+    A call cut inside a string (``"query": "Nor`` then a new line) is closed by its tag still.
+    """
+    for i in _outside_strings(text, line_ends_string=True):
+        if text.startswith(TOOL_CLOSE, i):
             return i + len(TOOL_CLOSE)
-        i += 1
     return None
 
 
@@ -297,21 +304,11 @@ def _first_object(text: str) -> tuple[int, int] | None:
     begin = text.find("{")
     if begin < 0:
         return None
-    depth, in_str, escaped = 0, False, False
-    for i in range(begin, len(text)):
-        ch = text[i]
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == "{":
+    depth = 0
+    for i in _outside_strings(text, begin):
+        if text[i] == "{":
             depth += 1
-        elif ch == "}":
+        elif text[i] == "}":
             depth -= 1
             if depth == 0:
                 return begin, i + 1
