@@ -718,32 +718,44 @@ def test_what_a_removed_or_repointed_link_reached_is_pruned_unless_indexed_in_it
     )
 
 
+def linked_folders(tmp_path, names=("docs", "shared")):
+    """``docs/keep.md`` and ``docs/ext -> shared/`` (``shared/s.md``), named by ``names``."""
+    d, shared = (tmp_path / name for name in names)
+    d.mkdir()
+    shared.mkdir()
+    (d / "keep.md").write_text("Keep this text about owls.")
+    (shared / "s.md").write_text("Shared text about ospreys.")
+    (d / "ext").symlink_to(shared)
+    return d, shared
+
+
+def cut_at_call(monkeypatch, name, n):
+    """``VectorIndex.<name>`` raises KeyboardInterrupt at its ``n``-th call; the calls made."""
+    from specrag.indexing.store import VectorIndex
+
+    real, calls = getattr(VectorIndex, name), []
+
+    def cut(self, *a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(VectorIndex, name, cut)
+    return calls
+
+
 def test_a_first_run_cut_short_leaves_what_it_reached_through_links_to_be_pruned(
     tmp_path, monkeypatch, capsys
 ):
     """A review (2026-12-06): the link record was saved only once a first run had written
     everything; a first run cut short left none, so the next run took what the cut one had
     written for "there before the record" - held for good, never pruned with its link."""
-    from specrag.indexing.store import VectorIndex
-
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
-    d, shared = tmp_path / "docs", tmp_path / "shared"
-    d.mkdir()
-    shared.mkdir()
-    (d / "keep.md").write_text("Keep this text about owls.")
-    (shared / "s.md").write_text("Shared text about ospreys.")
-    (d / "ext").symlink_to(shared)
-    upsert, calls = VectorIndex.upsert_source, []
-
-    def cut_at_the_second(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return upsert(self, *a, **k)
-
-    monkeypatch.setattr(VectorIndex, "upsert_source", cut_at_the_second)
-    assert main(["index", str(d)]) == 130 and len(calls) == 2
-    monkeypatch.setattr(VectorIndex, "upsert_source", upsert)
+    d, _ = linked_folders(tmp_path)
+    with monkeypatch.context() as m:
+        calls = cut_at_call(m, "upsert_source", 2)
+        assert main(["index", str(d)]) == 130 and len(calls) == 2
     real = tmp_path.resolve()
     both = sorted(str(real / p) for p in ("docs/keep.md", "shared/s.md"))
     assert indexed_sources(tmp_path, capsys, d) == both
@@ -919,27 +931,12 @@ def test_a_forget_cut_short_is_finished_by_the_same_forget(tmp_path, monkeypatch
     """A review (2026-12-07): `--forget docs` removed the folder's own files before what its
     links reached; cut short between them, the same `--forget` again was "the index holds
     nothing of docs", and the link's target stayed indexed for good."""
-    from specrag.indexing.store import VectorIndex
-
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
-    d, shared = tmp_path / "a-docs", tmp_path / "z-shared"  # the folder's own files sort first
-    d.mkdir()
-    shared.mkdir()
-    (d / "keep.md").write_text("Keep this text about owls.")
-    (shared / "s.md").write_text("Shared text about ospreys.")
-    (d / "ext").symlink_to(shared)
+    d, _ = linked_folders(tmp_path, ("a-docs", "z-shared"))  # the folder's own files first
     assert len(indexed_sources(tmp_path, capsys, d)) == 2
-    remove, calls = VectorIndex.remove_source, []
-
-    def cut_at_the_second(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return remove(self, *a, **k)
-
-    monkeypatch.setattr(VectorIndex, "remove_source", cut_at_the_second)
-    assert main(["index", "--forget", str(d)]) == 130 and len(calls) == 2
-    monkeypatch.setattr(VectorIndex, "remove_source", remove)
+    with monkeypatch.context() as m:
+        calls = cut_at_call(m, "remove_source", 2)
+        assert main(["index", "--forget", str(d)]) == 130 and len(calls) == 2
     capsys.readouterr()
     assert indexed_sources(tmp_path, capsys, "--forget", d) == []
 
