@@ -358,25 +358,37 @@ class VectorIndex:
 
         where = url or str(self.directory)
         try:
-            if client is None:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                client = local_client(where)
-                if not create:  # opening must not create an empty collection of a typo's name
-                    _require_collection(
-                        client, collection, f"in the index at {where}", f"--index-dir {where}"
-                    )
             stamp = {EMBEDDING_KEY: embedding_stamp(embedding_model)} if embedding_model else {}
             self._embeddings, self._stamp = embeddings, stamp
-            self._attach(client)
-            self._collection.count()
-            built_with = (self._collection.metadata or {}).get(EMBEDDING_KEY)
+            if client is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                # opening must not create an empty collection of a typo's name
+                self._attach_checked(local_client(where), where, require=not create)
+            else:
+                self._attach_checked(client, where, require=False)  # required above
         except IndexError_:
             raise
         except (sqlite3.DatabaseError, Exception) as exc:  # noqa: BLE001
             raise IndexError_(cannot_open(where, exc)) from exc
-        if stamp:
-            check_embedding_stamp(built_with, stamp[EMBEDDING_KEY], collection, where)
         self._seen = self._written()
+
+    def _attach_checked(self, client: Any, where: str, require: bool) -> None:
+        """:meth:`_attach`, checked as an index opened is.
+
+        The collection must be there (``require``: a local index's), and built with this
+        embedding model (vectors of two models must not share an index).
+        """
+        if require:
+            _require_collection(
+                client, self.collection_name, f"in the index at {where}", f"--index-dir {where}"
+            )
+        self._attach(client)
+        self._collection.count()
+        if self._stamp:
+            built_with = (self._collection.metadata or {}).get(EMBEDDING_KEY)
+            check_embedding_stamp(
+                built_with, self._stamp[EMBEDDING_KEY], self.collection_name, where
+            )
 
     def _attach(self, client: Any) -> None:
         """Use ``client``'s collection of this name (made if missing, as ``create`` allows)."""
@@ -449,16 +461,7 @@ class VectorIndex:
         with SharedSystemClient._refcount_lock:
             SharedSystemClient._identifier_to_system.pop(identifier, None)
             SharedSystemClient._identifier_to_refcount.pop(identifier, None)
-        client = local_client(where)
-        _require_collection(
-            client, self.collection_name, f"in the index at {where}", f"--index-dir {where}"
-        )
-        self._attach(client)
-        if self._stamp:
-            built_with = (self._collection.metadata or {}).get(EMBEDDING_KEY)
-            check_embedding_stamp(
-                built_with, self._stamp[EMBEDDING_KEY], self.collection_name, where
-            )
+        self._attach_checked(local_client(where), where, require=True)
         self._seen = self._written()
         log.info("the index at %s was written by another process: reopened", self.directory)
 
