@@ -557,6 +557,14 @@ def named_path(item: str | Path) -> Path:
     return user_path(str(item), "cannot read")
 
 
+def link_path(path: Path) -> Path:
+    """A named link's own path: its folder resolved, not the link (what the record keys it by).
+
+    ``latest -> v2`` stays ``.../latest``; pointed elsewhere, its key is the same.
+    """
+    return path.parent.resolve() / path.name
+
+
 def folder_prefix(path: str | Path) -> str:
     """The source prefix of a real folder's files (``/docs/``)."""
     return source_name(path).rstrip(os.sep) + os.sep
@@ -617,7 +625,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
             out += [f for f in linked if not f.startswith((own, *out))]
             key = own
             if path.is_symlink():  # a named link (``latest -> v2``) reaches its target: once
-                key = folder_prefix(path.parent.resolve() / path.name)  # it points elsewhere,
+                key = folder_prefix(link_path(path))  # it points elsewhere,
                 out.append(own)  # what it reached goes (as a link inside a folder's does)
             reach[key] = sorted({*reach.get(key, []), *out})
             if any(s.reason.startswith(UNREADABLE) for s in left_out):
@@ -625,7 +633,7 @@ def collect_files_report(paths: Iterable[str | Path]) -> Collected:
         else:
             files.append(path)
             if path.is_symlink():  # ``current.md -> v2.md``, as a named folder link above
-                link = source_name(path.parent.resolve() / path.name)
+                link = source_name(link_path(path))
                 reach[link] = sorted({*reach.get(link, []), source_name(path.resolve())})
             else:
                 reach.setdefault(source_name(path.resolve()), [])

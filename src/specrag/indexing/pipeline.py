@@ -25,6 +25,7 @@ from specrag.indexing.documents import (
     collect_files_report,
     describe_skipped,
     folder_prefix,
+    link_path,
     max_file_bytes,
     named_path,
     no_text_hint,
@@ -360,8 +361,8 @@ def forget_entries(paths: Iterable[str], held: set[str]) -> list[str]:
             )
         named = named_path(p)
         if named.is_symlink():  # a named link's record goes too (:func:`collect_files_report`;
-            link = named.parent.resolve() / named.name  # a folder's or a file's: a broken
-            found += [folder_prefix(link), source_name(link)]  # link is neither now)
+            link = link_path(named)  # a folder's or a file's: a broken link is neither now)
+            found += [folder_prefix(link), source_name(link)]
         out += found
     return out
 
@@ -527,22 +528,22 @@ def _index_records(
     kept = set(keep)  # sources, as kept_paths names them
     kept_prefixes = [k + end for k in kept for end in (os.sep, PAGE_MARK)]
     first: dict[str, list[str]] = {}
-    if reach is not None and index.reach() is None:  # the record begins: what is there stays
-        before = sorted(index.sources())
-        first = {BEFORE_RECORD: before} if before else {}
-        # saved before any text is written: a run cut short must not leave what it wrote to
-        # be taken for "there before the record" (held for good, its links never pruned)
-        index.save_reach(first)
-    if reach is not None:  # what this run reaches, added before any text is written: a run
-        # cut short after a link was added leaves its target for the next run to prune once
-        # the link goes (the final record, saved after pruning, replaces this one)
+    if reach is not None:
         recorded = index.reach()
+        if recorded is None:  # the record begins: what is there stays
+            before = sorted(index.sources())
+            first = {BEFORE_RECORD: before} if before else {}
+        # saved before any text is written: a run cut short must not leave what it wrote to be
+        # taken for "there before the record" (held for good, its links never pruned), and
+        # with what this run reaches, so that one cut short after a link was added leaves its
+        # target for the next run to prune once the link goes (the final record, saved after
+        # pruning, replaces this one)
         base = first if recorded is None else recorded
         grown = {
             **base,
             **{key: sorted({*base.get(key, []), *entries}) for key, entries in reach.items()},
         }
-        if grown != base:
+        if recorded is None or grown != base:
             index.save_reach(grown)
     report = index_documents(  # new text first: an interrupted run loses nothing
         index,
