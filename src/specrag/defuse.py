@@ -6,6 +6,7 @@ function deciding what user text may contain when it enters a prompt.
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Chat-template control tokens written inside user text (a question, a document, a retrieved
@@ -59,7 +60,9 @@ def defuse(text: str, specials: tuple[str, ...] = ()) -> str:
     return text
 
 
-def _tag_patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], re.Pattern[str]]:
+@functools.cache
+def _tag_patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """A whole tag of ``names``, the ``<`` of any start of one, and of one that ends there."""
     alternatives = "|".join(map(re.escape, names))
     # a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2"
     # is prose, whose "<" the fragment rule defuses, keeping its words
@@ -69,10 +72,8 @@ def _tag_patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], re.Pattern[s
         re.IGNORECASE,
     )
     fragment = re.compile(rf"<(?=\s*/?\s*(?:{alternatives}))", re.IGNORECASE)
-    return whole, fragment
-
-
-_PATTERNS: dict[tuple[str, ...], tuple[re.Pattern[str], re.Pattern[str]]] = {}
+    ended = re.compile(rf"<(?=\s*/?\s*(?:{alternatives})(?:[\s/>]|\Z))", re.IGNORECASE)
+    return whole, fragment, ended
 
 
 def strip_tags(text: str, names: tuple[str, ...]) -> str:
@@ -82,13 +83,8 @@ def strip_tags(text: str, names: tuple[str, ...]) -> str:
     fragment of one (``<evidence`` cut off) becomes ``\u2039``. What delimits user text in a
     prompt (evidence blocks, a long document) is kept from the text it delimits.
     """
-    if names not in _PATTERNS:
-        _PATTERNS[names] = _tag_patterns(names)
-    whole, fragment = _PATTERNS[names]
+    whole, fragment, _ = _tag_patterns(names)
     return fragment.sub("\u2039", whole.sub(" ", text))
-
-
-_BREAKS: dict[tuple[str, ...], re.Pattern[str]] = {}
 
 
 def break_tags(text: str, names: tuple[str, ...]) -> str:
@@ -98,7 +94,4 @@ def break_tags(text: str, names: tuple[str, ...]) -> str:
     stays, so code that looks like one reads as before (``List<Document>`` becomes
     ``List\u2039Document>``, ``i<document.forms`` and ``<DocumentRoot`` stay as they are).
     """
-    if names not in _BREAKS:
-        alternatives = "|".join(map(re.escape, names))
-        _BREAKS[names] = re.compile(rf"<(?=\s*/?\s*(?:{alternatives})(?:[\s/>]|\Z))", re.IGNORECASE)
-    return _BREAKS[names].sub("\u2039", text)
+    return _tag_patterns(names)[2].sub("\u2039", text)
