@@ -211,7 +211,7 @@ def closes_a_fence(text: str, at: int, before: int = 0, line_start: bool = True)
     ahead = ("\n" if line_start else "") + text[:at]
     if not re.search(r"\n[ \t]{0,3}\Z", ahead):
         return False
-    return (before + line_fences(text[:at], line_start)) % 2 == 1
+    return (before + len(_LINE_FENCE.findall(ahead))) % 2 == 1
 
 
 _FENCED = re.compile(r"\A\s*```[\w+.-]*[ \t]*\n?(.*?)\n?\s*(?:```\s*)?\Z", re.DOTALL)
