@@ -1694,3 +1694,21 @@ def test_a_pdf_page_that_cannot_be_read_is_left_out_not_the_whole_file(
     write_pdf(path, ["BROKEN one", "BROKEN two"])
     with pytest.raises(Unreadable, match="cannot read PDF .*Unexpected end of stream"):
         read_pdf_pages(path)
+
+
+def test_a_walk_of_the_parent_keeps_what_a_hidden_named_link_reached(tmp_path, monkeypatch, capsys):
+    """The last read of this session (2026-12-07): with named links keyed by their own path,
+    `index base` after `index base/.latest` (`.latest -> ../other/v2`) dropped the link's
+    record as covered by the walk of base, which skips hidden entries: v2's text was pruned.
+    The record of a link still there stays."""
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
+    base, v2 = tmp_path / "base", tmp_path / "other" / "v2"
+    base.mkdir()
+    v2.mkdir(parents=True)
+    (v2 / "a.md").write_text("Walruses eat clams.")
+    (base / "b.md").write_text("Owls eat mice.")
+    (base / ".latest").symlink_to(v2)
+    real = tmp_path.resolve()
+    assert indexed_sources(tmp_path, capsys, base / ".latest") == [str(real / "other/v2/a.md")]
+    both = sorted([str(real / "base/b.md"), str(real / "other/v2/a.md")])
+    assert indexed_sources(tmp_path, capsys, base) == both

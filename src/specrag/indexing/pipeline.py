@@ -440,7 +440,15 @@ def _plan_links(
         for key in recorded
         if key
         and key not in now
-        and (any(key.startswith(folder) for folder in walked) or key in gone)
+        and (
+            # a named link under a walked folder is not covered by that walk where the walk
+            # skips it (a hidden link): its record stays while the link is there
+            (
+                any(key.startswith(folder) for folder in walked)
+                and not os.path.islink(key.rstrip(os.sep))
+            )
+            or key in gone
+        )
     }
     record = {k: list(v) for k, v in {**recorded, **now}.items() if k not in dropped}
     still = {e for entries in now.values() for e in entries}
