@@ -61,30 +61,10 @@ def defuse(text: str, specials: tuple[str, ...] = ()) -> str:
 
 
 @functools.cache
-def _tag_patterns(names: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    """A whole tag of ``names``, the ``<`` of any start of one, and of one that ends there."""
+def _tag_start(names: tuple[str, ...]) -> re.Pattern[str]:
+    """The ``<`` of a ``<name`` or ``</name`` (``names``) that ends there: a tag or its start."""
     alternatives = "|".join(map(re.escape, names))
-    # a whole tag only (attributes name=value, quoted or bare): "<evidence of guilt ... 3 > 2"
-    # is prose, whose "<" the fragment rule defuses, keeping its words
-    whole = re.compile(
-        rf"</?\s*(?:{alternatives})(?:\s+[\w-]+\s*=\s*(?:\"[^\"<>]*\"|'[^'<>]*'|[^\s\"'<>]+))*"
-        r"\s*/?>",
-        re.IGNORECASE,
-    )
-    fragment = re.compile(rf"<(?=\s*/?\s*(?:{alternatives}))", re.IGNORECASE)
-    ended = re.compile(rf"<(?=\s*/?\s*(?:{alternatives})(?:[\s/>]|\Z))", re.IGNORECASE)
-    return whole, fragment, ended
-
-
-def strip_tags(text: str, names: tuple[str, ...]) -> str:
-    """``text`` that cannot open or close a prompt's ``<name>`` block (``names``).
-
-    A whole tag (``</evidence>``, ``<document id="2">``) becomes a space; the ``<`` of a
-    fragment of one (``<evidence`` cut off) becomes ``\u2039``. What delimits user text in a
-    prompt (evidence blocks, a long document) is kept from the text it delimits.
-    """
-    whole, fragment, _ = _tag_patterns(names)
-    return fragment.sub("\u2039", whole.sub(" ", text))
+    return re.compile(rf"<(?=\s*/?\s*(?:{alternatives})(?:[\s/>]|\Z))", re.IGNORECASE)
 
 
 def break_tags(text: str, names: tuple[str, ...]) -> str:
@@ -93,5 +73,7 @@ def break_tags(text: str, names: tuple[str, ...]) -> str:
     The ``<`` of each (a whole tag, or the start of one cut off) becomes ``\u2039``; the rest
     stays, so code that looks like one reads as before (``List<Document>`` becomes
     ``List\u2039Document>``, ``i<document.forms`` and ``<DocumentRoot`` stay as they are).
+    What delimits user text in a prompt (evidence blocks, a long document) is kept from the
+    text it delimits.
     """
-    return _tag_patterns(names)[2].sub("\u2039", text)
+    return _tag_start(names).sub("\u2039", text)

@@ -14,8 +14,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from specrag.defuse import break_tags
 from specrag.defuse import defuse as defuse  # re-exported: the one defusing function
-from specrag.defuse import strip_tags
 
 DRAFT_SYSTEM = (
     "You are a knowledgeable assistant. Answer the user's question directly and fluently in "
@@ -93,8 +93,13 @@ DRAFT_CUT_SUFFIX = " [... the draft was cut short]"
 
 
 def neutralise(text: str) -> str:
-    """Evidence text with delimiter tags and chat control tokens defused."""
-    return defuse(strip_tags(text, ("evidence",)))
+    """Evidence text with delimiter tags and chat control tokens defused.
+
+    Each ``<evidence ...>``/``</evidence>`` tag is broken, not deleted, as RAPID's layout
+    breaks them: code that looks like one (``List<Evidence> items``) kept no type argument,
+    and a question about it read "What does List  hold?" (a review, 2026-12-07).
+    """
+    return defuse(break_tags(text, ("evidence",)))
 
 
 def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
