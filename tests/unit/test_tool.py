@@ -74,7 +74,7 @@ def test_every_setting_is_validated_with_a_one_line_error():
         SpecRagContext.from_overrides({"rapid_eta": "strong"})
 
 
-def test_text_output_is_one_line_with_sources():
+def test_text_output_is_the_answer_then_its_sources():
     from specrag.tools import format_text
 
     verified = {
@@ -87,6 +87,23 @@ def test_text_output_is_one_line_with_sources():
     assert format_text(unverified) == "Maybe Rollo. [unverified: retrieval timed out]"
     said = {**unverified, "answer": "Unverified (no supporting evidence was found): Rollo."}
     assert format_text(said) == f"{said['answer']} [why: retrieval timed out]"  # not twice
+
+
+def test_text_output_names_the_failed_search_before_a_failed_draft():
+    """A review (2026-12-07): with the draft and the search both failed, the line named the
+    draft's error (first in ``errors``) and lost the search's, which says what to run."""
+    from specrag.tools import format_text
+
+    failed = {
+        "answer": "I could not find evidence for this.",
+        "verified": False,
+        "reason": "retrieval failed",
+        "errors": ["draft: RuntimeError: model exploded", "retrieve: run `specrag index PATH`"],
+    }
+    assert format_text(failed) == (
+        "I could not find evidence for this. [unverified: retrieval failed; "
+        "retrieve: run `specrag index PATH`]"
+    )
 
 
 async def test_tool_tells_its_agent_why_a_question_is_refused():

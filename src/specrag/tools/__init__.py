@@ -35,15 +35,21 @@ def sources(result: dict[str, Any]) -> list[str]:
 def why(result: dict[str, Any]) -> str:
     """Why an answer is unverified: the route's reason, then a failed step's first error.
 
-    A missing index read "retrieval failed" alone; its error says what to run.
+    A missing index read "retrieval failed" alone; its error says what to run. A failed
+    draft never makes an answer unverified (the draft is what an unverified answer shows), so
+    its error comes last: with the draft and the search both failed, the line named the
+    draft's error and lost the search's "run `specrag index PATH`" (a review, 2026-12-07).
     """
     reason = str(result.get("reason") or "no evidence")
     errors = [str(e) for e in result.get("errors") or [] if str(e) not in reason]
+    errors.sort(key=lambda e: e.startswith("draft:"))  # stable: the rest keep their order
     return f"{reason}; {errors[0]}" if errors else reason
 
 
 def format_text(result: dict[str, Any]) -> str:
-    """The tool's answer as one line: the answer, then its sources (or why it is unverified).
+    """The tool's answer as text: the answer, then its sources (or why it is unverified).
+
+    The answer keeps its own line breaks (a list stays a list); what follows it is one line.
 
     Small local agent models copy this line, citations included, where they paraphrase JSON
     and drop the sources (measured with the pair's 1.5B: tests/pair/test_agent.py).
@@ -175,8 +181,8 @@ def make_specrag_tool(
 
     ``output="json"``: answer, verified, route, reason, sources (each once) and errors as
     JSON, a refused question or failed run as ``{"error": "specrag: error: ..."}``;
-    ``"text"``: one line, the answer and its sources (what small local agent models cite
-    reliably), an error as ``specrag: error: ...``. ``context`` may be a dict of settings.
+    ``"text"``: the answer and then its sources (what small local agent models cite
+    reliably), an error as one line ``specrag: error: ...``. ``context`` may be a dict of settings.
     """
     if output not in ("json", "text"):
         raise ValueError(f"output must be 'json' or 'text', not {output!r}")
