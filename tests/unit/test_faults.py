@@ -119,7 +119,7 @@ async def test_failing_everything_still_answers():
     )
     result, _ = await timed(svc)
     assert result["route"] == "fallback"
-    assert result["answer"] == prompts.NO_EVIDENCE_ANSWER
+    assert result["answer"] == prompts.SEARCH_FAILED_ANSWER  # not "could not find evidence"
     assert len(result["errors"]) == 2
 
 

@@ -69,7 +69,7 @@ async def test_retrieval_failure_falls_back_to_unverified_draft():
     result = await run(services(retrieve_error=OSError("disk gone")))
     assert result["route"] == "fallback"
     assert result["verified"] is False
-    assert result["answer"].startswith(prompts.UNVERIFIED_PREFIX)
+    assert result["answer"].startswith(prompts.UNSEARCHED_PREFIX)
     assert "Paris is the capital of France." in result["answer"]
     assert "retrieval failed" in result["reason"]
 
@@ -200,7 +200,7 @@ async def test_an_unverified_draft_cut_by_its_budget_says_so():
         min_draft_tokens=1,
     )
     assert result["route"] == "fallback", result["reason"]
-    assert result["answer"].startswith(prompts.UNVERIFIED_PREFIX + "w0 w1")
+    assert result["answer"].startswith(prompts.UNSEARCHED_PREFIX + "w0 w1")
     assert result["answer"].endswith(prompts.DRAFT_CUT_SUFFIX)
     whole = await run(services(retrieve_error=OSError("disk gone")))
     assert not whole["answer"].endswith(prompts.DRAFT_CUT_SUFFIX)
@@ -217,7 +217,7 @@ async def test_an_unverified_draft_cut_by_its_token_limit_says_so():
     whole = await run(
         services(draft=ended, retrieve_error=OSError("disk gone")), min_draft_tokens=1
     )
-    assert whole["answer"].startswith(prompts.UNVERIFIED_PREFIX) and not whole["answer"].endswith(
+    assert whole["answer"].startswith(prompts.UNSEARCHED_PREFIX) and not whole["answer"].endswith(
         prompts.DRAFT_CUT_SUFFIX
     )
 
@@ -352,7 +352,7 @@ async def test_a_fallback_that_does_not_show_the_draft_says_why():
     named retrieval only: why the draft was not shown was nowhere."""
     short = FakeLogprobChat(reply="Paris maybe", calls=[])
     result = await run(services(draft=short, retrieve_error=OSError("disk gone")))
-    assert result["route"] == "fallback" and result["answer"] == prompts.NO_EVIDENCE_ANSWER
+    assert result["route"] == "fallback" and result["answer"] == prompts.SEARCH_FAILED_ANSWER
     assert result["reason"].endswith("; the draft is not shown (draft too short (2 < 6 tokens))")
 
 

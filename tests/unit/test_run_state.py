@@ -27,7 +27,7 @@ async def test_default_policy_draft_outlives_a_failed_retrieval():
     svc = services(draft=draft, retrieve_error=OSError("disk gone"))
     result = await run(svc, draft_policy="until_retrieval")
     assert result["route"] == "fallback", result["reason"]
-    assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT
+    assert result["answer"] == prompts.UNSEARCHED_PREFIX + SLOW_DRAFT
     assert "retrieval failed" in result["reason"]
 
 
@@ -38,7 +38,7 @@ async def test_default_policy_draft_outlives_irrelevant_and_slow_retrieval():
     assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT, result["reason"]
     slow = services(draft=draft, retrieve_delay_s=1.0)
     result = await run(slow, draft_policy="until_retrieval", retrieval_timeout_s=0.1)
-    assert result["answer"] == prompts.UNVERIFIED_PREFIX + SLOW_DRAFT, result["reason"]
+    assert result["answer"] == prompts.UNSEARCHED_PREFIX + SLOW_DRAFT, result["reason"]
 
 
 async def test_second_question_on_a_thread_starts_a_clean_run():
@@ -140,7 +140,8 @@ async def test_a_short_document_whose_search_failed_says_so_naming_the_document(
         svc, "Who led the Norse?", inputs={"document": "Rollo led the Norse."}, draft_policy="off"
     )
     assert result["route"] == "fallback" and "retrieval failed" in result["reason"]
-    assert result["answer"] == prompts.NO_EVIDENCE_IN_DOCUMENT
+    # the search looked at nothing: not "could not find evidence in the given document"
+    assert result["answer"] == prompts.SEARCH_FAILED_IN_DOCUMENT
 
 
 async def test_a_follow_up_on_the_rapid_route_gets_the_conversation():

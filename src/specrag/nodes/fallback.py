@@ -22,6 +22,8 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
     if draft and state.get("draft_truncated"):  # "It is approximately 5,838" read as whole
         draft += prompts.DRAFT_CUT_SUFFIX
     evidence_found = state.get("retrieval_status") == "ok"
+    # a search that timed out or failed found nothing because it looked at nothing
+    unsearched = state.get("retrieval_status") in ("timeout", "failed")
     if evidence_found and state.get("answer_error"):  # no answer model could use the evidence
         answer = prompts.UNCHECKED_PREFIX + draft if usable else prompts.ANSWER_FAILED
     elif state.get("run_document") and state.get("answer_error"):  # RAPID read it, and failed
@@ -29,11 +31,13 @@ async def fallback(state: State, runtime: Runtime[SpecRagContext]) -> dict[str, 
             prompts.DOCUMENT_UNCHECKED_PREFIX + draft if usable else prompts.DOCUMENT_ANSWER_FAILED
         )
     elif usable:
-        answer = prompts.UNVERIFIED_PREFIX + draft
+        answer = (prompts.UNSEARCHED_PREFIX if unsearched else prompts.UNVERIFIED_PREFIX) + draft
     elif state.get("run_document"):  # a run about a given document, not the index
-        answer = prompts.NO_EVIDENCE_IN_DOCUMENT
+        answer = (
+            prompts.SEARCH_FAILED_IN_DOCUMENT if unsearched else prompts.NO_EVIDENCE_IN_DOCUMENT
+        )
     else:
-        answer = prompts.NO_EVIDENCE_ANSWER
+        answer = prompts.SEARCH_FAILED_ANSWER if unsearched else prompts.NO_EVIDENCE_ANSWER
     reason = final_reason(dict(state), "fallback")
     if draft and not usable:  # a draft there was, not shown: why (the reason named retrieval)
         reason += f"; the draft is not shown ({why_not})"

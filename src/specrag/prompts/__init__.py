@@ -73,6 +73,15 @@ NO_EVIDENCE_ANSWER = (
 NO_EVIDENCE_IN_DOCUMENT = (
     "I could not find evidence for this in the given document, so I cannot give a verified answer."
 )
+# a search that timed out or failed looked at nothing: it must not say the evidence is not there
+SEARCH_FAILED_ANSWER = (
+    "The search of the indexed documents did not finish (the route's reason says why: a time "
+    "budget such as retrieval_timeout_s, or an error), so I cannot give a verified answer."
+)
+SEARCH_FAILED_IN_DOCUMENT = (
+    "The search of the given document did not finish (the route's reason says why: a time "
+    "budget such as retrieval_timeout_s, or an error), so I cannot give a verified answer."
+)
 ANSWER_FAILED = (
     "Evidence was found, but the answer model did not produce an answer from it (the route's "
     "reason says why: a time budget such as answer_timeout_s, or an error)."
@@ -82,6 +91,7 @@ DOCUMENT_ANSWER_FAILED = (
     "says why: a time budget such as answer_timeout_s, or an error)."
 )
 UNVERIFIED_PREFIX = "Unverified (no supporting evidence was found): "
+UNSEARCHED_PREFIX = "Unverified (the search for evidence did not finish): "
 UNCHECKED_PREFIX = (
     "Unverified (evidence was found, but the answer model could not check this draft against it): "
 )
