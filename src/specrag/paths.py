@@ -77,7 +77,8 @@ def user_path(text: str, what: str) -> Path:
 
     A missing file comes back as a path (its caller says "not found" in its own words); a
     name the OS cannot take - too long, under a folder it may not enter, ``~user`` of no
-    such user - is one line (:class:`~specrag.errors.InputError`) naming ``what`` it was.
+    such user, a NUL byte - is one line (:class:`~specrag.errors.InputError`) naming
+    ``what`` it was.
     """
     from specrag.errors import InputError
 
@@ -90,6 +91,8 @@ def user_path(text: str, what: str) -> Path:
         raise InputError(f"{what} {text}: {str(exc).rstrip('.')}") from None
     except OSError as exc:
         raise InputError(f"{what} {text}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # "embedded null byte" (a JSON or Studio context can hold one)
+        raise InputError(f"{what} {text!r}: {exc}") from None
     return path
 
 

@@ -74,6 +74,22 @@ def test_every_setting_is_validated_with_a_one_line_error():
         SpecRagContext.from_overrides({"rapid_eta": "strong"})
 
 
+def test_a_context_from_a_json_client_is_refused_in_one_line_not_a_python_error():
+    """A review (2026-12-07): Studio and JSON clients build the context from a dict: an int
+    too large for a float raised OverflowError, a NUL byte in a path ValueError."""
+    import pytest
+
+    from specrag.errors import InputError
+    from specrag.graph.context import SpecRagContext
+
+    with pytest.raises(InputError, match="expected a finite number"):
+        SpecRagContext(retrieval_timeout_s=10**400)
+    with pytest.raises(InputError, match="index_dir .*: embedded null byte"):
+        SpecRagContext.from_overrides({"index_dir": "\x00bad"})
+    with pytest.raises(InputError, match="embedding_model"):
+        SpecRagContext(embedding_model="./x\x00")
+
+
 def test_text_output_is_the_answer_then_its_sources():
     from specrag.tools import format_text
 

@@ -370,7 +370,10 @@ class SpecRagContext:
                 ok = isinstance(value, int) and not isinstance(value, bool)
             elif hint is float:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                ok = ok and math.isfinite(value)
+                try:  # an int too large for a float (10**400) raised OverflowError here
+                    ok = ok and math.isfinite(value)
+                except OverflowError:
+                    ok = False
             else:
                 ok = isinstance(value, str) if hint is str else True
             if not ok:
