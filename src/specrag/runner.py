@@ -238,6 +238,7 @@ async def _run(
         return await app.ainvoke(inputs, config=config or None, context=ctx)
     final: dict[str, Any] = {}
     current, shown = None, ""
+    cut = False  # a note was printed inside the draft's line: its next words go on a fresh one
 
     def label(node: str | None) -> str:
         return "draft (unverified)" if node == "draft" else f"answer ({node})"
@@ -259,8 +260,11 @@ async def _run(
             # OpenAI's Responses API), which `shown +=` failed on mid-answer
             text = chunk.text if isinstance(getattr(chunk, "text", None), str) else ""
             if node != current and text:
-                current, shown = node, ""
+                current, shown, cut = node, "", False
                 err.print(f"\n[dim]{label(node)}:[/dim] ", end="")
+            elif cut and text:  # the draft goes on below a note (draft_policy="complete")
+                cut = False
+                redraw()
             if text:
                 shown += text
                 err.print(text, end="", highlight=False, markup=False)
@@ -278,6 +282,8 @@ async def _run(
             )
             if shown and current != "draft":  # the answer goes on below the note
                 redraw()
+            elif shown:  # the draft, only if it goes on: it usually stops at the evidence
+                cut = True
         elif event == "answer_failed":  # the text shown so far is not the answer
             err.print(
                 f"\n[dim]{escape(str(payload['node']))} failed: "
@@ -293,7 +299,7 @@ async def _run(
             # without one is the answer's, of which nothing was shown while the draft streamed
             node = payload.get("node")
             if (node == current) if node else current not in (None, "draft"):
-                shown = shown[: payload["keep"]]
+                shown, cut = shown[: payload["keep"]], False
                 redraw()
         elif mode == "values":
             final = payload

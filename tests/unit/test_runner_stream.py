@@ -97,3 +97,33 @@ def test_a_remote_drafts_stop_sequence_cut_is_taken_off_the_draft_line(capsys):
     redrawn = said[said.index("revised") :]
     assert "draft (unverified): Rollo led them." in redrawn
     assert "Question:" not in redrawn.split("draft (unverified):")[1].split("route")[0]
+
+
+class DraftAcrossABatchApp:
+    """The draft goes on streaming after an evidence batch (``draft_policy="complete"`` with
+    ``answer_policy="incremental"``), or stops at it (the default)."""
+
+    def __init__(self, goes_on: bool):
+        self.goes_on = goes_on
+
+    async def astream(self, inputs, config=None, context=None, stream_mode=None):
+        draft = {"langgraph_node": "draft"}
+        yield "messages", (AIMessageChunk(content="Paris is"), draft)
+        yield "custom", {"event": "batch", "source": "hybrid", "chunks": [{}], "arrival_s": 0.3}
+        if self.goes_on:
+            yield "messages", (AIMessageChunk(content=" the capital"), draft)
+        yield "messages", (AIMessageChunk(content="Paris."), {"langgraph_node": "refine"})
+        yield "values", {"answer": "Paris."}
+
+
+def test_a_draft_that_goes_on_after_a_batch_note_goes_on_below_it(capsys):
+    """A review (2026-12-07): the rest of the draft was printed after the note, on its line:
+    "evidence batch (hybrid, 1 chunks) at 0.30s the capital". A draft that stops at the
+    evidence is not printed twice."""
+    asyncio.run(runner._run(DraftAcrossABatchApp(goes_on=True), {}, None, True, {}))
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("evidence batch") and line.endswith("0.30s") for line in lines)
+    assert "draft (unverified): Paris is the capital" in lines
+    asyncio.run(runner._run(DraftAcrossABatchApp(goes_on=False), {}, None, True, {}))
+    said = capsys.readouterr().err
+    assert said.count("Paris is") == 1 and "answer (refine): Paris." in said
