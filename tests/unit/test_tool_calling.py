@@ -355,6 +355,12 @@ def test_an_int8_chat_model_decodes_plainly(smol, monkeypatch):
     decoding = msg.response_metadata["decoding"]
     assert decoding["speculation"] == "none", decoding
     assert not sum(decoding.get("candidates_proposed", {}).values())
+    # nor is its drafter loaded: it loaded (seconds, gigabytes) and was never used (a review)
+    asked: list[str] = []
+    monkeypatch.setattr(ChatLocalLM, "_drafter", lambda self: asked.append("x") or (None, "x"))
+    with_drafter = model.model_copy(update={"drafter_model": "hf:/no/such/drafter"})
+    assert with_drafter.load() is loaded and asked == []
+    assert with_drafter.invoke([HumanMessage("Who led?")]).text and asked == []
 
 
 def test_models_that_answer_differently_have_different_cache_keys():

@@ -149,9 +149,11 @@ class ChatLocalLM(LocalChatBase):
         which the decode reads (:meth:`_verify_plan`, :meth:`_drafter_plan`), so the first
         answer does not pay for measuring them.
         """
-        self._drafter()  # a drafter that cannot load is left out (the answer still runs)
         loaded = load_lm(self.model_name, self.device, self.dtype)
-        if self.speculation != "none" and loaded.dtype != torch.qint8:  # int8: plain decoding
+        if loaded.dtype == torch.qint8:  # int8: plain decoding, its drafter is never used
+            return loaded
+        self._drafter()  # a drafter that cannot load is left out (the answer still runs)
+        if self.speculation != "none":
             self._drafter_plan(loaded, self.speculation)
             self._verify_plan(loaded, self.speculation)
         return loaded

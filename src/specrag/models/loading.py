@@ -45,7 +45,7 @@ from specrag.models.gguf import (
     remove_left_behind,
     room_for,
 )
-from specrag.models.options import FLOAT_DTYPES, INT8_NAMES
+from specrag.models.options import DEVICE_TEXT, FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.models.records import Records, positive
 from specrag.paths import cache_dir, looks_like_path, package_dir, user_path
@@ -152,7 +152,7 @@ def resolve_device(device: str = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError as exc:
-        raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+        raise ModelLoadError(f"unknown device {device!r} (use {DEVICE_TEXT})") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
@@ -164,7 +164,7 @@ def resolve_device(device: str = "auto") -> torch.device:
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"device {device!r} requested but MPS is not available here")
     if dev.type not in ("cpu", "mps"):  # torch knows more (xpu, meta): not run or tested here
-        raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda, cuda:N or mps)")
+        raise ModelLoadError(f"unknown device {device!r} (use {DEVICE_TEXT})")
     return dev
 
 
