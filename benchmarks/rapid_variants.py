@@ -257,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_text(out / "results.json", json.dumps(doc, indent=1))
     write_text(out / "table.md", table(summary))
-    log.print(f"results: {out / 'results.json'}, {out / 'table.md'}")
+    log.print(
+        f"results: {out / 'results.json'}, {out / 'table.md'}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     if args.json:
         print(json.dumps(doc))
     else:

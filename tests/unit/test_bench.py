@@ -1175,3 +1175,19 @@ def test_no_rag_samples_the_draft_the_graph_samples(monkeypatch):
     with pytest.raises(Seen):
         asyncio.run(bench_rag.run_one(PUPPY, "no_rag", 0.0, None, ctx))
     assert made[0]["seed"] == draft_seed(bench_rag.SEED) != bench_rag.SEED
+
+
+def test_where_a_bench_wrote_is_told_as_written():
+    """A review (2026-12-07): the line went through rich markup: a folder `o[old]` was told as
+    `o/...`, one holding `[/x]` raised after the files were written, and a long list wrapped
+    at 80 columns."""
+    import io
+
+    from rich.console import Console
+
+    from specrag.evaluation.store import say_written
+
+    log = Console(file=io.StringIO(), width=40)
+    files = ["o[old]/bench_retrieval/summary-quick.json", "a[/x]b/" + "long" * 20]
+    say_written(log, files)
+    assert log.file.getvalue() == f"results written to: {files[0]}, {files[1]}\n"

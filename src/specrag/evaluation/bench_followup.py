@@ -25,7 +25,7 @@ from rich.console import Console
 from specrag.data.datasets import sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _index
-from specrag.evaluation.store import write_results
+from specrag.evaluation.store import say_written, write_results
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services, open_index
 from specrag.nodes.retrieve import followup_query
@@ -142,7 +142,7 @@ def run(
     results = json.dumps({"summary": summary, "cases": rows}, indent=2)
     files = write_results(out_dir, quick, {"summary.json": results, "table.md": table})
     log.print(table)
-    log.print("results written to: " + ", ".join(files))
+    say_written(log, files)
     return {
         "benchmark": "followup",
         "models": models,

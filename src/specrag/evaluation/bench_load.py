@@ -23,7 +23,7 @@ from rich.console import Console
 from specrag.data.datasets import squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import WARM_TRIES
-from specrag.evaluation.store import write_results
+from specrag.evaluation.store import say_written, write_results
 from specrag.graph.builder import build_graph
 from specrag.graph.context import SpecRagContext
 from specrag.indexing.pipeline import index_records
@@ -194,6 +194,6 @@ def run(
         {"summary.json": json.dumps(runs, indent=2, default=str), "table.md": table},
     )
     log.print(table)
-    log.print("results written to: " + ", ".join(files))
+    say_written(log, files)
     summary["files"] = files
     return summary

@@ -48,6 +48,7 @@ from specrag.evaluation.store import (
     dtype_variant,
     out_path,
     proposer_rules,
+    say_written,
     setup_tag,
     write_results,
 )
@@ -364,7 +365,7 @@ def run(
     texts = {"summary.json": json.dumps(summary, indent=2), "table.md": markdown(summary)}
     files = [*write_results(out_dir, quick, texts, results_variant(dtype, sets)), str(runlog.path)]
     log.print(markdown(summary))
-    log.print("results written to: " + ", ".join(files))
+    say_written(log, files)
     return {
         "benchmark": "rag",
         "models": "pair",

@@ -52,6 +52,7 @@ from specrag.evaluation.store import (
     RunLog,
     out_path,
     proposer_rules,
+    say_written,
     setup_tag,
     write_results,
 )
@@ -858,7 +859,7 @@ def run(
     files = [*written, *map(str, plots(summary, out_dir, quick)), str(runlog.path)]
     log.print(markdown(summary))
     log.print(settings_markdown(settings))
-    log.print("results written to: " + ", ".join(files))
+    say_written(log, files)
     return {
         "benchmark": "rag",
         "quick": quick,

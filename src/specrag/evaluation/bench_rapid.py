@@ -49,7 +49,14 @@ from specrag.data.datasets import QAExample, hotpot_questions, sample
 from specrag.decoding.prefix_cache import PrefixCache
 from specrag.evaluation import metrics
 from specrag.evaluation.hf import hf_generate
-from specrag.evaluation.store import RunLog, dtype_variant, out_path, setup_tag, write_results
+from specrag.evaluation.store import (
+    RunLog,
+    dtype_variant,
+    out_path,
+    say_written,
+    setup_tag,
+    write_results,
+)
 from specrag.graph.context import MODEL_PRESETS
 from specrag.indexing import document_search
 from specrag.models.loading import LoadedLM, drafter_dtype, dtype_name, load_lm
@@ -488,7 +495,7 @@ def run(
     # a dtype's summary apart: a later auto run replaced a bf16 run's (the log keeps both)
     files = [*write_results(out_dir, quick, texts, dtype_variant(dtype)), str(runlog.path)]
     log.print(markdown(summary))
-    log.print("results written to: " + ", ".join(files))
+    say_written(log, files)
     return {
         "benchmark": "rapid",
         "models": {"preset": models, "target": loaded.name, "drafter": drafter.name},

@@ -19,7 +19,7 @@ from rich.console import Console
 from specrag.data.datasets import sample, squad_paragraphs, squad_questions
 from specrag.evaluation import metrics
 from specrag.evaluation.bench_rag import SEED, _index
-from specrag.evaluation.store import out_path, write_results
+from specrag.evaluation.store import out_path, say_written, write_results
 from specrag.indexing.pipeline import open_for_writing
 from specrag.progress import progress_bar
 
@@ -89,5 +89,5 @@ def run(
     texts = {"summary.json": json.dumps(summary, indent=2), "table.md": table}
     files = [*write_results(out_dir, quick, texts), str(runs)]
     log.print(table)
-    log.print("results written to: " + ", ".join(files))
+    say_written(log, files)
     return {"benchmark": "retrieval", "quick": quick, "summary": summary, "files": files}

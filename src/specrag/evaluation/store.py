@@ -123,6 +123,17 @@ def write_results(
     return written
 
 
+def say_written(log: Any, files: list[str]) -> None:
+    """Tell on ``log`` (a rich console) where a bench wrote its results, paths as written.
+
+    Markup off: a folder named ``o[old]`` was told as ``o/...``, and one holding ``[/x]``
+    raised after the files were written (a review, 2026-12-07).
+    """
+    log.print(
+        "results written to: " + ", ".join(files), markup=False, highlight=False, soft_wrap=True
+    )
+
+
 def setup_tag(*models: Any) -> str:
     """Where, in which dtype and weight layout each loaded model ran, for run-log keys.
 
