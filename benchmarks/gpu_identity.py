@@ -134,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """:func:`main` with its errors as one line (and ``{"error": ...}`` with ``--json``)."""
-    engines_only()
-    from specrag.evaluation.script import run_script
+    try:  # the package's imports (seconds where its dependencies are there): Ctrl-C is told
+        engines_only()
+        from specrag.evaluation.script import run_script
+    except KeyboardInterrupt:  # as run_script tells it (specrag_entry is not on a bare machine)
+        print("\ngpu_identity: interrupted", file=sys.stderr, flush=True)
+        if "--json" in (sys.argv[1:] if argv is None else argv):
+            print(json.dumps({"error": "interrupted"}), flush=True)
+        return 130
 
     return run_script("gpu_identity", main, argv)
 

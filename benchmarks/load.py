@@ -2,7 +2,8 @@
 
 import sys
 
-from specrag.cli import main
+import specrag_entry  # the standard library only: a Ctrl-C while the package loads is told
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", "load", *sys.argv[1:]]))
+    sys.argv[1:1] = ["bench", "load"]
+    sys.exit(specrag_entry.main())

@@ -28,8 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specrag.evaluation.script import Parser, ScriptError, run_script
-from specrag.models.records import write_text
+from specrag_entry import loading  # the standard library only
+
+with loading("rapid_variants"):  # a Ctrl-C in the seconds the package loads: one line, exit 130
+    from specrag.evaluation.script import Parser, ScriptError, run_script
+    from specrag.models.records import write_text
 
 DEFAULT_VARIANTS = {"default": {}, "no_cutoff": {"min_draft_confidence": 0.0}}
 FIXED = {  # ChatRapid settings this script sets itself

@@ -23,8 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specrag.evaluation.script import Parser, run_script
-from specrag.models.records import write_text
+from specrag_entry import loading  # the standard library only
+
+with loading("verify_cost"):  # a Ctrl-C in the seconds the package loads: one line, exit 130
+    from specrag.evaluation.script import Parser, run_script
+    from specrag.models.records import write_text
 
 
 def ints(text: str) -> list[int]:

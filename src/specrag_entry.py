@@ -12,9 +12,11 @@ minute.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 # what the CLI assumes unless the environment says otherwise (README: "runs offline")
 ENV_DEFAULTS = {
@@ -25,6 +27,28 @@ ENV_DEFAULTS = {
 }
 
 
+def interrupted(name: str, doc: dict[str, object]) -> int:
+    """Tell a Ctrl-C as ``name: interrupted`` on stderr (and ``doc`` under ``--json``): 130."""
+    sys.stderr.write(f"\n{name}: interrupted\n")
+    if any(tok == "--json" or tok.startswith("--json=") for tok in sys.argv[1:]):
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+    return 130
+
+
+@contextlib.contextmanager
+def loading(name: str) -> Iterator[None]:
+    """A ``benchmarks/*.py`` script's imports of the package (seconds), Ctrl-C told as later.
+
+    As :func:`specrag.evaluation.script.run_script` tells it: one line, exit 130 and, under
+    ``--json``, ``{"error": "interrupted"}`` - not a traceback with an empty stdout.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SystemExit(interrupted(name, {"error": "interrupted"})) from None
+
+
 def main() -> int:
     """Run the ``specrag`` command line (:func:`specrag.cli.main`)."""
     for name, value in ENV_DEFAULTS.items():
@@ -32,10 +56,7 @@ def main() -> int:
     try:
         from specrag.cli import main as run
     except KeyboardInterrupt:
-        sys.stderr.write("\nspecrag: interrupted\n")
-        if any(tok == "--json" or tok.startswith("--json=") for tok in sys.argv[1:]):
-            sys.stdout.write(json.dumps({"error": "interrupted", "exit_code": 130}) + "\n")
-        return 130
+        return interrupted("specrag", {"error": "interrupted", "exit_code": 130})
     return run()
 
 

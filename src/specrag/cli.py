@@ -1125,9 +1125,10 @@ def main(argv: list[str] | None = None) -> int:
         err.print("\nspecrag: interrupted", highlight=False, markup=False)
         return _json_error(args, "interrupted", 130)
     except Exception as exc:  # noqa: BLE001 - never a traceback for a CLI user
-        if debug_mode():
-            raise
         line = short_error(exc)
+        if debug_mode():  # the traceback, after the one JSON document --json promises
+            _json_error(args, line, 1)
+            raise
         print_error(f"{line} (set SPECRAG_DEBUG=1 for details)")
         code = _json_error(args, line, 1)  # before the trace's send (up to ~10 s)
         send_traces(after_error=True)  # (not after Ctrl-C: the user asked to stop now)

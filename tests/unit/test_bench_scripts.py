@@ -128,3 +128,65 @@ def test_verify_cost_warms_every_width_and_keeps_its_seconds_unrounded():
     secs = script("verify_cost").widths_cost(loaded, 8, [1, 3], 1)
     assert widths == [8, 1, 1, 3, 3]  # the cache, then each width warmed once and timed once
     assert set(secs) == {"1", "3"} and all(0 < s < 1 and s != round(s, 4) for s in secs.values())
+
+
+def refuse_import(monkeypatch, module):
+    """Importing ``module`` raises KeyboardInterrupt: a Ctrl-C in the seconds it loads."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def importing(name, *args, **kwargs):
+        if name == module:
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", importing)
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "doc"),
+    [
+        ("verify_cost", "specrag.evaluation.script", {"error": "interrupted"}),
+        ("rapid_variants", "specrag.evaluation.script", {"error": "interrupted"}),
+        ("drafter_confidence", "specrag.evaluation.script", {"error": "interrupted"}),
+        ("rag", "specrag.cli", {"error": "interrupted", "exit_code": 130}),
+        ("load", "specrag.cli", {"error": "interrupted", "exit_code": 130}),
+        ("rapid", "specrag.cli", {"error": "interrupted", "exit_code": 130}),
+    ],
+)
+def test_ctrl_c_while_a_script_loads_the_package_is_one_line(
+    capsys, monkeypatch, name, module, doc
+):
+    """A review (2026-12-07): the scripts imported the package (9-11 s under load) outside
+    any handler: Ctrl-C then was a KeyboardInterrupt traceback and an empty stdout."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--json"])
+    refuse_import(monkeypatch, module)
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="__main__")
+    assert ended.value.code == 130
+    out, err = capsys.readouterr()
+    assert json.loads(out) == doc
+    assert err.strip().endswith(": interrupted") and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_gpu_script_loads_the_package_is_one_line(capsys, monkeypatch):
+    module = script("gpu_identity")
+    refuse_import(monkeypatch, "specrag.evaluation.script")
+    assert module.cli(["run", "--json"]) == 130
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": "interrupted"} and err == "\ngpu_identity: interrupted\n"
+
+
+def test_help_with_json_is_one_json_document(capsys):
+    """A review (2026-12-07): `verify_cost.py --help --json` printed the plain usage text."""
+    with pytest.raises(SystemExit) as ended:
+        run_script("verify_cost", script("verify_cost").main, ["--help", "--json"])
+    assert ended.value.code == 0
+    assert "usage:" in json.loads(capsys.readouterr().out)["help"]
+    with pytest.raises(SystemExit):
+        run_script("verify_cost", script("verify_cost").main, ["--help"])
+    assert capsys.readouterr().out.startswith("usage:")

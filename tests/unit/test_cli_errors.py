@@ -1275,3 +1275,20 @@ def test_a_document_larger_as_utf8_than_on_disk_is_refused_before_any_model_load
     line = one_line_error(capsys, main(argv))
     assert "the document is too large: 0.0118 MiB, past the 0.01 MiB limit" in line
     assert one_line_error(capsys, main(["ask", "--thread", "big", "--resume"]))
+
+
+def test_specrag_debug_with_json_prints_the_document_then_the_traceback(capsys, monkeypatch):
+    """A review (2026-12-07): under SPECRAG_DEBUG=1 an unexpected error re-raised before the
+    JSON document: `--json` left stdout empty."""
+    import json
+
+    from specrag import cli
+
+    def broken(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setenv("SPECRAG_DEBUG", "1")
+    monkeypatch.setattr(cli, "cmd_config", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["config", "--json"])
+    assert json.loads(capsys.readouterr().out) == {"error": "RuntimeError: boom", "exit_code": 1}

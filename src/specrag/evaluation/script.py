@@ -36,6 +36,18 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        """As argparse's; what it reads is kept for :meth:`print_help` (``--help --json``)."""
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def print_help(self, file: object = None) -> None:
+        """The usage text; with ``--json`` on the line, one document: ``{"help": text}``."""
+        if "--json" in getattr(self, "_argv", sys.argv[1:]):
+            print(json.dumps({"help": self.format_help()}), flush=True)
+        else:
+            super().print_help(file)  # type: ignore[arg-type]
+
     def error(self, message: str) -> NoReturn:
         """Raise the usage error for :func:`run_script` to tell."""
         raise ScriptError(f"{message} (see --help)")
