@@ -541,6 +541,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
         raise InputError("--document needs a file (got an empty name)")
     if args.document and (given := [k for k in INDEX_KEYS if cli_overrides(args).get(k)]):
         flag = f"--{given[0].replace('_', '-')}"  # it was dropped without a word
+        if not getattr(args, given[0], None):  # named as the user gave it
+            flag = f"--set {given[0]}"
         raise InputError(
             f"--document searches the file it names, not an index: drop {flag} (or drop "
             "--document to ask the index)"
@@ -908,6 +910,18 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
+class OneFile(argparse.Action):
+    """``--document``: one file; a second one is a usage error (the last one won, silently)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        """Keep the file; refuse a second."""
+        if getattr(namespace, self.dest, None) is not None:
+            raise argparse.ArgumentError(
+                self, "takes one file: to ask about several, `specrag index` them and ask the index"
+            )
+        setattr(namespace, self.dest, values)
+
+
 class UsageError(SystemExit):
     """A usage error :meth:`Parser.error` printed; its line, for ``--json``'s document."""
 
@@ -988,6 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("question", nargs="?", default="", help="the question (none with --resume)")
     p.add_argument(
         "--document",
+        action=OneFile,
         help="answer from this file instead of the index, or - for plain text on stdin "
         "(RAPID when it is long)",
     )

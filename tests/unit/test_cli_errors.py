@@ -899,7 +899,11 @@ def test_a_thread_keeps_an_index_dir_named_like_a_model_absolute(tmp_path, monke
         (["ask", "q", "--index-dir", ""], "--index-dir is empty: give a folder"),
         # --document searches its file: an index named beside it was dropped without a word
         (["ask", "q", "--document", "x.txt", "--index-dir", "idx"], "drop --index-dir"),
-        (["ask", "q", "--document", "x.txt", "--set", "index_url=http://h:1"], "drop --index-url"),
+        # named as the user gave it (a review, 2026-12-07: "drop --index-dir" after --set)
+        (["ask", "q", "--document", "x", "--set", "index_url=http://h:1"], "drop --set index_url"),
+        (["ask", "q", "--document", "x.txt", "--set", "index_dir=/tmp"], "drop --set index_dir"),
+        # a second file replaced the first without a word (a review, 2026-12-07)
+        (["ask", "q", "--document", "a.txt", "--document", "b.txt"], "--document: takes one file"),
         (["index", "x", "--index-url", " "], "--index-url is empty: give a URL"),
         (["config", "--index-dir", "a", "--index-url", "http://h:1"], "name two indexes"),
         (["bench", "rag", "--out", ""], "--out is empty"),
