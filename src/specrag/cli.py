@@ -368,6 +368,7 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
     prune = [] if args.forget else prune_prefixes(args.paths, loaded.folders)
     empty = [] if args.forget else [p for p in args.paths if folder_empty(p)]
     held_empty: list[str] = []  # empty named folders the index holds files from
+    blank: list[str] = []  # empty named folders it holds nothing of
     lapsed: list[Skipped] = []  # named files no longer text, whose old text is removed
     if not args.forget and (empty or not loaded.records or loaded.lapsed):
         # a folder left with no text is pruned all; a named file no longer text is removed.
@@ -381,6 +382,7 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
         for folder in empty:  # a drive not mounted leaves its mount point empty: that prunes
             under = folder_prefix(Path(folder).expanduser().resolve())  # nothing, whatever
             if not any(source.startswith(under) for source in indexed):  # the other paths
+                blank.append(folder)  # are indexed; it is said (a typo, a drive not mounted)
                 continue
             if not loaded.records:  # nothing else to do: say it
                 raise InputError(
@@ -393,6 +395,7 @@ def _index_locked(args: argparse.Namespace, ctx: Any, directory: Path) -> int:
             raise no_text(loaded.skipped)
     skipped = [  # first: a line shows the first few
         *(Skipped(folder, EMPTY_HELD.format(one_line(folder))) for folder in held_empty),
+        *(Skipped(folder, "an empty folder: nothing to index") for folder in blank),
         *lapsed,
         *loaded.skipped,
     ]

@@ -1060,6 +1060,11 @@ def test_a_folder_left_with_no_text_is_pruned_of_what_it_held(tmp_path, monkeypa
     (held,) = json.loads(capsys.readouterr().out)["skipped"]
     assert held["path"] == str(e) and f"`specrag index --forget {e}` removes them" in held["reason"]
     assert len(indexed_sources(tmp_path, capsys, keep)) == 2
+    # an empty folder the index holds nothing of, beside a path with text: said too (it was
+    # left out without a word: a typo, a drive not mounted; a review, 2026-12-07)
+    assert main(["index", str(tmp_path / "empty"), str(keep), "--json"]) == 0
+    (blank,) = json.loads(capsys.readouterr().out)["skipped"]
+    assert blank == {"path": str(tmp_path / "empty"), "reason": "an empty folder: nothing to index"}
 
 
 def test_a_folder_with_no_text_creates_no_index(tmp_path, monkeypatch, capsys):
