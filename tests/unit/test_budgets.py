@@ -458,3 +458,16 @@ def test_time_lent_to_other_calls_is_not_in_the_decodes_timings(monkeypatch):
     assert out and lent[0].done()  # the call was lent mid-decode ...
     assert wall >= 0.6
     assert stats.prefill_s + stats.decode_s <= wall - 0.6  # ... and is not the decode's time
+
+
+async def test_a_step_past_the_grace_keeps_what_is_known_of_the_decode(monkeypatch):
+    """A review (2026-12-07): one RAPID step ran past answer_timeout_s and the grace; the
+    caller's timeout cancelled the stream before its last chunk, and the answer's stats read
+    {"truncated": true} and nothing else (no token count, no finish reason)."""
+    from specrag.nodes import streaming
+
+    monkeypatch.setattr(streaming, "GRACE_S", 0.2)
+    model = SlowLocal(steps=4, step_s=0.5)  # its steps end at 0.5 s and at 1.0 s, past 0.8 s
+    out = await streaming.stream_model(model, "q", budget_s=0.6, tags=["answer"])
+    assert out.timed_out and out.tokens >= 1
+    assert out.metadata["decoding"] == {"new_tokens": out.tokens, "finish_reason": "time"}

@@ -490,6 +490,11 @@ async def stream_model(
         if not budget.expired():  # the model's own (a socket's read timeout): its error
             raise
         out.timed_out = True
+        if local and "decoding" not in out.metadata:  # a step ran past the grace: the last
+            # chunk, with the decode's stats, is lost; what is known is kept (a review: a
+            # RAPID answer's stats read {"truncated": true} and nothing else)
+            out.metadata["decoding"] = {"new_tokens": out.tokens, "finish_reason": "time"}
+            out.metadata["finish_reason"] = "time"
     except Exception as exc:
         # a refusal of log-probabilities only (a 429 or a dropped connection is the call's
         # error: it must not switch them off for the rest of the process)
