@@ -61,10 +61,24 @@ def defuse(text: str, specials: tuple[str, ...] = ()) -> str:
 
 
 @functools.cache
-def _tag_start(names: tuple[str, ...]) -> re.Pattern[str]:
-    """The ``<`` of a ``<name`` or ``</name`` (``names``) that ends there: a tag or its start."""
+def _tag_start(names: tuple[str, ...], prefixes: bool = False) -> re.Pattern[str]:
+    """The ``<`` of a ``<name`` or ``</name`` (``names``) that ends there: a tag or its start.
+
+    With ``prefixes``, of any word that starts with a name too (``<evidence_count``).
+    """
     alternatives = "|".join(map(re.escape, names))
-    return re.compile(rf"<(?=\s*/?\s*(?:{alternatives})(?:[\s/>]|\Z))", re.IGNORECASE)
+    end = "" if prefixes else r"(?:[\s/>]|\Z)"
+    return re.compile(rf"<(?=\s*/?\s*(?:{alternatives}){end})", re.IGNORECASE)
+
+
+def break_tag_starts(text: str, names: tuple[str, ...]) -> str:
+    """:func:`break_tags`, and the ``<`` of any word that starts with a name broken too.
+
+    For text whose answer stops at a name's start (serial RAG's answer stops at
+    ``"<evidence"``, an invented block): ``i<evidence_count`` quoted from a chunk ended the
+    answer at ``i``. ``List<Evidence>`` and ``i<evidence_count`` keep their words.
+    """
+    return _tag_start(names, prefixes=True).sub("\u2039", text)
 
 
 def break_tags(text: str, names: tuple[str, ...]) -> str:

@@ -210,8 +210,11 @@ def test_code_that_looks_like_an_evidence_tag_keeps_its_words():
     one = [{"text": "A List<Evidence> holds exhibits; if i<evidence_count: stop.", "source": "a"}]
     user = prompts.evidence_messages("What does List<Evidence> hold?", one)[-1].content
     assert "What does List\u2039Evidence> hold?" in user
-    assert "A List\u2039Evidence> holds exhibits; if i<evidence_count: stop." in user
-    assert user.count("<evidence") == 1 and user.count("</evidence>") == 1
+    # a word that starts like one is broken too: the answer stops at "<evidence" (a quote of
+    # it ended the answer at "i")
+    assert "A List\u2039Evidence> holds exhibits; if i\u2039evidence_count: stop." in user
+    assert [m.group(1) for m in EVIDENCE_TAG.finditer(user)] == ["", "/"]
+    assert all(stop not in user.split("</evidence>")[0][1:] for stop in prompts.INVENTED_TURNS)
 
 
 def test_a_question_or_draft_cannot_forge_an_evidence_block():

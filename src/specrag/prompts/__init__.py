@@ -14,7 +14,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from specrag.defuse import break_tags
+from specrag.defuse import break_tag_starts
 from specrag.defuse import defuse as defuse  # re-exported: the one defusing function
 
 DRAFT_SYSTEM = (
@@ -107,9 +107,11 @@ def neutralise(text: str) -> str:
 
     Each ``<evidence ...>``/``</evidence>`` tag is broken, not deleted, as RAPID's layout
     breaks them: code that looks like one (``List<Evidence> items``) kept no type argument,
-    and a question about it read "What does List  hold?" (a review, 2026-12-07).
+    and a question about it read "What does List  hold?" (a review, 2026-12-07). Any word
+    that starts ``<evidence`` is broken too (``i<evidence_count``): the answer stops at
+    ``"<evidence"`` (:data:`INVENTED_TURNS`), and a quote of it ended the answer there.
     """
-    return defuse(break_tags(text, ("evidence",)))
+    return defuse(break_tag_starts(text, ("evidence",)))
 
 
 def format_evidence(chunks: Sequence[dict[str, Any]]) -> str:
