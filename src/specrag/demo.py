@@ -100,8 +100,10 @@ def savings(result: dict[str, Any]) -> str:
     stats = (result.get("stats") or {}).get(route) or {}
     if route == "fallback":
         return "no answer model ran: the draft is the answer"
-    if stats.get("truncated") and "new_tokens" not in stats:
-        return "the answer budget ended the decode (no decoding statistics)"
+    passes = "target_forward_passes" if route == "rapid_generate" else "forward_passes"
+    if stats.get("truncated") and passes not in stats:  # its last chunk, with them, was lost
+        made = f" after {stats['new_tokens']} tokens" if "new_tokens" in stats else ""
+        return f"the answer budget ended the decode{made} (no decoding statistics)"
     if route == "rapid_generate" and stats:
         passes = stats.get("target_forward_passes", 0)
         tokens = stats.get("new_tokens", 0)

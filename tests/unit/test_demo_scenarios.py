@@ -36,3 +36,19 @@ def test_the_long_document_holds_the_answer_to_its_question():
     for scenario in (s for s in SCENARIOS if s.long_document):
         answers = golds[key(scenario.question)]
         assert any(a in document for a in answers), (scenario.question, answers)
+
+
+def test_a_decode_cut_past_its_grace_is_not_told_as_zero_passes():
+    """A review (2026-12-07): a decode cut past its budget's grace keeps new_tokens (2b4ceeb)
+    but no pass counts; the demo's line read "12 tokens in 0 target passes"."""
+    from specrag.demo import savings
+
+    for route in ("rapid_generate", "refine", "generate"):
+        cut = {"route": route, "stats": {route: {"new_tokens": 12, "truncated": True}}}
+        assert savings(cut) == (
+            "the answer budget ended the decode after 12 tokens (no decoding statistics)"
+        )
+    whole = {"route": "generate", "stats": {"generate": {"new_tokens": 12, "forward_passes": 7}}}
+    assert savings(whole).startswith("12 tokens in 7 target passes")
+    kept = {"route": "rapid_generate", "stats": {"rapid_generate": {"truncated": True}}}
+    assert savings(kept) == "the answer budget ended the decode (no decoding statistics)"
