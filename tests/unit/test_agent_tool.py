@@ -84,3 +84,30 @@ def test_the_agent_prompt_names_the_tool_it_is_for():
 
     assert AGENT_PROMPT == agent_prompt() and "search_documents tool" in AGENT_PROMPT
     assert "Answer with the ask_notes tool," in agent_prompt("ask_notes")
+
+
+def test_the_tool_runs_under_a_sync_agent_with_a_sync_checkpointer_and_keeps_out_of_its_thread():
+    # the default graph has no checkpointer of its own: inside a tool call it took the
+    # agent's, through its async API, which SqliteSaver does not have (every call failed)
+    import sqlite3
+
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    tool = make_specrag_tool(ctx(), graph=build_graph(services()))
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    agent = create_agent(FakeToolCaller(), tools=[tool], checkpointer=SqliteSaver(conn))
+    result = agent.invoke(
+        {"messages": [("user", "What is the capital of France?")]},
+        {"configurable": {"thread_id": "t1"}},
+    )
+    assert json.loads(result["messages"][-2].content)["answer"] == "Paris."
+    assert "Paris." in result["messages"][-1].content
+
+    memory = InMemorySaver()
+    agent = create_agent(FakeToolCaller(), tools=[tool], checkpointer=memory)
+    agent.invoke(
+        {"messages": [("user", "What is the capital of France?")]},
+        {"configurable": {"thread_id": "t2"}},
+    )
+    assert list(memory.storage["t2"]) == [""]  # the agent's own namespace, no run of the tool's

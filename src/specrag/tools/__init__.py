@@ -183,6 +183,8 @@ def make_specrag_tool(
     JSON, a refused question or failed run as ``{"error": "specrag: error: ..."}``;
     ``"text"``: the answer and then its sources (what small local agent models cite
     reliably), an error as one line ``specrag: error: ...``. ``context`` may be a dict of settings.
+    A graph compiled without a checkpointer runs detached from the calling agent's (its steps
+    stay out of the agent's thread); one compiled with its own keeps it.
     """
     if output not in ("json", "text"):
         raise ValueError(f"output must be 'json' or 'text', not {output!r}")
@@ -191,6 +193,12 @@ def make_specrag_tool(
         from specrag.graph.builder import graph as default_graph
 
         graph = default_graph
+    if getattr(graph, "checkpointer", 0) is None:
+        # A graph compiled without a checkpointer takes its caller's: inside an agent's tool
+        # call that is the agent's, used through its async API (a sync SqliteSaver failed every
+        # call) and filling the agent's thread with each run's steps (a review, 2026-12-07).
+        # The tool's runs are its own: detached from the caller's checkpointer.
+        graph = graph.copy(update={"checkpointer": False})
     if context is not None and not isinstance(context, (dict, SpecRagContext)):
         # a string or list was taken, then every call failed on an attribute (or [] read as
         # the defaults)
