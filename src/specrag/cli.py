@@ -644,11 +644,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if named:
         from specrag.indexing.document_search import DOCUMENT_SOURCE
 
-        texts = {c.get("id"): c.get("text") or "" for c in result.get("chunks") or []}
-        passages = {c.get("n"): texts.get(c.get("id"), "") for c in result.get("citations") or []}
+        texts = {c.get("id"): c for c in result.get("chunks") or []}
+        passages = {c.get("n"): texts.get(c.get("id"), {}) for c in result.get("citations") or []}
         for src in view["sources"]:
             if src["source"] == DOCUMENT_SOURCE:
-                page = page_of(document or "", pages, passages.get(src["n"], ""))
+                chunk = passages.get(src["n"], {})
+                at = chunk.get("start")
+                passage = chunk.get("text") or ""
+                page = page_of(document or "", pages, passage, at if isinstance(at, int) else -1)
                 src["source"] = named if page is None else f"{named}{PAGE_MARK}{page}"
                 if page is not None:
                     src["page"] = page

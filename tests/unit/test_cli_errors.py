@@ -1296,3 +1296,66 @@ def test_specrag_debug_with_json_prints_the_document_then_the_traceback(capsys, 
     with pytest.raises(RuntimeError, match="boom"):
         main(["config", "--json"])
     assert json.loads(capsys.readouterr().out) == {"error": "RuntimeError: boom", "exit_code": 1}
+
+
+def test_a_passage_repeated_on_two_pdf_pages_is_cited_with_the_page_of_its_own_chunk(
+    capsys, monkeypatch, tmp_path
+):
+    """A review (2026-12-07): `ask --document report.pdf` cited a notice repeated on pages 1
+    and 3 as page 1 both times (its text's first copy); the chunk's start tells them apart."""
+    import json
+
+    import numpy as np
+
+    import specrag.cli
+    import specrag.indexing.documents as documents
+    from specrag.indexing.document_search import search_document
+    from specrag.indexing.documents import join_pages
+
+    notice = "Notice: " + " ".join(f"term{i}" for i in range(100)) + "."
+    body = lambda p: " ".join(f"p{p}w{i}" for i in range(150)) + "."  # noqa: E731
+    pages = [
+        f"{body(1)}\n\n{notice}\n\n{body(11)}",
+        body(2),
+        f"{body(3)}\n\n{notice}\n\n{body(33)}",
+    ]
+    text, _ = join_pages(pages)
+
+    class Words:  # a bag-of-words embedding: the notice's two copies score alike
+        def vector(self, t):
+            v = np.zeros(64)
+            for w in t.lower().split():
+                v[sum(map(ord, w.strip(".,"))) % 64] += 1
+            return v.tolist()
+
+        def embed_documents(self, texts):
+            return [self.vector(t) for t in texts]
+
+        def embed_query(self, t):
+            return self.vector(t)
+
+    found = search_document(
+        text,
+        "term5 notice",
+        embeddings=Words(),
+        token_length=lambda t: len(t.split()),
+        token_budget=10_000,  # every chunk
+    )
+    copies = [c.as_dict() for c in found if c.text.startswith("Notice")]
+    assert len(copies) == 2 and copies[0]["text"] == copies[1]["text"]
+    later = copies[1]  # the copy on page 3
+
+    async def run_graph(*a, **k):
+        return {"chunks": [later], "citations": [{"n": 1, "id": later["id"]}]}
+
+    monkeypatch.setattr(documents, "read_pdf_pages", lambda path: pages)
+    (tmp_path / "report.pdf").write_bytes(b"%PDF-1.4 stand-in")
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: None)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    monkeypatch.setattr(
+        specrag.cli, "result_json", lambda result: json.loads(json.dumps(DOCUMENT_VIEW))
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["ask", "Notice?", "--document", "report.pdf", "--json"]) == 0
+    (source,) = json.loads(capsys.readouterr().out)["sources"]
+    assert source["source"] == "report.pdf#page=3" and source["page"] == 3

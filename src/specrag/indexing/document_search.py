@@ -7,6 +7,7 @@ selects the top chunks by cosine similarity up to a token budget, put back in do
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections import OrderedDict
@@ -88,9 +89,7 @@ def search_document(
         cost = token_length(chunk.text)
         if picked and used + cost > token_budget:
             continue
-        picked.append(
-            Chunk(chunk.id, chunk.source, chunk.text, chunk.position, float(scores[int(idx)]))
-        )
+        picked.append(dataclasses.replace(chunk, score=float(scores[int(idx)])))
         used += cost
         if used >= token_budget:
             break

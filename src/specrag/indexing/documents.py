@@ -147,16 +147,20 @@ class Chunk:
     text: str
     position: int = 0  # order within its source
     score: float = 0.0
+    start: int = -1  # where the text starts in its document, where known (a given document's)
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly form (used in graph state and CLI output)."""
-        return {
+        out: dict[str, object] = {
             "id": self.id,
             "source": self.source,
             "score": round(self.score, 4),
             "position": self.position,
             "text": self.text,
         }
+        if self.start >= 0:
+            out["start"] = self.start
+        return out
 
 
 # tags whose text is a block of its own (a line break before and after; inline ones such as
@@ -373,9 +377,15 @@ def join_pages(pages: list[str]) -> tuple[str, list[tuple[int, int]]]:
     return "\n\n".join(parts), starts
 
 
-def page_of(text: str, starts: list[tuple[int, int]], passage: str) -> int | None:
-    """The page on which ``passage`` starts in ``text`` (:func:`join_pages`), if found."""
-    at = text.find(passage) if passage else -1
+def page_of(text: str, starts: list[tuple[int, int]], passage: str, at: int = -1) -> int | None:
+    """The page on which ``passage`` starts in ``text`` (:func:`join_pages`), if found.
+
+    ``at``: where the passage's chunk starts in ``text`` (:attr:`Chunk.start`), where known; a
+    passage found by its text alone is its first copy (a notice repeated on every page was
+    cited with the first one's page).
+    """
+    if not (passage and 0 <= at and text.startswith(passage, at)):
+        at = text.find(passage) if passage else -1
     if at < 0 or not starts:
         return None
     return starts[max(bisect.bisect_right([s for s, _ in starts], at) - 1, 0)][1]
@@ -821,6 +831,19 @@ def split_document(source: str, text: str, splitter: RecursiveCharacterTextSplit
     texts = [t.strip() for t in splitter.split_text(text) if t.strip()]
     texts = _carry_headings(texts, text, lambda heading: length(heading) <= most)
     return [
-        Chunk(cid, source, t, position=i)
-        for i, (cid, t) in enumerate(zip(chunk_ids(source, texts), texts, strict=True))
+        Chunk(cid, source, t, position=i, start=at)
+        for i, (cid, t, at) in enumerate(
+            zip(chunk_ids(source, texts), texts, _starts(text, texts), strict=True)
+        )
     ]
+
+
+def _starts(document: str, texts: list[str]) -> list[int]:
+    """Where each chunk (in document order) starts in ``document``; -1 where not verbatim."""
+    out: list[int] = []
+    after = 0  # a chunk starts after the one before it starts (an overlap starts inside it)
+    for text in texts:
+        at = document.find(text, after)
+        out.append(at)
+        after = at + 1 if at >= 0 else after
+    return out
