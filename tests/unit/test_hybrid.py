@@ -277,6 +277,13 @@ def test_a_one_character_term_is_searched_too():
     c7 = built.search("What does clause 7 require?", 2)
     assert c7[0][0] == "c7" and c7[0][1] > c7[1][1], c7
     assert built.search("What is in appendix B?", 1)[0][0] == "b"
+    # "a" is a stop word of bm25s' (lowercased): "appendix A" was "appendix", and the
+    # shorter appendix B ranked first (a review, 2026-12-07)
+    fees = LexicalIndex.build(
+        ["a", "b"],
+        ["Appendix A lists the fees, charges and deposits.", "Appendix B lists the fees."],
+    )
+    assert fees.search("What is in appendix A?", 1)[0][0] == "a"
 
 
 def test_an_open_index_deleted_or_rebuilt_with_another_model_is_refused_not_remade(tmp_path):

@@ -29,13 +29,22 @@ TOKEN_PATTERN = r"(?u)\b\w+\b"
 
 
 @functools.cache
+def stop_words() -> tuple[str, ...]:
+    """bm25s' English stop words but "a": its one letter (lowercased, "appendix A" lost its
+    "A" and ranked appendix B first; as a word its idf is about 0, so it weighs nothing)."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return tuple(w for w in STOPWORDS_EN if w != "a")
+
+
+@functools.cache
 def tokenizer_id() -> str:
     """What the saved rows' tokens depend on besides the texts: bm25s' version and options."""
     try:
         version = importlib.metadata.version("bm25s")
     except importlib.metadata.PackageNotFoundError:
         version = "?"
-    return f"bm25s {version}|stopwords=en|tokens={TOKEN_PATTERN}"
+    return f"bm25s {version}|stopwords=en-but-a|tokens={TOKEN_PATTERN}"
 
 
 def fingerprint(ids: list[str]) -> str:
@@ -51,7 +60,9 @@ def fingerprint(ids: list[str]) -> str:
 def _tokenize(texts: list[str]) -> Any:
     import bm25s
 
-    return bm25s.tokenize(texts, stopwords="en", token_pattern=TOKEN_PATTERN, show_progress=False)
+    return bm25s.tokenize(
+        texts, stopwords=list(stop_words()), token_pattern=TOKEN_PATTERN, show_progress=False
+    )
 
 
 @dataclass
