@@ -1372,6 +1372,12 @@ def test_encodings_a_user_s_files_declare_or_imply_are_read_and_line_ends_are_ne
     assert read_text(tmp_path / "late.txt") == "A" * 9000 + "B"
     from specrag.errors import InputError
 
+    # one character with a NUL low byte ("一" U+4E00) refused the file as binary (a review,
+    # 2026-12-07)
+    mixed = "Hello world, one \u4e00 two.\n" * 3
+    (tmp_path / "cjk16.txt").write_bytes(mixed.encode("utf-16-le"))
+    (tmp_path / "cjk16be.txt").write_bytes(mixed.encode("utf-16-be"))
+    assert read_text(tmp_path / "cjk16.txt") == read_text(tmp_path / "cjk16be.txt") == mixed
     (tmp_path / "bin.txt").write_bytes(bytes(range(256)) * 4)  # binary is still refused
     with pytest.raises(InputError, match="binary content"):
         read_text(tmp_path / "bin.txt")

@@ -494,11 +494,13 @@ def _decode(raw: bytes, path: Path, declared: str | None) -> str:
             return text
     head = raw[:8192]
     if b"\x00" in head:
-        # mostly-ASCII UTF-16 without a BOM: a NUL in most high bytes, none in the low ones
+        # mostly-ASCII UTF-16 without a BOM: a NUL in most high bytes, few in the low ones
+        # (U+4E00 "一", U+3000, U+0100 have one there: one such character refused the file)
         even, odd = head[0::2].count(0), head[1::2].count(0)
         half = len(head) // 2
-        wide = "utf-16-le" if odd > 0.6 * half and not even else None
-        wide = "utf-16-be" if even > 0.6 * half and not odd else wide
+        few = max(1, half // 20)
+        wide = "utf-16-le" if odd > 0.6 * half and even <= few else None
+        wide = "utf-16-be" if even > 0.6 * half and odd <= few else wide
         text = _wide_text(raw, wide, path) if wide is not None else None
         if text is not None:
             return text
