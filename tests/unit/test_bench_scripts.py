@@ -190,3 +190,35 @@ def test_help_with_json_is_one_json_document(capsys):
     with pytest.raises(SystemExit):
         run_script("verify_cost", script("verify_cost").main, ["--help"])
     assert capsys.readouterr().out.startswith("usage:")
+
+
+def test_a_failure_s_line_stays_one_line_and_names_the_file_a_rename_could_not_replace(
+    capsys, tmp_path
+):
+    """A review (2026-12-07): a path with a newline made two stderr lines (the CLI escapes
+    it); a results file that could not be replaced was told by its temporary's name (gone)."""
+    from specrag.evaluation.script import ScriptError
+    from specrag.models.records import write_atomically
+
+    def bad_path(argv):
+        raise ScriptError("--verify-cost /nonexist\nFAKE: second line: not a results file")
+
+    line, doc = told(capsys, run_script("s", bad_path, ["--json"]))
+    assert line == "s: error: --verify-cost /nonexist\\nFAKE: second line: not a results file"
+    assert doc["error"].startswith("--verify-cost /nonexist\nFAKE")  # JSON keeps it as is
+
+    def multi_line_package_error(argv):
+        raise ModelLoadError("cannot load model x:\n  not found")
+
+    line, doc = told(capsys, run_script("s", multi_line_package_error, ["--json"]))
+    assert line == "s: error: cannot load model x: not found" == f"s: error: {doc['error']}"
+
+    (tmp_path / "results.json").mkdir()  # in the way of the results file
+
+    def writes(argv):
+        write_atomically(tmp_path / "results.json", lambda tmp: tmp.write_text("{}"))
+        return 0
+
+    line, doc = told(capsys, run_script("s", writes, ["--json"]))
+    assert line.endswith(f": {tmp_path / 'results.json'}") and ".tmp" not in line, line
+    assert doc["error"].endswith(f": {tmp_path / 'results.json'}")

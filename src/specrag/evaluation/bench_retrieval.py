@@ -1,8 +1,9 @@
 """``specrag bench retrieval``: recall@3 of dense, BM25 and hybrid retrieval on SQuAD v2 dev.
 
 Every answerable SQuAD v2 dev question (full run) or a seeded sample of 300 (``--quick``) is
-searched in the index of all 1,204 dev paragraphs in each ``retrieval`` mode; a hit is the
-gold paragraph among the top 3. Differences to ``dense`` are paired by question, with 95%
+searched in the index of all 1,204 dev paragraphs (1,487 chunks: a long paragraph is split)
+in each ``retrieval`` mode; a hit is the gold paragraph among the top 3 chunks' sources (one
+paragraph may fill two of them). Differences to ``dense`` are paired by question, with 95%
 bootstrap intervals. Retrieval only: no language model runs. ``runs.jsonl`` keeps one record
 per question (its gold ids, and per mode the 3 sources found and whether one was gold).
 """

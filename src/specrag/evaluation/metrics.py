@@ -181,9 +181,10 @@ def per_token(pairs: Sequence[tuple[float, float]]) -> float:
 # What the ratios in the benchmarks' JSON are (their "statistics" field): which aggregate of
 # which per-question values, and how their intervals are drawn.
 BOOTSTRAP = (
-    "95% percentile bootstrap interval, 2,000 resamples of the questions both systems ran "
-    "(paired), seeded; none (null) from one question, and from a few (< ~10) it is narrower "
-    "than a true 95% interval"
+    "95% percentile bootstrap interval, 2,000 resamples of the questions (a comparison's: of "
+    "the questions both systems ran, paired; one system's value: of its questions), seeded; "
+    "none (null) from one question, and from a few (< ~10) it is narrower than a true 95% "
+    "interval"
 )
 RATIO_OF_MEANS = "mean over questions of the system's value / the same mean of the baseline's"
 RATIO_OF_TOTALS = (

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from specrag.errors import SpecRagError  # plain classes: importable on a bare machine too
+from specrag.errors import SpecRagError, one_line  # stdlib only: on a bare machine too
 
 
 class ScriptError(Exception):
@@ -61,7 +61,8 @@ def run_script(
 
     def fail(line: str, code: int) -> int:
         # as the specrag command: Ctrl-C's line starts on a line of its own (after a bar's)
-        said = f"\n{name}: interrupted" if code == 130 else f"{name}: error: {line}"
+        # its control characters escaped (a path's newline made two lines, as in the CLI)
+        said = f"\n{name}: interrupted" if code == 130 else f"{name}: error: {one_line(line)}"
         print(said, file=sys.stderr, flush=True)
         if "--json" in args:
             print(json.dumps({"error": line}), flush=True)
@@ -73,10 +74,13 @@ def run_script(
         return fail(str(exc), 2)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
-    except SpecRagError as exc:  # the package's own one-line errors; a bug keeps its traceback
-        return fail(str(exc), 2)
+    except SpecRagError as exc:  # the package's own errors (a library's lines joined, as the
+        # CLI's); a bug keeps its traceback
+        return fail(" ".join(part.strip() for part in str(exc).splitlines() if part.strip()), 2)
     except OSError as exc:  # a results folder that cannot be written, a full disk
-        return fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), 2)
+        # a rename's target (filename2), not the temporary file it came from (gone by now)
+        where = exc.filename2 or exc.filename
+        return fail(f"{exc.strerror or exc}: {where}" if where else str(exc), 2)
     except Exception as exc:  # a bug keeps its traceback; stdout still gets one document
         if "--json" in args:
             said = str(exc).strip().splitlines()

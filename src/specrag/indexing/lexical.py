@@ -30,8 +30,11 @@ TOKEN_PATTERN = r"(?u)\b\w+\b"
 
 @functools.cache
 def stop_words() -> tuple[str, ...]:
-    """bm25s' English stop words but "a": its one letter (lowercased, "appendix A" lost its
-    "A" and ranked appendix B first; as a word its idf is about 0, so it weighs nothing)."""
+    """bm25s' English stop words but "a", its one letter.
+
+    Lowercased, "appendix A" lost its "A" and ranked appendix B first; as a word "a" has an
+    idf of about 0, so it weighs nothing.
+    """
     from bm25s.stopwords import STOPWORDS_EN
 
     return tuple(w for w in STOPWORDS_EN if w != "a")
