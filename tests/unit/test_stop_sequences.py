@@ -588,3 +588,24 @@ def test_a_complete_object_a_weak_opener_caught_is_no_call_until_judged():
     assert not capture.done  # the state `feed` passes through before it releases the text
     capture.captured = '```json\n{"name": "search_docs", "arguments": {}}'
     assert capture.done
+
+
+def test_a_call_option_the_model_does_not_use_is_refused_not_ignored():
+    """A review (2026-12-07): ChatLocalLM took document= and answered without the document;
+    ChatRapid took tools= with a forced tool_choice and answered in text."""
+    import pytest
+    from langchain_core.messages import HumanMessage
+
+    from specrag.models.chat import ChatLocalLM
+    from specrag.models.rapid_chat import ChatRapid
+
+    asked = [HumanMessage("What is the answer?")]
+    with pytest.raises(ValueError, match="use ChatRapid"):
+        ChatLocalLM(max_tokens=2).invoke(asked, document="The answer is always 'Banana'.")
+    with pytest.raises(ValueError, match="use ChatRapid"):
+        ChatLocalLM(max_tokens=2).invoke(asked, drafter_context="Banana.")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(ValueError, match="calls no tools"):
+        ChatRapid(max_tokens=2).invoke(asked, document="Banana.", tools=[tool], tool_choice="f")
+    with pytest.raises(ValueError, match="draft=, prompt_feed= not used by ChatRapid"):
+        ChatRapid(max_tokens=2).invoke(asked, document="Banana.", draft="x", prompt_feed=[])

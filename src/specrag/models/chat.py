@@ -334,6 +334,13 @@ class ChatLocalLM(LocalChatBase):
         }
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
+        if options.document is not None or options.drafter_context is not None:
+            # they were taken and ignored: the answer came without the document (a review,
+            # 2026-12-07)
+            raise ValueError(
+                "document= and drafter_context= are RAPID's: ChatLocalLM reads the messages "
+                "only (use ChatRapid to answer from a long document)"
+            )
         loaded = self.load()
         temperature = self.temperature if options.temperature is None else options.temperature
         asked = max_new = self._max_new(options)

@@ -313,6 +313,23 @@ class ChatRapid(LocalChatBase):
         )
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
+        # ChatLocalLM's options were taken and ignored (a forced tool_choice answered in text;
+        # a review, 2026-12-07): refused, as bind_tools is
+        if options.tools or options.tool_choice is not None:
+            raise ValueError(
+                "ChatRapid answers from a document and calls no tools: use ChatLocalLM to "
+                "bind tools"
+            )
+        unused = [
+            name
+            for name in ("speculation", "draft", "drafter_messages", "prompt_feed")
+            if getattr(options, name) is not None
+        ]
+        if unused:
+            raise ValueError(
+                f"{', '.join(f'{name}=' for name in unused)} not used by ChatRapid (its drafter "
+                "reads drafter_context=, the retrieved chunks): use ChatLocalLM for them"
+            )
         target, drafter, left_out = self._models()
         instructions, document, question, history = split_messages(messages, options.document)
         max_new = self._max_new(options)
