@@ -433,3 +433,42 @@ def test_a_template_without_a_system_turn_gets_the_system_text_in_the_first_user
     tok.chat_template = "{{ raise_exception('broken template') }}"  # no system turn to blame
     with pytest.raises(Exception, match="broken template"):
         encode_chat(loaded, [HumanMessage("Who?")])
+
+
+def test_an_incremental_answer_s_usage_counts_the_prompt_it_stands_on(tmp_path, monkeypatch):
+    """A review (2026-12-07): usage_metadata.input_tokens counted the first batch's prompt of
+    an answer rebuilt on a longer one (43 where serial RAG on the same prompt said 62)."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from specrag.decoding.incremental import PromptFeed
+    from specrag.models.options import DecodeOptions
+
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=12)
+    asked = "Question: who led the Norse?"
+    first = [SystemMessage("Answer."), HumanMessage(f"<evidence n=1>Rollo</evidence>\n{asked}")]
+    later = [
+        SystemMessage("Answer."),
+        HumanMessage(
+            "<evidence n=1>Rollo led the Norse settlers of Normandy.</evidence>\n"
+            f"<evidence n=2>The treaty of 911 gave them the land.</evidence>\n{asked}"
+        ),
+    ]
+
+    class Later(PromptFeed):  # the second batch's prompt, put once the answer has begun
+        asked = 0
+
+        @property
+        def pending(self) -> bool:
+            self.asked += 1
+            if self.asked == 3:
+                self.put(later)
+                self.close()
+            return self._pending
+
+    chunks = list(model.stream(first, options=DecodeOptions(prompt_feed=Later())))
+    usage = next(c.usage_metadata for c in chunks if c.usage_metadata)
+    decoding = chunks[-1].response_metadata["decoding"]
+    assert decoding["rebuilds"], decoding  # the answer was rebuilt on the later prompt
+    serial = list(model.stream(later))
+    serial_usage = next(c.usage_metadata for c in serial if c.usage_metadata)
+    assert usage["input_tokens"] == decoding["prompt_tokens"] == serial_usage["input_tokens"]
