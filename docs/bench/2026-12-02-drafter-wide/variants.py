@@ -89,7 +89,7 @@ def main() -> None:
         top_k=bench_pair.TOP_K["long"],
         answer_prompt=bench_pair.prompts.ANSWER_DETAILED_SYSTEM,
         draft_prompt=bench_pair.prompts.DRAFT_DETAILED_SYSTEM,
-        answer_timeout_s=bench_pair.LONG_ANSWER_TIMEOUT_S,
+        answer_timeout_s=bench_pair.BUDGET_S,  # LONG_ANSWER_TIMEOUT_S (300 s) until bcfcabf
     )
 
     async def one(item, system):

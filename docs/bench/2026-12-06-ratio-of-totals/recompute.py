@@ -4,7 +4,7 @@ Run: .venv/bin/python docs/bench/2026-12-06-ratio-of-totals/recompute.py > table
 Reads every docs/bench/*rag-pair*/**/runs*.jsonl (quick and partial runs too; the last record
 of each key); one row per set and protocol+setup, as the bench summarises one protocol's keys.
 It times nothing.
-Intervals: the bench's paired bootstrap (questions, seed 0).
+Intervals: the bench's paired bootstrap (questions, seed 2026: bench_rag.SEED).
 """
 
 import glob
