@@ -281,6 +281,8 @@ def test_a_rebuild_stopped_in_its_prefill_keeps_the_answer_it_read_within_the_ne
     (rebuild,) = stats.rebuilds
     assert rebuild["kept_tokens"] == 5 and rebuild["at_tokens"] >= 8
     assert feed.taken_puts == 1 and feed.read_puts == 0  # taken, never read
+    # the prompt the answer stands on (usage_metadata's input_tokens reads it): the first
+    assert stats.prompt_tokens == len(P1) and rebuild["prompt_tokens"] == len(P2)
 
 
 def test_a_rebuild_that_keeps_an_ended_answer_whole_counts_as_read():

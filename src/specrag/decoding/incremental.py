@@ -111,7 +111,8 @@ def absorb(total: DecodeStats, part: DecodeStats, first: bool, judged: bool = Tr
     total.widest = max(total.widest, part.widest)
     total.cache_refills = part.cache_refills  # the answer model's own count, cumulative
     total.cache_restores = part.cache_restores
-    total.prompt_tokens = part.prompt_tokens
+    if first or judged:  # the prompt the answer stands on (not a rebuild stopped unjudged)
+        total.prompt_tokens = part.prompt_tokens
     total.finish_reason = part.finish_reason
 
 
