@@ -1359,3 +1359,18 @@ def test_a_passage_repeated_on_two_pdf_pages_is_cited_with_the_page_of_its_own_c
     assert main(["ask", "Notice?", "--document", "report.pdf", "--json"]) == 0
     (source,) = json.loads(capsys.readouterr().out)["sources"]
     assert source["source"] == "report.pdf#page=3" and source["page"] == 3
+
+
+def test_a_chunk_s_start_is_its_own_copy_not_one_inside_the_chunk_before():
+    """A review (2026-12-07): page 3 holding only a notice that page 2 quotes got the start of
+    page 2's copy (inside the chunk before), so its page read 2."""
+    from specrag.indexing.documents import join_pages, make_splitter, page_of, split_document
+
+    notice = "Notice: this report is confidential."
+    words = lambda p, n: " ".join(f"{p}{i}" for i in range(n))  # noqa: E731
+    pages = [words("a", 150) + ".", f"{words('b', 40)} {notice} {words('c', 80)}.", notice]
+    text, starts = join_pages(pages)
+    chunks = split_document("document", text, make_splitter(lambda t: len(t.split()), 128, 16))
+    assert chunks[-1].text == notice
+    assert [page_of(text, starts, c.text, c.start) for c in chunks] == [1, 1, 2, 3]
+    assert all(text.startswith(c.text, c.start) for c in chunks)

@@ -843,9 +843,14 @@ def split_document(source: str, text: str, splitter: RecursiveCharacterTextSplit
 def _starts(document: str, texts: list[str]) -> list[int]:
     """Where each chunk (in document order) starts in ``document``; -1 where not verbatim."""
     out: list[int] = []
-    after = 0  # a chunk starts after the one before it starts (an overlap starts inside it)
+    after = 0
+    last_at, last_end = -1, 0  # the chunk found before: where it starts and ends
     for text in texts:
-        at = document.find(text, after)
+        # after the chunk before's start (an overlap starts inside it), and ending past its
+        # end: a copy of this text inside the chunk before (a notice repeated on the next
+        # page) is not this chunk
+        at = document.find(text, max(after, last_at + 1, last_end - len(text) + 1))
         out.append(at)
-        after = at + 1 if at >= 0 else after
+        if at >= 0:
+            after, last_at, last_end = at + 1, at, at + len(text)
     return out
