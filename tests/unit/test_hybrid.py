@@ -278,12 +278,24 @@ def test_a_one_character_term_is_searched_too():
     assert c7[0][0] == "c7" and c7[0][1] > c7[1][1], c7
     assert built.search("What is in appendix B?", 1)[0][0] == "b"
     # "a" is a stop word of bm25s' (lowercased): "appendix A" was "appendix", and the
-    # shorter appendix B ranked first (a review, 2026-12-07)
+    # shorter appendix B ranked first (a review, 2026-12-07); the letter is a word of its own,
+    # the article still none (kept as a word, it ranked a chunk full of "a" first)
     fees = LexicalIndex.build(
         ["a", "b"],
-        ["Appendix A lists the fees, charges and deposits.", "Appendix B lists the fees."],
+        [
+            "Appendix A lists the fees, charges and deposits of the account.",
+            "Appendix B lists a schedule of payments.",
+        ],
     )
     assert fees.search("What is in appendix A?", 1)[0][0] == "a"
+    notes = LexicalIndex.build(
+        ["lien", "mortgage"],
+        [
+            "Lien: the creditor's legal claim on the property until the debt is paid.",
+            "A mortgage is a loan. A bank gives a loan for a house, and a buyer pays it back.",
+        ],
+    )
+    assert [i for i, _ in notes.search("What is a lien?", 2)] == ["lien"]
 
 
 def test_an_open_index_deleted_or_rebuilt_with_another_model_is_refused_not_remade(tmp_path):
