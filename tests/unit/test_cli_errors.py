@@ -1374,3 +1374,12 @@ def test_a_chunk_s_start_is_its_own_copy_not_one_inside_the_chunk_before():
     assert chunks[-1].text == notice
     assert [page_of(text, starts, c.text, c.start) for c in chunks] == [1, 1, 2, 3]
     assert all(text.startswith(c.text, c.start) for c in chunks)
+    # ... and a chunk left as the overlap alone (its heading carried to the next one) ends
+    # where the chunk before ends: its copy there, not page 3's (a second review)
+    see = "See the table below."
+    pages = [f"{words('a', 123)}.\n\n{see}", f"# Fees\n\n{words('b', 123)}.", see]
+    text, starts = join_pages(pages)
+    chunks = split_document("document", text, make_splitter(lambda t: len(t.split()), 128, 16))
+    assert [c.text[:6] for c in chunks] == ["a0 a1 ", "See th", "# Fees", "See th"]
+    assert [page_of(text, starts, c.text, c.start) for c in chunks] == [1, 1, 2, 3]
+    assert all(text.startswith(c.text, c.start) for c in chunks)

@@ -776,14 +776,19 @@ def _find_lines(text: str, lines: str) -> int:
     return found.start() if found else -1
 
 
-def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]) -> list[str]:
+def _carry_headings(
+    texts: list[str],
+    document: str,
+    fits: Callable[[str], bool],
+    origins: list[int] | None = None,
+) -> list[str]:
     """Chunks whose closing paragraphs are Markdown headings give them to the next chunk.
 
     The splitter cut a section's heading from its text when the two did not fit one chunk:
     the heading ended the chunk before (or stood alone), the section began the next without
     it. A chunk that ends inside a code fence (after an odd number of the document's ```
     fences) keeps its ``# comment`` lines; a heading that does not ``fits`` (a few tokens)
-    stays where it was.
+    stays where it was. ``origins`` (given): gets the index in ``texts`` of each chunk returned.
     """
     fences = [m.start() for m in re.finditer("```", document)]
     out: list[str] = []
@@ -817,6 +822,8 @@ def _carry_headings(texts: list[str], document: str, fits: Callable[[str], bool]
             carried, text = heading, "\n\n".join(blocks[:cut]).rstrip()
         if text:
             out.append(text)
+            if origins is not None:
+                origins.append(i)
     return out
 
 
@@ -830,27 +837,38 @@ def split_document(source: str, text: str, splitter: RecursiveCharacterTextSplit
     # a heading carried makes its chunk longer than the splitter's size: by an eighth at most
     length: Callable[[str], int] = getattr(splitter, "_length_function", len)
     most = max(getattr(splitter, "_chunk_size", 200) // 8, 1)
-    texts = [t.strip() for t in splitter.split_text(text) if t.strip()]
-    texts = _carry_headings(texts, text, lambda heading: length(heading) <= most)
+    split = [t.strip() for t in splitter.split_text(text) if t.strip()]
+    origins: list[int] = []
+    texts = _carry_headings(split, text, lambda heading: length(heading) <= most, origins)
+    starts = _starts(text, split, texts, origins)
     return [
         Chunk(cid, source, t, position=i, start=at)
-        for i, (cid, t, at) in enumerate(
-            zip(chunk_ids(source, texts), texts, _starts(text, texts), strict=True)
-        )
+        for i, (cid, t, at) in enumerate(zip(chunk_ids(source, texts), texts, starts, strict=True))
     ]
 
 
-def _starts(document: str, texts: list[str]) -> list[int]:
-    """Where each chunk (in document order) starts in ``document``; -1 where not verbatim."""
-    out: list[int] = []
-    after = 0
-    last_at, last_end = -1, 0  # the chunk found before: where it starts and ends
-    for text in texts:
-        # after the chunk before's start (an overlap starts inside it), and ending past its
-        # end: a copy of this text inside the chunk before (a notice repeated on the next
-        # page) is not this chunk
+def _starts(document: str, split: list[str], texts: list[str], origins: list[int]) -> list[int]:
+    """Where each chunk starts in ``document``; -1 where it is not verbatim.
+
+    ``split``: the splitter's chunks, each of which ends past the one before (it adds a piece
+    of text to the overlap), so a copy of one inside the chunk before (a notice quoted on
+    page 2, alone on page 3) is not it. ``texts`` (from ``origins[k]`` of them) lost a heading
+    at their end, a repeated overlap at their start, or gained the heading of the one before.
+    """
+    found: list[int] = []
+    after, last_at, last_end = 0, -1, 0
+    for text in split:
         at = document.find(text, max(after, last_at + 1, last_end - len(text) + 1))
-        out.append(at)
+        found.append(at)
         if at >= 0:
             after, last_at, last_end = at + 1, at, at + len(text)
+    out: list[int] = []
+    for text, k in zip(texts, origins, strict=True):
+        base = found[k]
+        at = document.find(text, max(base, 0))
+        if base < 0 or not base <= at < base + len(split[k]):  # it begins before: a heading
+            before = found[k - 1] if k > 0 else -1  # carried from the chunk before
+            at = document.find(text, before) if before >= 0 else -1
+            at = at if 0 <= at <= max(base, 0) or base < 0 else -1
+        out.append(at)
     return out
