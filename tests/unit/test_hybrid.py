@@ -296,6 +296,19 @@ def test_a_one_character_term_is_searched_too():
         ],
     )
     assert [i for i, _ in notes.search("What is a lien?", 2)] == ["lien"]
+    # capitals around an "A" say it is the article: "WHAT IS A LIEN?" ranked Appendix A first
+    liens = LexicalIndex.build(
+        ["claim", "tax", "release", "forms"],
+        [
+            "A lien is a legal claim on property that secures a debt.",
+            "A tax lien is filed by the government for unpaid taxes.",
+            "To release a lien, the owner pays the debt in full.",
+            "Appendix A: the forms to file with the county clerk.",
+        ],
+    )
+    for asked in ("WHAT IS A LIEN?", "What Is A Lien?"):
+        assert "forms" not in [i for i, _ in liens.search(asked, 4)], asked
+    assert liens.search("Which forms are in appendix A?", 1)[0][0] == "forms"
 
 
 def test_an_open_index_deleted_or_rebuilt_with_another_model_is_refused_not_remade(tmp_path):

@@ -31,13 +31,22 @@ TOKEN_PATTERN = r"(?u)\b\w+\b"
 # "A" the letter after a word ("appendix A", "vitamin A", "type A") is not the article "a" (a
 # stop word, and lowercased alike: "appendix A" searched "appendix" and ranked appendix B
 # first): it is indexed and searched as a word of its own. Keeping "a" instead weighed the
-# article (idf 0.45-0.7 on small indexes): "What is a lien?" ranked a chunk full of "a" first
+# article (idf 0.45-0.7 on small indexes): "What is a lien?" ranked a chunk full of "a" first.
+# Capitals around it say it is the article: after a word without a small letter ("WHAT IS A
+# LIEN"), or before a capitalised word ("What Is A Lien", "Appendix A Fees" too)
 LETTER_A = "a_letter"
-_LETTER_A = re.compile(r"(?<=\w)([ \t]+)A\b(?!['\u2019])")
+_LETTER_A = re.compile(r"(?<=\w)([ \t]+)A\b(?!['\u2019]|[ \t]+[A-Z])")
+_WORD_END = re.compile(r"\w+\Z")
 
 
 def _letters(text: str) -> str:
-    return _LETTER_A.sub(rf"\1{LETTER_A}", text)
+    def letter(match: re.Match[str]) -> str:
+        word = _WORD_END.search(text, max(0, match.start() - 64), match.start())
+        if word is None or not any(c.islower() for c in word.group()):
+            return match.group()
+        return match.group(1) + LETTER_A
+
+    return _LETTER_A.sub(letter, text)
 
 
 @functools.cache
@@ -47,7 +56,7 @@ def tokenizer_id() -> str:
         version = importlib.metadata.version("bm25s")
     except importlib.metadata.PackageNotFoundError:
         version = "?"
-    return f"bm25s {version}|stopwords=en|letter A={LETTER_A}|tokens={TOKEN_PATTERN}"
+    return f"bm25s {version}|stopwords=en|letter A={LETTER_A} by case|tokens={TOKEN_PATTERN}"
 
 
 def fingerprint(ids: list[str]) -> str:
