@@ -688,7 +688,8 @@ class _Run:
             round(self.first_token_s, 4) if self.first_token_s is not None else None
         )
         decoding["total_s"] = round(time.monotonic() - self.started, 4)
-        # the prompt the answer stands on: an incremental answer's last (it counted its first)
+        # the prompt the answer stands on (an incremental answer rebuilt on a later one counted
+        # its first)
         read = meta.get("prompt_tokens")
         input_tokens = read if isinstance(read, int) and read > 0 else job.input_tokens
         usage = UsageMetadata(
