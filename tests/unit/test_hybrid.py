@@ -262,17 +262,19 @@ def test_a_search_lists_the_collections_ids_only_after_a_write(tmp_path):
     assert sources(index.search("Rollo Norse settlers", 1, "bm25")) == {"b.md"}  # listed again
 
 
+def bm25_of(**texts: str) -> LexicalIndex:
+    """A BM25 index of ``texts``, each under its keyword's name as its chunk id."""
+    return LexicalIndex.build(list(texts), list(texts.values()))
+
+
 def test_a_one_character_term_is_searched_too():
     """bm25s' default pattern keeps words of 2+ characters: "What does clause 7 require?"
     scored clauses 7 and 8 alike (README's own example), "appendix B" found no B."""
-    built = LexicalIndex.build(
-        ["c7", "c8", "a", "b"],
-        [
-            "Clause 7: the tenant must give notice two months ahead.",
-            "Clause 8: the tenant must pay the rent on the first day.",
-            "Appendix A lists the fees.",
-            "Appendix B lists the deposits.",
-        ],
+    built = bm25_of(
+        c7="Clause 7: the tenant must give notice two months ahead.",
+        c8="Clause 8: the tenant must pay the rent on the first day.",
+        a="Appendix A lists the fees.",
+        b="Appendix B lists the deposits.",
     )
     c7 = built.search("What does clause 7 require?", 2)
     assert c7[0][0] == "c7" and c7[0][1] > c7[1][1], c7
@@ -280,31 +282,22 @@ def test_a_one_character_term_is_searched_too():
     # "a" is a stop word of bm25s' (lowercased): "appendix A" was "appendix", and the
     # shorter appendix B ranked first (a review, 2026-12-07); the letter is a word of its own,
     # the article still none (kept as a word, it ranked a chunk full of "a" first)
-    fees = LexicalIndex.build(
-        ["a", "b"],
-        [
-            "Appendix A lists the fees, charges and deposits of the account.",
-            "Appendix B lists a schedule of payments.",
-        ],
+    fees = bm25_of(
+        a="Appendix A lists the fees, charges and deposits of the account.",
+        b="Appendix B lists a schedule of payments.",
     )
     assert fees.search("What is in appendix A?", 1)[0][0] == "a"
-    notes = LexicalIndex.build(
-        ["lien", "mortgage"],
-        [
-            "Lien: the creditor's legal claim on the property until the debt is paid.",
-            "A mortgage is a loan. A bank gives a loan for a house, and a buyer pays it back.",
-        ],
+    notes = bm25_of(
+        lien="Lien: the creditor's legal claim on the property until the debt is paid.",
+        mortgage="A mortgage is a loan. A bank gives a loan for a house, and a buyer pays it back.",
     )
     assert [i for i, _ in notes.search("What is a lien?", 2)] == ["lien"]
     # capitals around an "A" say it is the article: "WHAT IS A LIEN?" ranked Appendix A first
-    liens = LexicalIndex.build(
-        ["claim", "tax", "release", "forms"],
-        [
-            "A lien is a legal claim on property that secures a debt.",
-            "A tax lien is filed by the government for unpaid taxes.",
-            "To release a lien, the owner pays the debt in full.",
-            "Appendix A: the forms to file with the county clerk.",
-        ],
+    liens = bm25_of(
+        claim="A lien is a legal claim on property that secures a debt.",
+        tax="A tax lien is filed by the government for unpaid taxes.",
+        release="To release a lien, the owner pays the debt in full.",
+        forms="Appendix A: the forms to file with the county clerk.",
     )
     for asked in ("WHAT IS A LIEN?", "What Is A Lien?"):
         assert "forms" not in [i for i, _ in liens.search(asked, 4)], asked
