@@ -30,7 +30,13 @@ for _name, _value in ENV_DEFAULTS.items():
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
-from specrag.errors import InputError, ModelLoadError, SpecRagError, short_error  # noqa: E402
+from specrag.errors import (  # noqa: E402
+    InputError,
+    ModelLoadError,
+    SpecRagError,
+    joined_lines,
+    short_error,
+)
 from specrag.graph.context import validate_question  # noqa: E402
 from specrag.paths import user_path  # noqa: E402
 from specrag.runner import (  # noqa: E402
@@ -1132,7 +1138,7 @@ def main(argv: list[str] | None = None) -> int:
         send_traces()
         return code
     except SpecRagError as exc:  # a library's multi-line text inside it stays on one line
-        line = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        line = joined_lines(str(exc))
         print_error(line)
         code = _json_error(args, line, 2)  # before the trace's send (up to ~10 s)
         send_traces(after_error=True)

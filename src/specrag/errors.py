@@ -27,6 +27,11 @@ class DataDirError(SpecRagError):
     """The data dir, or a file specrag keeps there (thread checkpoints), cannot be used."""
 
 
+def joined_lines(text: str) -> str:
+    """``text``'s non-blank lines joined by spaces (a library's multi-line message: one line)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 # control characters, and the invisible marks that reorder a terminal line (bidi overrides)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 

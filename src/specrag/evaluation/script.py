@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from specrag.errors import SpecRagError, one_line  # stdlib only: on a bare machine too
+from specrag.errors import SpecRagError, joined_lines, one_line  # stdlib only: bare machine too
 
 
 class ScriptError(Exception):
@@ -76,7 +76,7 @@ def run_script(
         return fail("interrupted", 130)
     except SpecRagError as exc:  # the package's own errors (a library's lines joined, as the
         # CLI's); a bug keeps its traceback
-        return fail(" ".join(part.strip() for part in str(exc).splitlines() if part.strip()), 2)
+        return fail(joined_lines(str(exc)), 2)
     except OSError as exc:  # a results folder that cannot be written, a full disk
         # a rename's target (filename2), not the temporary file it came from (gone by now)
         where = exc.filename2 or exc.filename
