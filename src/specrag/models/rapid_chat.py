@@ -63,6 +63,7 @@ DrafterRetriever = Callable[[str, str, Callable[[str], int], int, int], str]
 log = logging.getLogger(__name__)
 
 _PLACEHOLDER = "\u241fSPECRAG-DOCUMENT\u241f"
+NO_TOOLS = "ChatRapid answers from a document and calls no tools: use ChatLocalLM to bind tools"
 RAPID_INSTRUCTIONS = (
     "Answer the question using the document. Answer directly in one or two sentences, in the "
     "same language as the question."
@@ -308,18 +309,13 @@ class ChatRapid(LocalChatBase):
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
         """Not supported: RAPID answers from a document (``ChatLocalLM`` calls tools)."""
-        raise NotImplementedError(
-            "ChatRapid answers from a document and calls no tools: use ChatLocalLM to bind tools"
-        )
+        raise NotImplementedError(NO_TOOLS)
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
         # ChatLocalLM's options were taken and ignored (a forced tool_choice answered in text;
         # a review, 2026-12-07): refused, as bind_tools is
         if options.tools or options.tool_choice is not None:
-            raise ValueError(
-                "ChatRapid answers from a document and calls no tools: use ChatLocalLM to "
-                "bind tools"
-            )
+            raise ValueError(NO_TOOLS)
         unused = [
             name
             for name in ("speculation", "draft", "drafter_messages", "prompt_feed")
