@@ -856,12 +856,12 @@ def _starts(document: str, split: list[str], texts: list[str], origins: list[int
     at their end, a repeated overlap at their start, or gained the heading of the one before.
     """
     found: list[int] = []
-    after, last_at, last_end = 0, -1, 0
+    last_at, last_end = -1, 0  # the last chunk found: where it starts and ends
     for text in split:
-        at = document.find(text, max(after, last_at + 1, last_end - len(text) + 1))
+        at = document.find(text, max(last_at + 1, last_end - len(text) + 1))
         found.append(at)
         if at >= 0:
-            after, last_at, last_end = at + 1, at, at + len(text)
+            last_at, last_end = at, at + len(text)
     out: list[int] = []
     for text, k in zip(texts, origins, strict=True):
         base = found[k]
