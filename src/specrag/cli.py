@@ -240,10 +240,10 @@ def make_context(
 
 def check_pair_installed() -> None:
     """One clear error when the pair is asked for but not installed."""
-    from specrag.models.pair import INSTALL_HINT, installed
+    from specrag.models.pair import missing
 
-    if not installed():
-        raise ModelLoadError(f"the drafter/target pair is not installed: {INSTALL_HINT}")
+    if why := missing():
+        raise ModelLoadError(f"the drafter/target pair cannot load: {why}")
 
 
 def index_dir_of(ctx: Any) -> Path:

@@ -949,7 +949,7 @@ def test_config_and_index_do_not_need_the_pair_installed(capsys, monkeypatch):
 
     from specrag.models import pair
 
-    monkeypatch.setattr(pair, "installed", lambda: False)
+    monkeypatch.setattr(pair, "missing", lambda: f"Fake is not installed: {pair.INSTALL_HINT}")
     assert main(["config", "--models", "pair", "--json"]) == 0
     rows = {r["name"]: r["value"] for r in json.loads(capsys.readouterr().out)}
     assert rows["models"] == "pair"

