@@ -482,6 +482,37 @@ async def test_a_remote_models_stop_sequences_are_cut_here_not_sent():
     assert first_stop("no stop here", INVENTED_TURNS) is None and first_stop("x", ()) is None
 
 
+async def test_a_remote_stop_cut_keeps_the_counts_and_log_probs_of_the_kept_tokens():
+    """A review (2026-12-07): a remote model's stop cut trimmed the text but kept every token
+    and log-prob streamed up to the cut's chunk: a 3-token draft counted 6 tokens, with a
+    confidence of 0.34 (the invented turn's log-probs) instead of 0.90, and so took the route
+    of a low-confidence draft instead of "draft too short"."""
+    import math
+
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    from specrag import build_graph
+    from tests.fakes import FakeLogprobChat, ctx, services
+
+    class Tokens(FakeLogprobChat):
+        def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+            given = [("Paris", -0.1), (" is", -0.1), (" it", -0.1), ("\n", -0.1)]
+            given += [("Question", -3.0), (":", -3.0), (" what", -3.0), (" else", -3.0)]
+            for text, lp in given:
+                content = [{"token": text, "logprob": lp}]
+                meta = {"logprobs": {"content": content}}
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(content=text, response_metadata=meta)
+                )
+
+    graph = build_graph(services(draft=Tokens(calls=[])))
+    out = await graph.ainvoke({"question": "q?"}, context=ctx(min_draft_tokens=5))
+    assert out["draft"] == "Paris is it" and out["draft_tokens"] == 3
+    assert math.isclose(out["draft_confidence"], math.exp(-0.1), rel_tol=1e-3)
+    assert out["reason"].startswith("draft too short (3 < 5")
+
+
 def test_a_seed_no_generator_takes_is_refused_when_given():
     """A per-call seed of 1.5, "5" or 2**64 failed deep in torch (`manual_seed expected a
     long`), and ChatLocalLM(seed=2**64) only at its first call (a review, 2026-12-06)."""

@@ -423,6 +423,9 @@ async def stream_model(
         return event is not None and event.is_set() and out.tokens >= min_tokens
 
     stop_cut = False  # a remote model's stop sequence ended the text here
+    # where each counted token starts in the text, and whether it brought a log-prob: a stop
+    # cut keeps the tokens (and log-probs) that start before it, not the whole last chunk's
+    starts: list[tuple[int, bool]] = []
 
     async def consume() -> None:
         # closed as the loop ends (a stop cut, the stop event): a provider's stream is let go
@@ -448,12 +451,18 @@ async def stream_model(
                 emit({"event": "revise", "node": node, **out.revisions[-1]})
             if text and out.ttft_s is None:
                 out.ttft_s = now() - start
+            at = len(out.text)
             out.text += text
-            cut = first_stop(out.text, stops, len(out.text) - len(text)) if text else None
+            cut = first_stop(out.text, stops, at) if text else None
             lps = (meta.get("logprobs") or {}).get("content") or []
             out.logprobs.extend(float(x["logprob"]) for x in lps if "logprob" in x)
             # local models report a log-prob per token; others count text chunks
             out.tokens += len(lps) if (lps or local) else (1 if text else 0)
+            for x in lps if not local else ():
+                starts.append((at, "logprob" in x))
+                at += len(x.get("token") or "") if isinstance(x.get("token"), str) else 0
+            if text and not lps and not local:
+                starts.append((at, False))
             for key, value in meta.items():
                 if key not in ("logprobs", "revisions"):
                     out.metadata[key] = value
@@ -461,6 +470,9 @@ async def stream_model(
                 out.metadata["usage"] = dict(chunk.usage_metadata)
             if cut is not None:  # a remote model's stop sequence: the text ends before it
                 dropped, out.text = out.text[cut:], out.text[:cut]
+                kept = [has_lp for at, has_lp in starts if at < cut]
+                out.tokens = len(kept)
+                out.logprobs = out.logprobs[: sum(kept)]
                 out.metadata["finish_reason"] = "stop"
                 stop_cut = True
                 emit(
