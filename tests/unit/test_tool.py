@@ -256,7 +256,9 @@ async def test_an_unverified_answer_says_what_failed_and_sources_are_named_once(
     assert out["verified"] is False and out["route"] == "fallback"
     assert any("run `specrag index PATH`" in e for e in out["errors"]), out
     line = await make_specrag_tool(ctx(), graph=build_graph(svc), output="text").ainvoke("q?")
-    assert line.endswith("; retrieve: OSError: no index at /x: run `specrag index PATH`]"), line
+    assert line.endswith("retrieval failed (OSError: no index at /x: run `specrag index PATH`)]"), (
+        line
+    )  # the reason names the search's error (2026-12-07), not said twice
 
     cited = {
         "answer": "Rollo.",

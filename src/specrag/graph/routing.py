@@ -51,9 +51,15 @@ def draft_usable(state: dict[str, Any], ctx: SpecRagContext) -> tuple[bool, str]
 def decide(state: dict[str, Any], ctx: SpecRagContext) -> tuple[GateRoute, str]:
     """Choose the answer route after retrieve and draft have both finished."""
     retrieval = state.get("retrieval_status", "failed")
+    # the search's own error (an answer after a failed search points at this reason)
+    cause = [
+        e.removeprefix("retrieve: ")
+        for e in state.get("errors") or []
+        if e.startswith("retrieve: ")
+    ]
     detail = {
         "timeout": f"retrieval timed out after {ctx.retrieval_timeout_s}s",
-        "failed": "retrieval failed",
+        "failed": f"retrieval failed ({cause[-1]})" if cause else "retrieval failed",
         "empty": "retrieval found nothing",
         "irrelevant": f"no chunk scored {ctx.relevance_threshold} or more",
     }.get(retrieval, f"retrieval status {retrieval}")

@@ -41,7 +41,8 @@ def why(result: dict[str, Any]) -> str:
     draft's error and lost the search's "run `specrag index PATH`" (a review, 2026-12-07).
     """
     reason = str(result.get("reason") or "no evidence")
-    errors = [str(e) for e in result.get("errors") or [] if str(e) not in reason]
+    said = [str(e) for e in result.get("errors") or []]  # "node: error": said if its error is
+    errors = [e for e in said if e not in reason and e.split(": ", 1)[-1] not in reason]
     errors.sort(key=lambda e: e.startswith("draft:"))  # stable: the rest keep their order
     return f"{reason}; {errors[0]}" if errors else reason
 
