@@ -568,6 +568,36 @@ async def test_a_cancelled_incremental_run_stops_the_search_behind_it():
         release.set()
 
 
+async def test_a_run_cancelled_while_it_drafts_stops_the_search_behind_it():
+    """A review (2026-12-07): cancelled while its draft still ran (``draft_policy=complete``),
+    after retrieve had returned the first batch, a run left the search for the later batches
+    running (and its stream and signal in the process's tables): only the answer nodes
+    cancelled it."""
+    from specrag.graph import signals
+    from tests.fakes import two_batches
+
+    release = threading.Event()
+    slow_draft = FakeLogprobChat(reply=" ".join(["w"] * 100), delay_s=0.05, calls=[])
+    svc = dataclasses.replace(
+        services(draft=slow_draft), batch_retriever=two_batches(lambda: release.wait(10))
+    )
+    context = ctx(answer_policy="incremental", draft_policy="complete", retrieval_timeout_s=10)
+    before = set(signals._STREAMS)
+    run = asyncio.create_task(build_graph(svc).ainvoke({"question": "q?"}, context=context))
+    try:
+        await asyncio.sleep(1.0)  # drafting; batch 1 delivered, batch 2 held back
+        (key,) = set(signals._STREAMS) - before  # the search behind it runs
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await asyncio.sleep(0.1)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert left == [], left
+        assert key not in signals._STREAMS and key not in signals._SIGNALS
+    finally:
+        release.set()
+
+
 def test_an_error_is_named_without_the_internal_underscore():
     """Reasons read "retrieve: IndexError_: no index at ...": the class's name, which only
     avoids shadowing Python's IndexError, was shown as it is spelt."""

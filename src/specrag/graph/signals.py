@@ -116,3 +116,15 @@ def evidence_stream(state: dict[str, Any]) -> EvidenceStream | None:
     """This run's evidence stream, taken (an answer node consumes it once); None if absent."""
     with _LOCK:
         return _STREAMS.pop(str(state.get("run_id") or ""), None)
+
+
+def cancel_search_behind(state: dict[str, Any]) -> None:
+    """Stop the search behind a run cancelled before an answer node took its stream.
+
+    (Its draft was still running.) The search for the later batches stops, and the run's
+    stream and signal leave the process's tables.
+    """
+    stream = evidence_stream(state)
+    if stream is not None and not stream.ended and stream.task is not None:
+        stream.task.cancel()
+    discard_signal(state)

@@ -17,7 +17,7 @@ from specrag import prompts
 from specrag.errors import short_error
 from specrag.graph.context import SpecRagContext
 from specrag.graph.services import Services
-from specrag.graph.signals import retrieval_signal
+from specrag.graph.signals import cancel_search_behind, retrieval_signal
 from specrag.graph.state import State
 from specrag.models.options import DecodeOptions
 from specrag.nodes.streaming import emit, live_marks, now, resumed_origin, stream_model
@@ -94,6 +94,9 @@ def make_draft(services: Services):  # noqa: ANN201
                 stop_event=retrieval_signal(dict(state)) if until_retrieval else None,
                 confidence=True,  # a remote model's log-probabilities too: the gate reads them
             )
+        except asyncio.CancelledError:  # the run is cancelled: the search retrieve left
+            cancel_search_behind(dict(state))  # running for the later batches stops too
+            raise
         except Exception as exc:  # noqa: BLE001 - becomes the generate route
             # what the failed attempt took (retries of a remote call held the gate up)
             origin = live_marks(dict(state)).get("origin", start)
