@@ -533,3 +533,30 @@ def test_make_models_pair_with_a_bad_cache_dir_is_one_line(monkeypatch, capsys):
         err.startswith("specrag: error: SPECRAG_CACHE_DIR=~nosuchuser-specrag/c")
         and "\n" not in err
     )
+
+
+def test_a_load_of_a_converted_copy_removes_stale_copies_too(tmp_path, monkeypatch):
+    """A review (2026-12-07): stale copies were pruned only after a conversion, so an old
+    library version's copy (GBs for the pair) outlived README's week: every later load found
+    its own copy converted and nothing pruned it until the next upgrade."""
+    from specrag.errors import ModelLoadError
+    from specrag.models.loading import _load_lm_uncached
+
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    fake_loaders(monkeypatch)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    source = converted_dir(gguf, torch.float32, tmp_path / "cache" / "models")
+    convert_gguf(gguf, source, torch.float32)
+    stale = source.with_name(source.name.rsplit("-c", 1)[0] + "-c00000000")
+    stale.mkdir()  # another library version's copy, unused for ten days
+    ten_days = time.time() - 10 * 86400
+    os.utime(stale, (ten_days, ten_days))
+
+    def stop_here(*args, **kwargs):
+        raise RuntimeError("stop after the cache was read")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", stop_here)
+    with pytest.raises(ModelLoadError, match="stop after"):
+        _load_lm_uncached(str(gguf), torch.device("cpu"), torch.float32)
+    assert not stale.exists() and is_converted(source)

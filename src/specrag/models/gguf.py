@@ -254,9 +254,19 @@ def convert_gguf(gguf: Path, target: Path, dtype: torch.dtype) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(outdated, ignore_errors=True)
+    tidy_copies(gguf, target)
+
+
+def tidy_copies(gguf: Path, kept: Path) -> None:
+    """:func:`prune_stale_copies` after a conversion AND on a load of a converted copy.
+
+    (Only after conversions, an old library version's copy outlived its week: every later
+    load found its own copy converted, and nothing pruned until the next upgrade.) Tidying up
+    never fails a load or a conversion: a warning says what could not be removed.
+    """
     try:
-        prune_stale_copies(gguf, target)
-    except Exception as exc:  # noqa: BLE001 - tidying up never fails a conversion
+        prune_stale_copies(gguf, kept)
+    except Exception as exc:  # noqa: BLE001
         log.warning("could not remove stale converted copies of %s: %s", gguf.name, exc)
 
 

@@ -44,6 +44,7 @@ from specrag.models.gguf import (
     is_converted,
     remove_left_behind,
     room_for,
+    tidy_copies,
 )
 from specrag.models.options import DEVICE_TEXT, FLOAT_DTYPES, INT8_NAMES
 from specrag.models.pair import PAIR, joined_gguf
@@ -467,6 +468,8 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
                 convert_gguf(gguf, source, dtype)
             except Exception as exc:  # noqa: BLE001 - reported as one line
                 raise ModelLoadError(f"could not convert {gguf.name}: {exc}") from exc
+        else:  # converting prunes; so does a load that reads a copy converted before
+            tidy_copies(gguf, source)
     else:
         path = check_local_model(name)
         source = path if path is not None else name
