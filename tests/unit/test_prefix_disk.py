@@ -522,6 +522,10 @@ def test_a_cache_dir_this_user_cannot_search_is_a_miss_not_an_error(tmp_path, mo
 
     monkeypatch.setattr(pathlib.Path, "stat", denied)
     assert PrefixCache(disk_dir=tmp_path).get(key, model) is None
+    # and new budgets (`--set prefix_cache_mib=...`), set at preload: a review (2026-12-07)
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.limit(1 << 20, 1 << 20)
+    assert (cache.max_bytes, cache.disk_max_bytes) == (1 << 20, 1 << 20)
 
 
 def test_an_entry_whose_stored_key_was_damaged_is_replaced_by_the_next_write(tmp_path):

@@ -117,8 +117,11 @@ class PrefixCache:
         with self._lock:
             self.max_bytes, self.disk_max_bytes = max_bytes, disk_max_bytes
             self._evict()
-        if self.disk_dir is not None and self.disk_dir.is_dir():
-            self._prune_disk()
+        try:  # a cache dir this user cannot search (is_dir raises EACCES) never fails a run
+            if self.disk_dir is not None and self.disk_dir.is_dir():
+                self._prune_disk()
+        except OSError as exc:
+            log.warning("prefix cache: could not prune %s: %s", self.disk_dir, exc)
 
     def get(
         self, key: str, model: Any = None, *, memory: int | None = None, disk: int | None = None
