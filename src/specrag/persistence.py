@@ -27,11 +27,13 @@ log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
-async def sqlite_checkpointer() -> AsyncIterator[Any]:
+async def sqlite_checkpointer(check: bool = False) -> AsyncIterator[Any]:
     """An AsyncSqliteSaver on ``<data dir>/checkpoints.sqlite``, closed on exit.
 
     A data dir that cannot be made or written, or a file that is not a SQLite database: a
-    one-line :class:`DataDirError` when it opens (the file is left as it is).
+    one-line :class:`DataDirError` when it opens (the file is left as it is). ``check``: its
+    pages are checked too (``PRAGMA quick_check``, milliseconds), since opening reads only its
+    schema; a file damaged where the check did not look is the same line when a read meets it.
     """
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -46,7 +48,13 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
         # Opened once here first: aiosqlite's own failed open queues its thread's stop without
         # waiting for it, and that thread then finds the event loop closed (a warning, or a
         # traceback at exit). A file SQLite cannot open never reaches aiosqlite.
-        sqlite3.connect(path).close()
+        conn = sqlite3.connect(path)
+        try:
+            found = conn.execute("PRAGMA quick_check").fetchall() if check else [("ok",)]
+        finally:
+            conn.close()
+        if found != [("ok",)]:
+            raise sqlite3.DatabaseError(f"database disk image is damaged ({found[0][0]})")
     except sqlite3.Error as exc:
         raise _unusable(path, exc) from exc
     async with AsyncExitStack() as stack:
@@ -55,7 +63,12 @@ async def sqlite_checkpointer() -> AsyncIterator[Any]:
             await saver.setup()  # reads the file now: a corrupt one is told here, not mid-run
         except sqlite3.Error as exc:
             raise _unusable(path, exc) from exc
-        yield saver
+        try:
+            yield saver
+        except sqlite3.DatabaseError as exc:  # damaged pages a read met (a busy database,
+            if isinstance(exc, sqlite3.OperationalError):  # OperationalError, is not damage)
+                raise
+            raise _unusable(path, exc) from exc
 
 
 def _unusable(path: Path, exc: sqlite3.Error) -> DataDirError:

@@ -205,7 +205,7 @@ async def check_checkpoints() -> None:
     """
     from specrag.persistence import sqlite_checkpointer
 
-    async with sqlite_checkpointer():
+    async with sqlite_checkpointer(check=True):
         pass
 
 

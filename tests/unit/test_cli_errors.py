@@ -771,6 +771,58 @@ def test_unusable_thread_checkpoints_are_one_line_before_any_model_loads(
     assert "cannot use the data dir" in line
 
 
+def test_checkpoints_damaged_past_their_header_are_told_before_models_load(
+    capsys, monkeypatch, tmp_path
+):
+    """A review (2026-12-07): opening read only the schema page, so a checkpoints file whose
+    data pages were damaged passed the early check and failed later as an "unexpected"
+    sqlite3.DatabaseError naming no file (for a new question after the models loaded)."""
+    import asyncio
+    import random
+    import sqlite3
+
+    import specrag.cli
+    from specrag.errors import DataDirError
+    from specrag.persistence import sqlite_checkpointer
+    from specrag.runner import unfinished_run
+
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(data))
+    path = data / "checkpoints.sqlite"
+    with sqlite3.connect(path) as conn:  # a file LangGraph's saver set up, then filled
+        conn.execute("CREATE TABLE filler (x BLOB)")
+        conn.executemany("INSERT INTO filler VALUES (?)", [(b"y" * 3000,)] * 200)
+    asyncio.run(unfinished_run("t0"))  # a sound file: opens (setup adds its tables)
+    raw = bytearray(path.read_bytes())
+    noise = random.Random(0)
+    for at in range(len(raw) // 2, len(raw), 4096):  # pages in the back half, header intact
+        raw[at : at + 300] = bytes(noise.getrandbits(8) for _ in range(300))
+    path.write_bytes(bytes(raw))
+
+    async def opened() -> None:
+        async with sqlite_checkpointer():  # without the check: the schema still reads
+            pass
+
+    asyncio.run(opened())
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: pytest.fail("models loaded"))
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Paris is the capital of France.")
+    line = one_line_error(
+        capsys, main(["ask", "Capital?", "--thread", "t1", "--document", str(doc)])
+    )
+    assert "cannot use the thread checkpoints at" in line and "move the file aside" in line
+
+    async def read_damaged() -> None:
+        async with sqlite_checkpointer() as saver:
+            await saver.conn.execute("SELECT count(*), sum(length(x)) FROM filler")
+            async with saver.conn.execute("SELECT sum(length(x)) FROM filler") as cur:
+                await cur.fetchall()
+
+    with pytest.raises(DataDirError, match="move the file aside"):
+        asyncio.run(read_damaged())
+
+
 def test_a_read_only_data_dir_is_named_for_thread_checkpoints(capsys, monkeypatch, tmp_path):
     """A read-only data dir with no checkpoints file said "unable to open database file (move
     the file aside ...)": there was no file to move (a new-user review, 2026-12-06)."""
