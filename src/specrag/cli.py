@@ -527,6 +527,13 @@ async def _run_on_thread(
             saved = await unfinished_run(args.thread)
             if saved is None:  # finished by the run it waited for
                 raise InputError(f"thread {args.thread!r} has no interrupted run to resume now")
+            if thread_settings(args.thread) != getattr(args, "resumed_settings", None):
+                # another run started (and was interrupted) while this one waited: its models
+                # and budgets are not the ones this resume loaded
+                raise InputError(
+                    f"thread {args.thread!r} was run again while this --resume waited: run "
+                    "--resume again to go on with its latest run"
+                )
             document = saved.document or None
             named, pages = thread_document(args.thread), thread_pages(args.thread)
         else:  # the run starts now: kept for its --resume
@@ -557,7 +564,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
             "--document to ask the index)"
         )
     # a resumed run goes on with its own settings (--models, --set, ...); flags given now win
-    ctx = make_context(args, thread_settings(args.thread) if args.resume and args.thread else None)
+    resumed = thread_settings(args.thread) if args.resume and args.thread else None
+    ctx = make_context(args, resumed)
+    args.resumed_settings = resumed  # checked again once the thread is held
     if args.resume:
         if not args.thread:
             raise InputError("--resume needs --thread ID")

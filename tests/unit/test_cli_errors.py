@@ -412,6 +412,31 @@ def test_resume_goes_on_with_the_settings_its_run_started_with(capsys):
     assert "has no interrupted run to resume" in line  # the flag given now replaced it
 
 
+def test_a_resume_that_waited_while_another_run_took_the_thread_is_refused(capsys, monkeypatch):
+    """A review (2026-12-07): `--resume` read the thread's settings (its models, budgets)
+    before it waited for the thread; a run started meanwhile (and interrupted) saved its own,
+    and the resume went on with that run using the older run's models."""
+    import specrag.cli
+    from specrag.runner import Unfinished, save_thread_settings
+
+    save_thread_settings("t-race", {"seed": "3"})  # the interrupted run this resume read
+
+    async def unfinished(thread):
+        return Unfinished(("answer",), "Paris is the capital of France.")
+
+    def another_run_starts(*a, **k):  # while this one loaded its models
+        save_thread_settings("t-race", {"seed": "4"})
+
+    async def run_graph(*a, **k):
+        raise AssertionError("resumed with the settings of a run before the latest")
+
+    monkeypatch.setattr(specrag.cli, "unfinished_run", unfinished)
+    monkeypatch.setattr(specrag.cli, "preload", another_run_starts)
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    line = one_line_error(capsys, main(["ask", "--thread", "t-race", "--resume"]))
+    assert "was run again while this --resume waited" in line, line
+
+
 def test_a_thread_keeps_its_settings_only_once_its_run_starts(capsys, monkeypatch, tmp_path):
     """A command that fails before its run (a model that does not load, no index) must not
     replace the settings of the thread's interrupted run, which --resume goes on with."""
