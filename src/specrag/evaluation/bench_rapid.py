@@ -99,7 +99,11 @@ PROTOCOL = 11
 
 
 def rapid_tokens_per_s(new_tokens: int, decode_s: float) -> float | None:
-    """RAPID's decode speed: tokens after the first over ``decode_s`` (None for one token)."""
+    """RAPID's decode speed: tokens after the first over ``decode_s`` (None for one token).
+
+    ``decode_s`` counts neither prefill: lossless RAPID's drafter prefill runs after the first
+    token (since 2026-12-07) but is timed apart (``drafter_prefill_s``, in the e2e time).
+    """
     return (new_tokens - 1) / decode_s if decode_s and new_tokens > 1 else None
 
 
