@@ -1073,7 +1073,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small sample (each benchmark < 25 min on 2 cores; README lists the times)",
+        help="small sample (load: the same 16 questions, answers of 32 tokens instead of 64; "
+        "each benchmark < 25 min on 2 cores; README lists the times)",
     )
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument(

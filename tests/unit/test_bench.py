@@ -860,6 +860,30 @@ def test_bench_load_warms_up_on_a_question_that_reaches_an_answer_model(monkeypa
     assert warmed[:2] == [["q0"], ["q1"]] and warmed[2] == ["q0", "q1", "q2"]
 
 
+def test_bench_load_says_the_answer_length_its_quick_run_changes(monkeypatch, tmp_path):
+    """A review (2026-12-07): `bench load --quick` halves the answers' length (the sample is
+    the same) and no output said so: a full run's latencies were compared with a table at
+    half the length."""
+
+    from specrag.evaluation import bench_load
+
+    def measure(questions, ctx, levels):
+        level = {"concurrency": 1, "throughput_qps": 1.0, "p50_s": 1.0, "p90_s": 1.0}
+        level |= {"wall_s": 1.0, "runs": 1}
+        return {"levels": [level], "cross_talk": 0, "peak_rss_mb": 1.0, "rss_growth_mb": 0.0}
+
+    monkeypatch.setattr(bench_load, "load_questions", lambda n: (["q"], tmp_path))
+    monkeypatch.setattr(bench_load, "measure", measure)
+    log = Console(file=io.StringIO())
+    for quick, tokens in ((True, 32), (False, 64)):
+        summary = bench_load.run(quick=quick, out_dir=tmp_path, log=log)
+        assert summary["answer_max_tokens"] == tokens
+        written = {Path(f).name.split("-")[0].split(".")[0]: Path(f) for f in summary["files"]}
+        assert json.loads(written["summary"].read_text())["answer_max_tokens"] == tokens
+        table = written["table"].read_text()
+        assert f"at most {tokens} new tokens" in table
+
+
 def test_bench_followup_tells_a_model_rewrite_that_fell_back_to_concat():
     """A late or failed model rewrite searches concat's query: it is counted apart, by the
     same query the retrieve node falls back to."""

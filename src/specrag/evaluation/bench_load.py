@@ -156,9 +156,16 @@ def run(
         answer_max_tokens=32 if quick else 64,
         answer_timeout_s=600.0,
     )
-    log.print(f"bench load: {len(questions)} questions at concurrency {LEVELS}")
+    shorter = " (--quick: shorter answers, the same sample)" if quick else ""
+    log.print(
+        f"bench load: {len(questions)} questions at concurrency {LEVELS}, answers of at most "
+        f"{ctx.answer_max_tokens} tokens{shorter}"
+    )
     result = measure(questions, ctx, LEVELS)
     rows = [
+        f"answers of at most {ctx.answer_max_tokens} new tokens"
+        f"{' (--quick; a full run: 64)' if quick else ''}",
+        "",
         "| concurrency | throughput (q/s) | p50 (s) | p90 (s) | mismatches vs concurrency 1 |",
         "|---|---|---|---|---|",
     ]
@@ -177,6 +184,8 @@ def run(
         "benchmark": "load",
         "models": models,
         "quick": quick,
+        # what --quick changes here: the answers' length (the sample is the same 16 questions)
+        "answer_max_tokens": ctx.answer_max_tokens,
         "levels": {
             str(lv["concurrency"]): {
                 k: lv[k] for k in ("throughput_qps", "p50_s", "p90_s", "wall_s", "runs")
