@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.reps < 1:
         parser.error("--reps must be >= 1")
+    if 1 not in args.widths:  # every ratio is to one step (drafter_confidence.py reads them)
+        parser.error("--widths must include 1 (the ratios are to a single step)")
 
     from specrag.graph.context import MODEL_PRESETS
     from specrag.models import layout
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     layout.set_dual(loaded.model, dual)
                 key = f"{role}@{cache}" + ("/single layout" if single else "")
                 result["seconds_by_width"][key] = {w: round(s, 6) for w, s in secs.items()}
-                one = secs.get("1") or min(secs.values())
+                one = secs["1"]
                 result["relative_to_width_1"][key] = {w: round(s / one, 3) for w, s in secs.items()}
     if "drafter" in models:
         result["drafter_step_ratio"] = round(pair_costs(drafter, target).step, 4)

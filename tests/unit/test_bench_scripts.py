@@ -32,6 +32,8 @@ def told(capsys, code, expected=2):
     [  # usage errors were argparse's usage block and no JSON; rapid_variants' exited 1
         ("verify_cost", ["--reps", "0", "--json"], "--reps must be >= 1"),
         ("verify_cost", ["--widths", "1,x", "--json"], "not a comma-separated list"),
+        # ratios "relative to width 1" were to the fastest width timed (a review, 2026-12-07)
+        ("verify_cost", ["--widths", "4,2", "--json"], "--widths must include 1"),
         ("drafter_confidence", ["--no-such-flag", "--json"], "unrecognized arguments"),
         ("rapid_variants", ["--questions", "0", "--json"], "--questions must be >= 1"),
         ("rapid_variants", ["--variants", "[1]", "--json"], "non-empty JSON object"),
