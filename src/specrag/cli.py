@@ -707,7 +707,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "embedding paragraphs",
         announce=f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {escape(str(where))}",
     )
-    err.print(f"index ready: {report.chunks_total} chunks ({report.chunks_added} new)")
+    err.print(  # the index may hold the user's own files beside the paragraphs
+        f"index ready: {report.index_chunks} chunks ({report.chunks_total} of the SQuAD "
+        f"paragraphs, {report.chunks_added} new)"
+    )
     scenarios = SCENARIOS
     if args.questions:  # the user's own questions, default settings
         scenarios = [Scenario(f"question {n}", q, "", "") for n, q in enumerate(args.questions, 1)]

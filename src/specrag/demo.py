@@ -35,7 +35,8 @@ SCENARIOS = [
     Scenario(
         "remote store",
         "Who was the Norse leader?",
-        "A remote vector store (1.5 s of injected retrieval latency): the draft streams while "
+        "A remote vector store ({added_retrieval_latency_s:g} s of injected retrieval latency): "
+        "the draft streams while "
         "retrieval runs; the answer model then answers from the evidence, verifying the "
         "draft's tokens as speculative candidates.",
         "refine",
@@ -99,7 +100,12 @@ def savings(result: dict[str, Any]) -> str:
     route = result.get("route", "")
     stats = (result.get("stats") or {}).get(route) or {}
     if route == "fallback":
-        return "no answer model ran: the draft is the answer"
+        if " -> fallback" in str(result.get("reason") or ""):  # final_reason's answer error
+            return "the answer model failed (the route's reason says how): nothing to count"
+        draft = str(result.get("draft") or "").strip()
+        if draft and draft in str(result.get("answer") or ""):
+            return "no answer model ran: the draft is the answer"
+        return "no answer model ran, and no draft is shown: nothing was decoded for the answer"
     passes = "target_forward_passes" if route == "rapid_generate" else "forward_passes"
     if stats.get("truncated") and passes not in stats:  # its last chunk, with them, was lost
         made = f" after {stats['new_tokens']} tokens" if "new_tokens" in stats else ""

@@ -52,3 +52,25 @@ def test_a_decode_cut_past_its_grace_is_not_told_as_zero_passes():
     assert savings(whole).startswith("12 tokens in 7 target passes")
     kept = {"route": "rapid_generate", "stats": {"rapid_generate": {"truncated": True}}}
     assert savings(kept) == "the answer budget ended the decode (no decoding statistics)"
+
+
+def test_the_demos_fallback_line_and_intro_say_what_happened():
+    """A review (2026-12-07): every fallback read "no answer model ran: the draft is the
+    answer", with no draft shown or after an answer model failed; the remote-store intro said
+    1.5 s of latency whatever `--set added_retrieval_latency_s` gave."""
+    from specrag.demo import SCENARIOS, savings, scenario_context
+    from specrag.graph.context import SpecRagContext
+
+    shown = {"route": "fallback", "draft": "Rollo.", "answer": "Unverified (...): Rollo."}
+    assert savings(shown) == "no answer model ran: the draft is the answer"
+    none = {"route": "fallback", "draft": "", "answer": "I could not find evidence for this."}
+    assert "no draft is shown" in savings(none)
+    failed = {**shown, "reason": "draft usable; generate: RuntimeError: boom -> fallback"}
+    assert savings(failed).startswith("the answer model failed")
+    remote = SCENARIOS[0]
+    ctx = SpecRagContext(added_retrieval_latency_s=0.0)
+    kept = scenario_context(ctx, remote, given=["added_retrieval_latency_s"])
+    assert remote.describe(kept).startswith("A remote vector store (0 s of injected")
+    assert remote.describe(scenario_context(ctx, remote)).startswith(
+        "A remote vector store (1.5 s of injected"
+    )
