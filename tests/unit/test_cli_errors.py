@@ -1236,7 +1236,7 @@ def test_demo_json_keeps_the_scenarios_it_finished_when_a_later_one_fails(monkey
     from specrag.data import datasets
 
     monkeypatch.setattr(datasets, "squad_paragraphs", lambda: [])
-    report = SimpleNamespace(chunks_total=0, chunks_added=0)
+    report = SimpleNamespace(chunks_total=0, chunks_added=0, index_chunks=0)
     monkeypatch.setattr(cli, "index_with_progress", lambda *a, **k: report)
     monkeypatch.setattr(cli, "preload", lambda *a, **k: None)
     monkeypatch.setattr(cli, "result_json", lambda result: {"answer": result})
