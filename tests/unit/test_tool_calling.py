@@ -671,3 +671,52 @@ def test_a_call_after_a_code_block_or_in_an_array_leaves_the_text_whole(written,
         ]
     text, chunks = parse_tool_calls(written, ["search_docs"])
     assert text == content.strip() and [c["name"] for c in chunks] == ["search_docs"]
+
+
+def test_tokens_decoded_past_a_call_are_not_the_answers_whatever_the_consumers_pace(scripted):
+    """A review (2026-12-07): the decode stops once the consumer's capture has seen the call
+    end, so a slow consumer let it run on (120 output tokens for a 26-token call, the invented
+    tool result's log-probs sent too). The counts stop at the call, as a one-token decode's."""
+    import time
+
+    head = 'Let me search. <tool_call>\n{"name": "search_docs", "arguments": {"query": "x"}}'
+    model = scripted(head + "\nThe tool returned: Ragnar was the leader of them all, and more.")
+    tok = model.load().tokenizer
+    script = tok(head + "\nThe tool returned", add_special_tokens=False)["input_ids"]
+    starts = [len(tok.decode(script[:k])) for k in range(len(script))]
+    expected = sum(1 for start in starts if start < len(head))
+    bound = model.bind_tools([search_docs])
+    for pause in (0.0, 1.0):
+        merged = None
+        for n, chunk in enumerate(bound.stream([HumanMessage("Who?")])):
+            merged = chunk if merged is None else merged + chunk
+            if n == 0:
+                time.sleep(pause)  # the model thread decodes on meanwhile
+        assert merged is not None and [c["name"] for c in merged.tool_calls] == ["search_docs"]
+        assert merged.usage_metadata["output_tokens"] == expected
+        decoding = merged.response_metadata["decoding"]
+        assert decoding["new_tokens"] == expected
+        sent = merged.response_metadata["logprobs"]["content"]
+        assert len(sent) - decoding.get("retracted_tokens", 0) == expected
+    assert decoding["decoded_tokens"] > expected  # the 1 s pause: it decoded on
+
+
+def test_a_chat_message_keeps_its_role_in_the_prompt():
+    """A review (2026-12-07): a ChatMessage (type "chat") was a user turn whatever its role."""
+    from langchain_core.messages import ChatMessage
+
+    from specrag.models.tools import template_messages
+
+    messages = [ChatMessage(role=r, content=r) for r in ("system", "assistant", "user", "odd")]
+    roles = [d["role"] for d in template_messages(messages, tools=False)]
+    assert roles == ["system", "assistant", "user", "user"]
+
+
+def test_a_function_named_bare_in_a_tool_choice_dict_is_read():
+    """A review (2026-12-07): {"type": "function", "function": "search_docs"} raised
+    AttributeError instead of naming the tool (or refusing in one line)."""
+    from specrag.models.tools import plain_choice
+
+    assert plain_choice({"type": "function", "function": "search_docs"}) == "search_docs"
+    assert plain_choice({"type": "function", "function": {"name": "a"}}) == "a"
+    assert plain_choice({"type": "function", "function": 3}) == "function"

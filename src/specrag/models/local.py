@@ -479,6 +479,7 @@ class _Run:
         self.starts: list[int] = []  # character where each counted token's text starts
         self.retracted = 0  # tokens streamed before a stop sequence was seen that belong to it
         self.capture = ToolCapture(job.forced, job.tools) if job.tools else None
+        self.fed = 0  # characters of answer text fed to ``capture`` (the text's own offsets)
         self.ids: list[int] = []  # every answer token so far (a Revise cuts it)
         self.shown = ""  # the text sent in chunks so far (what a client shows)
 
@@ -624,7 +625,8 @@ class _Run:
             return ChatGenerationChunk(message=AIMessageChunk(content=""))
         if self.first_token_s is None:
             self.first_token_s = time.monotonic() - self.started
-        if self.stops:  # where each token's text starts, to cut at a stop sequence later
+        if self.stops or self.capture is not None:  # where each token's text starts, to cut
+            # at a stop sequence or a tool call's end later
             ids = list(self.text.ids)  # (a character split over tokens: from its start, not
             for token in step:  # one past it, where the broken character's U+FFFD ends)
                 self.starts.append(len(stable_text(self.job.tokenizer, ids)))
@@ -633,6 +635,7 @@ class _Run:
         shown_before = len(self.text.emitted) - len(self.held)
         delta = self.release(self.text.push([t.id for t in step]))
         if self.capture is not None:
+            self.fed += len(delta)
             delta = self.capture.feed(delta)
         logprobs = [
             {"token": self.job.tokenizer.decode([t.id]), "logprob": t.logprob}
@@ -656,6 +659,26 @@ class _Run:
             )
         )
 
+    def _cut_at_the_call(self) -> None:
+        """Leave the tokens decoded past a complete tool call out of the answer's counts.
+
+        The model thread stops once the consumer's capture has seen the call's end, a step or
+        (a slow consumer) many after it, and a verify pass accepts several tokens at once:
+        those tokens are not the answer's (its content is cut there too), so ``output_tokens``
+        and the log-probs stop at the call, as a one-token decode would (a review, 2026-12-07:
+        36, 52 or 120 output tokens for one 26-token call). ``decoded_tokens`` keeps the rest.
+        """
+        assert self.capture is not None
+        end = self.capture.call_end()
+        if end is None or self.stop_hit:  # a stop sequence's cut counts its own way
+            return
+        cut = self.fed - (len(self.capture.captured) - end)
+        past = sum(1 for start in self.starts if start >= cut)
+        if past:
+            eos = self.job.eos_ids
+            self.retracted += sum(1 for i in self.ids[-past:] if i not in eos)  # log-probs sent
+            self.n_tokens -= past
+
     def final_chunk(self) -> ChatGenerationChunk:
         job = self.job
         finish = "time" if self.timed_out_waiting.is_set() else (job.finish_reason() or "stop")
@@ -664,7 +687,9 @@ class _Run:
         tail, self.held = ("" if self.stop_hit else self.held), ""
         calls: list[Any] = []
         if self.capture is not None:  # the text held for a stop sequence goes through it
-            tail = self.capture.feed(tail)  # too, before its own held text (was after it)
+            self.fed += len(tail)  # too, before its own held text (was after it)
+            tail = self.capture.feed(tail)
+            self._cut_at_the_call()
             rest, calls = self.capture.finish()
             tail += rest
             # a whole call (its object complete), whatever stopped the decode at its end;
@@ -679,7 +704,8 @@ class _Run:
         if self.timed_out_waiting.is_set():  # the decode never ran: say why here too
             decoding["finish_reason"] = "time"
         if meta.get("new_tokens", self.n_tokens) != self.n_tokens:
-            # the decoder ran on past a stop sequence (it stops between steps): tokens_from
+            # the decoder ran on past a stop sequence or a tool call (it stops between
+            # steps): tokens_from
             # and the pass counts count those tokens too
             decoding["decoded_tokens"] = meta["new_tokens"]
         if self.retracted:  # consumers drop the last N log-probs they were sent

@@ -19,6 +19,7 @@ from typing import Any
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
+    ChatMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
@@ -52,7 +53,10 @@ def plain_choice(tool_choice: Any) -> str | None:
     tools bound (a review, 2026-12-07).
     """
     if isinstance(tool_choice, dict):
-        named = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        function = tool_choice.get("function")  # {"name": ...}, or a name given bare
+        if isinstance(function, dict):
+            function = function.get("name")
+        named = (function if isinstance(function, str) else None) or tool_choice.get("name")
         tool_choice = named or tool_choice.get("type")
     if tool_choice in (None, "auto"):
         return None
@@ -104,6 +108,9 @@ def forced_prefix(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str:
 
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user"}
+# a ChatMessage's role -> its kind (a review, 2026-12-07: role "assistant" rendered as a user)
+_CHAT_ROLES = {"assistant": "ai", "ai": "ai", "system": "system", "tool": "tool"}
+_CHAT_ROLES |= {"user": "human", "human": "human"}
 
 
 def message_kind(message: BaseMessage) -> str:
@@ -120,6 +127,8 @@ def message_kind(message: BaseMessage) -> str:
     ):
         if isinstance(message, cls):
             return kind
+    if isinstance(message, ChatMessage):  # its type is "chat": the role says whose turn
+        return _CHAT_ROLES.get(message.role, "human")
     return message.type
 
 
@@ -485,6 +494,10 @@ class ToolCapture:
         if not self.capturing:
             return False
         return self._end(captured, weak) is not None
+
+    def call_end(self) -> int | None:
+        """Where in ``captured`` the call ends (None: no complete call captured)."""
+        return self._end(self.captured, self.weak) if self.capturing else None
 
     def _end(self, captured: str, weak: bool) -> int | None:
         """Where the captured call ends (None: not yet).
