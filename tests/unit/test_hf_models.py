@@ -136,3 +136,27 @@ def test_a_device_specrag_does_not_run_on_or_a_failed_placement_is_one_line(tmp_
     monkeypatch.setattr(torch.nn.Module, "to", full)
     with pytest.raises(ModelLoadError, match="could not place model .* out of memory"):
         load_lm(str(path), "cpu", "float32")
+
+
+def test_a_loaded_model_is_served_while_another_model_loads(monkeypatch):
+    """A review (2026-12-07): `load_lm` took the process-wide load lock even to return a
+    model loaded already, and a first load holds it throughout (a conversion: minutes): a run
+    warming its own model waited behind another run's load, past its answer budget."""
+    import threading
+
+    from specrag.models import loading
+
+    lm, embeddings = object(), object()
+    monkeypatch.setitem(loading._LM_CACHE, ("loaded-lm", "cpu", str(torch.float32)), lm)
+    monkeypatch.setitem(loading._EMB_CACHE, "loaded-embeddings", embeddings)
+    got: list[object] = []
+
+    def served() -> None:
+        got.append(loading.load_lm("loaded-lm", "cpu", "float32"))
+        got.append(loading.load_embeddings("loaded-embeddings"))
+
+    with loading._LM_CACHE_LOCK, loading._EMB_LOCK:  # another run's first loads, under way
+        reader = threading.Thread(target=served, daemon=True)
+        reader.start()
+        reader.join(timeout=5)
+    assert got == [lm, embeddings]

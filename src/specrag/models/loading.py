@@ -414,6 +414,11 @@ def load_lm(name: str = EMBEDDED_LM, device: str = "auto", dtype: str = "auto") 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     key = (name, str(dev), str(dt))
+    # a model loaded already is returned without the lock: another model's first load holds it
+    # for its whole load (minutes for a conversion), and every run's warm-up of its own model
+    # waited behind it, past its budgets (a review, 2026-12-07)
+    if (found := _LM_CACHE.get(key)) is not None:
+        return found
     with _LM_CACHE_LOCK:
         if key in _LM_CACHE:
             return _LM_CACHE[key]
@@ -913,6 +918,8 @@ def check_embedding_path(name: str) -> None:
 
 def load_embeddings(name: str = EMBEDDED_LM) -> Any:
     """Load (once per process) a LangChain embeddings object; normalised vectors."""
+    if (found := _EMB_CACHE.get(name)) is not None:  # loaded: no wait behind another load
+        return found
     with _EMB_LOCK:
         if name in _EMB_CACHE:
             return _EMB_CACHE[name]
