@@ -549,6 +549,40 @@ def test_max_time_holds_while_the_call_waits_for_the_model_thread(scripted, how)
     assert model.invoke([HumanMessage("q")]).content == "Rollo."  # the thread is free again
 
 
+def test_a_queued_call_told_to_stop_ends_before_it_begins(scripted):
+    """A review (2026-12-07): a draft queued behind other runs' decodes ignored its stop event
+    (retrieval had delivered) until it got a decode slot, 20 s later, then stopped at once;
+    its run's answer waited for it. Told to stop while queued, it ends then (finish reason
+    "stop_event") and never begins; with ``min_tokens`` it still waits to write them."""
+    import threading
+    import time
+
+    from specrag.models.loading import on_model_thread
+    from specrag.models.options import DecodeOptions
+
+    model = scripted("Rollo.")
+    model.invoke([HumanMessage("q")])  # loaded and measured before the thread is held
+    release, told = threading.Event(), threading.Event()
+    holder = threading.Thread(target=on_model_thread, args=(release.wait, 30))
+    holder.start()
+    try:
+        time.sleep(0.2)  # the model thread is busy with the holder's call
+        threading.Timer(0.3, told.set).start()
+        start = time.monotonic()
+        options = DecodeOptions(stop_event=told, max_time=20.0)
+        msg = model.invoke([HumanMessage("q")], options=options)
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+        holder.join()
+    assert waited < 5, waited
+    assert msg.content == "" and msg.response_metadata["finish_reason"] == "stop_event"
+    assert msg.response_metadata["decoding"]["finish_reason"] == "stop_event"
+    assert model.invoke([HumanMessage("q")]).content == "Rollo."  # the thread is free again
+    at_least = DecodeOptions(stop_event=told, min_tokens=2, max_time=20.0)
+    assert model.invoke([HumanMessage("q")], options=at_least).content  # wrote its tokens
+
+
 async def test_decode_speedup_counts_a_calls_own_time_beside_concurrent_calls(smol):
     """`decode_speedup_vs_plain` divided by the wall decode time, which holds the other
     calls' steps between this one's: plain decoding read 0.32x beside two others (a review,

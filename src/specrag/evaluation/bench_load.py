@@ -1,8 +1,9 @@
 """``specrag bench load``: many questions at once on one process and one local model.
 
 The same questions run at concurrency 1, 4 and 16 (``graph.ainvoke`` from many asyncio tasks).
-Generation on a local model is serialised by a per-model lock (a bounded queue: on 2 CPU cores
-parallel decodes would only fight for the cores), so throughput stays flat while latency grows
+Generation on local models runs on the one process-wide model thread (up to 4 decodes step in
+turn, the rest queue: on 2 CPU cores parallel decodes would only fight for the cores), so
+throughput stays flat while latency grows
 with the queue; what must not change is any answer. ``cross_talk`` counts runs whose answer or
 sources differ from the same question's answer at concurrency 1 (greedy decoding: identical
 inputs must give identical outputs). One untimed question runs first (warm-up).

@@ -129,6 +129,8 @@ def system_in_first_turn(dicts: list[dict[str, Any]]) -> list[dict[str, Any]] | 
 
 
 MIN_HEAD = 16  # a shorter chat head is reported as none
+# a queued decode with a stop event (a draft that retrieval stops) looks at it this often
+QUEUED_STOP_POLL_S = 0.02
 
 
 def chat_head(
@@ -464,6 +466,7 @@ class _Run:
         self.min_tokens = int(options.min_tokens)
         self.cancel = threading.Event()
         self.timed_out_waiting = threading.Event()
+        self.stopped_waiting = threading.Event()  # its stop event ended it before it began
         self.begun = False  # the model thread took the job (under _begin_lock)
         self._begin_lock = threading.Lock()
         self.text = TextStream(job.tokenizer, job.eos_ids)
@@ -490,16 +493,38 @@ class _Run:
         until its deadline: ``max_time`` was checked only once a slot freed, so a 1 s budget
         returned after 10 s behind four long decodes (a review, 2026-12-07).
         """
-        if self.begun or self.deadline is None or not math.isfinite(self.deadline):
-            return None  # (an infinite budget: a wait with no timeout, not an overflow)
-        return max(0.0, self.deadline - time.monotonic())
+        if self.begun:
+            return None
+        # a stop it may take before its first token (a draft retrieval stops) is polled for
+        poll = QUEUED_STOP_POLL_S if self._stoppable_unbegun() else math.inf
+        if self.deadline is None or not math.isfinite(self.deadline):
+            return None if poll == math.inf else poll  # (an infinite budget: no overflow)
+        return max(0.0, min(poll, self.deadline - time.monotonic()))
+
+    def _stoppable_unbegun(self) -> bool:
+        """A stop event it obeys before any token (``min_tokens`` 0): it can end while queued."""
+        return self.stop_event is not None and self.min_tokens <= 0
+
+    def _stopped_unbegun(self) -> bool:
+        """That stop event is set: a job still queued never begins."""
+        event = self.stop_event
+        return event is not None and self.min_tokens <= 0 and event.is_set()
 
     def give_up_waiting(self) -> bool:
-        """At the deadline: a job not begun yet never will (True); else it stops itself."""
+        """Whether the consumer stops waiting for a job not begun yet (True: it never will).
+
+        At its deadline, or once its stop event is set; one begun stops itself, and one still
+        in time waits on (False).
+        """
         with self._begin_lock:
             if self.begun:
                 return False
-            self.timed_out_waiting.set()
+            if self._stopped_unbegun():  # e.g. retrieval delivered while the draft queued
+                self.stopped_waiting.set()
+            elif self.deadline is not None and time.monotonic() >= self.deadline:
+                self.timed_out_waiting.set()
+            else:
+                return False
             self.cancel.set()
             return True
 
@@ -532,6 +557,9 @@ class _Run:
                     return None
                 if self.deadline is not None and time.monotonic() >= self.deadline:
                     self.timed_out_waiting.set()  # its budget ran out while queued
+                    return None
+                if self._stopped_unbegun():  # told to stop while queued: never begins
+                    self.stopped_waiting.set()
                     return None
                 self.begun = True
             return self.job.produce(self.should_stop)
@@ -682,6 +710,8 @@ class _Run:
     def final_chunk(self) -> ChatGenerationChunk:
         job = self.job
         finish = "time" if self.timed_out_waiting.is_set() else (job.finish_reason() or "stop")
+        if self.stopped_waiting.is_set():
+            finish = "stop_event"
         if self.stop_hit:
             finish = "stop_sequence"
         tail, self.held = ("" if self.stop_hit else self.held), ""
@@ -701,8 +731,8 @@ class _Run:
         self.shown += tail
         meta = job.metadata()
         decoding = {**meta, "new_tokens": self.n_tokens}
-        if self.timed_out_waiting.is_set():  # the decode never ran: say why here too
-            decoding["finish_reason"] = "time"
+        if self.timed_out_waiting.is_set() or self.stopped_waiting.is_set():  # it never ran:
+            decoding["finish_reason"] = finish  # say why here too
         if meta.get("new_tokens", self.n_tokens) != self.n_tokens:
             # the decoder ran on past a stop sequence or a tool call (it stops between
             # steps): tokens_from
