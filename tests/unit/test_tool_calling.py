@@ -720,9 +720,9 @@ def test_tokens_decoded_past_a_call_are_not_the_answers_whatever_the_consumers_p
     starts = [len(tok.decode(script[:k])) for k in range(len(script))]
     expected = sum(1 for start in starts if start < len(head))
     bound = model.bind_tools([search_docs])
-    for pause in (0.0, 1.0):
+    for pause, stop in ((0.0, None), (1.0, None), (1.0, ["Ragnar"])):  # a stop after the call
         merged = None
-        for n, chunk in enumerate(bound.stream([HumanMessage("Who?")])):
+        for n, chunk in enumerate(bound.stream([HumanMessage("Who?")], stop=stop)):
             merged = chunk if merged is None else merged + chunk
             if n == 0:
                 time.sleep(pause)  # the model thread decodes on meanwhile

@@ -698,14 +698,16 @@ class _Run:
         """
         assert self.capture is not None
         end = self.capture.call_end()
-        if end is None or self.stop_hit:  # a stop sequence's cut counts its own way
+        if end is None:
             return
         cut = self.fed - (len(self.capture.captured) - end)
-        past = sum(1 for start in self.starts if start >= cut)
-        if past:
-            eos = self.job.eos_ids
-            self.retracted += sum(1 for i in self.ids[-past:] if i not in eos)  # log-probs sent
-            self.n_tokens -= past
+        # the tokens still counted are the first n_tokens (a stop sequence's cut left out the
+        # rest, and ``starts`` stopped there): of those, the ones past the call go too
+        counted = min(self.n_tokens, len(self.starts))
+        past = [i for i in range(counted) if self.starts[i] >= cut]
+        eos = self.job.eos_ids
+        self.retracted += sum(1 for i in past if self.ids[i] not in eos)  # their log-probs sent
+        self.n_tokens -= len(past)
 
     def final_chunk(self) -> ChatGenerationChunk:
         job = self.job
