@@ -558,14 +558,19 @@ async def test_a_cancelled_incremental_run_stops_the_search_behind_it():
     )
     try:
         await asyncio.sleep(0.5)  # answering from batch 1, batch 2 held back
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
-        await asyncio.sleep(0.1)
-        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        assert left == [], left
+        await cancelled_leaving_nothing(run)
     finally:
         release.set()
+
+
+async def cancelled_leaving_nothing(run: asyncio.Task) -> None:
+    """Cancel ``run``; no task of it is left running."""
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await asyncio.sleep(0.1)
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert left == [], left
 
 
 async def test_a_run_cancelled_while_it_drafts_stops_the_search_behind_it():
@@ -587,12 +592,7 @@ async def test_a_run_cancelled_while_it_drafts_stops_the_search_behind_it():
     try:
         await asyncio.sleep(1.0)  # drafting; batch 1 delivered, batch 2 held back
         (key,) = set(signals._STREAMS) - before  # the search behind it runs
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
-        await asyncio.sleep(0.1)
-        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        assert left == [], left
+        await cancelled_leaving_nothing(run)
         assert key not in signals._STREAMS and key not in signals._SIGNALS
     finally:
         release.set()

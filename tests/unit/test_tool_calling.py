@@ -516,33 +516,43 @@ def test_a_call_cut_by_a_limit_says_so_in_its_finish_reason(scripted):
     assert exact.tool_calls and exact.response_metadata["finish_reason"] == "tool_calls"
 
 
-@pytest.mark.parametrize("how", ["invoke", "ainvoke"])
-def test_max_time_holds_while_the_call_waits_for_the_model_thread(scripted, how):
-    """`max_time` was checked only when the job got the model thread: a 1 s budget queued
-    behind four long decodes returned after 10 s (a review, 2026-12-07). A call still
-    waiting at its deadline ends there, finish_reason "time"."""
-    import asyncio
+def behind_a_held_model_thread(call):
+    """``call()`` made while another call holds the model thread: (its result, its seconds)."""
     import threading
     import time
 
     from specrag.models.loading import on_model_thread
 
-    model = scripted("Rollo.")
-    model.invoke([HumanMessage("q")])  # loaded and measured before the thread is held
     release = threading.Event()
     holder = threading.Thread(target=on_model_thread, args=(release.wait, 30))
     holder.start()
     try:
         time.sleep(0.2)  # the model thread is busy with the holder's call
         start = time.monotonic()
-        if how == "invoke":
-            msg = model.invoke([HumanMessage("q")], max_time=0.5)
-        else:
-            msg = asyncio.run(model.ainvoke([HumanMessage("q")], max_time=0.5))
-        waited = time.monotonic() - start
+        result = call()
+        return result, time.monotonic() - start
     finally:
         release.set()
         holder.join()
+
+
+@pytest.mark.parametrize("how", ["invoke", "ainvoke"])
+def test_max_time_holds_while_the_call_waits_for_the_model_thread(scripted, how):
+    """`max_time` was checked only when the job got the model thread: a 1 s budget queued
+    behind four long decodes returned after 10 s (a review, 2026-12-07). A call still
+    waiting at its deadline ends there, finish_reason "time"."""
+    import asyncio
+
+    model = scripted("Rollo.")
+    model.invoke([HumanMessage("q")])  # loaded and measured before the thread is held
+    if how == "invoke":
+        msg, waited = behind_a_held_model_thread(
+            lambda: model.invoke([HumanMessage("q")], max_time=0.5)
+        )
+    else:
+        msg, waited = behind_a_held_model_thread(
+            lambda: asyncio.run(model.ainvoke([HumanMessage("q")], max_time=0.5))
+        )
     assert waited < 5, waited
     assert msg.content == "" and msg.response_metadata["finish_reason"] == "time"
     assert msg.response_metadata["decoding"]["finish_reason"] == "time"
@@ -555,26 +565,19 @@ def test_a_queued_call_told_to_stop_ends_before_it_begins(scripted):
     its run's answer waited for it. Told to stop while queued, it ends then (finish reason
     "stop_event") and never begins; with ``min_tokens`` it still waits to write them."""
     import threading
-    import time
 
-    from specrag.models.loading import on_model_thread
     from specrag.models.options import DecodeOptions
 
     model = scripted("Rollo.")
     model.invoke([HumanMessage("q")])  # loaded and measured before the thread is held
-    release, told = threading.Event(), threading.Event()
-    holder = threading.Thread(target=on_model_thread, args=(release.wait, 30))
-    holder.start()
-    try:
-        time.sleep(0.2)  # the model thread is busy with the holder's call
+    told = threading.Event()
+    options = DecodeOptions(stop_event=told, max_time=20.0)
+
+    def told_soon() -> AIMessage:
         threading.Timer(0.3, told.set).start()
-        start = time.monotonic()
-        options = DecodeOptions(stop_event=told, max_time=20.0)
-        msg = model.invoke([HumanMessage("q")], options=options)
-        waited = time.monotonic() - start
-    finally:
-        release.set()
-        holder.join()
+        return model.invoke([HumanMessage("q")], options=options)
+
+    msg, waited = behind_a_held_model_thread(told_soon)
     assert waited < 5, waited
     assert msg.content == "" and msg.response_metadata["finish_reason"] == "stop_event"
     assert msg.response_metadata["decoding"]["finish_reason"] == "stop_event"
