@@ -393,3 +393,38 @@ def test_a_row_count_timing_that_fails_keeps_narrow_passes_on_the_usual_weight()
     dual.weight_t = torch.zeros(3, 3)  # the second layout's product fails (a refused shape)
     assert layout.narrow_rows(dual, reps=1) == (layout.MIN_ROWS, {})
     assert dual.min_rows == layout.MIN_ROWS  # restored, not left at 1 or MAX_ROWS
+
+
+def test_an_implausible_row_count_timing_is_timed_again(tmp_path, monkeypatch):
+    """A review (2026-12-07): the 1-3 row timings had no guard against a busy moment: a kept
+    2.6x for one row (the 9-token check's guard times such a ratio again) sent every step of
+    the 1.5B to the slower weight for good. A round with a ratio over IMPLAUSIBLE is timed
+    again; a row count kept from before the guard with such a ratio is timed again once."""
+    assert layout.second_round({1: layout.IMPLAUSIBLE + 1.1, 2: 0.7, 3: 0.6})
+    assert layout.second_round({1: layout.NARROW_PAYS + 0.01, 2: 0.5, 3: 0.4})
+    assert not layout.second_round({1: 1.2, 2: 0.7, 3: 0.6})
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    doubtful = {"1": 2.614, "2": 0.721, "3": 0.617}
+    kept = {"dual": True, "single_s": 1.0, "dual_s": 0.5, "on": "?", "min_rows": 2}
+    verdicts.put(f"k|{layout.CHECK}", {**kept, "narrow_ratios": doubtful})
+    timed: list[int] = []
+    monkeypatch.setattr(
+        layout, "narrow_rows", lambda m: timed.append(1) or (1, {1: 0.7, 2: 0.5, 3: 0.4})
+    )
+    for _ in range(2):
+        model = tiny()
+        why = layout.apply(
+            model, torch.device("cpu"), torch.float32, lambda: (1.0, 0.5), verdicts, "k"
+        )
+        assert "read by passes of 1-127 tokens" in why
+    assert timed == [1]  # once: the new row count is kept with the guard's mark
+    entry = verdicts.get(f"k|{layout.CHECK}")
+    assert entry["min_rows"] == 1 and entry["narrow_check"] == layout.NARROW_CHECK
+
+
+def test_the_machine_key_names_the_cpu_beyond_its_model_name():
+    """A review (2026-12-07): "AMD EPYC|2 threads|torch ..." named machines that timed apart
+    (and every ARM machine alike): the key holds the CPU's family, model and stepping and
+    PyTorch's kernel level for it."""
+    key = layout.machine()
+    assert layout.cpu_id() in key and str(torch.backends.cpu.get_cpu_capability()) in key

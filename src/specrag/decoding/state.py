@@ -46,6 +46,8 @@ def sync(device: torch.device | str) -> None:
     device = torch.device(device) if isinstance(device, str) else device
     if device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(device)
+    elif device.type == "mps" and torch.backends.mps.is_available():  # queued as CUDA's is
+        torch.mps.synchronize()
 
 
 def settle(tensor: torch.Tensor) -> torch.Tensor:

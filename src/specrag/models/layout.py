@@ -54,6 +54,9 @@ SURE = 0.05  # a kept verdict this close to PAYS (dual/single ratio) is timed ag
 # the second one kept: both layouts compute the same product, and passes 3.5x slower were once
 # timed while the machine was busy - kept, that verdict turned the layout off for good.
 IMPLAUSIBLE = 1.5
+# the same guard for the row count's 1-3 row products (a kept row count timed without it is
+# timed again once): in a kept verdict, next to its ratios
+NARROW_CHECK = f"1-3 rows, a ratio over {IMPLAUSIBLE}x timed twice"
 
 
 @functools.cache
@@ -225,14 +228,24 @@ def narrow_rows(model: nn.Module, reps: int = 5) -> tuple[int, dict[int, float]]
     try:
         with torch.inference_mode():
             ratios = time_round()
-            if any(abs(r - NARROW_PAYS) < SURE for r in ratios.values()):
-                ratios = time_round()  # too close to call once: the mins of both rounds
+            if second_round(ratios):
+                ratios = time_round()  # the mins of both rounds
     except (RuntimeError, NotImplementedError):  # e.g. oneDNN refuses a shape: no narrow rows
         return MIN_ROWS, {}
     finally:
         for group in shapes.values():
             group[0].min_rows = MIN_ROWS
     return rows_from(ratios), {r: round(v, 3) for r, v in ratios.items()}
+
+
+def second_round(ratios: dict[int, float]) -> bool:
+    """Whether a round of 1-3 row timings is taken again.
+
+    A ratio too close to call, or one over :data:`IMPLAUSIBLE` (both layouts compute the same
+    product: a busy moment, as for the 9-token check - a review, 2026-12-07: a kept 2.6x for
+    one row sent every step of the 1.5B to the slower weight for good).
+    """
+    return any(abs(r - NARROW_PAYS) < SURE or r > IMPLAUSIBLE for r in ratios.values())
 
 
 def rows_from(ratios: dict[int, float]) -> int:
@@ -343,9 +356,40 @@ def cpu_name() -> str:
     return cpu or platform.processor() or platform.machine()
 
 
+@functools.cache
+def cpu_id() -> str:
+    """This CPU beyond its name, and PyTorch's kernel level for it (``AVX512``, ...).
+
+    Vendor, family, model and stepping (x86), implementer, part and variant (ARM), from
+    /proc/cpuinfo's first processor: "AMD EPYC" alone named machines that timed apart (a
+    review, 2026-12-07).
+    """
+    wanted: tuple[str, ...] = ("vendor_id", "cpu family", "model", "stepping")
+    wanted += ("cpu implementer", "cpu part", "cpu variant")
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    if found:
+                        break  # the first processor's block is enough
+                    continue
+                name, _, value = line.partition(":")
+                if name.strip().lower() in wanted:
+                    found.setdefault(name.strip().lower(), value.strip())
+    except OSError:
+        pass
+    try:
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        capability = "?"
+    return " ".join([*(found[k] for k in wanted if k in found), capability])
+
+
 def machine() -> str:
     """What a timed verdict depends on besides the model: CPU, threads, torch."""
-    return f"{cpu_name()}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    cpu = f"{cpu_name()} ({cpu_id()})"
+    return f"{cpu}|{torch.get_num_threads()} threads|torch {torch.__version__}"
 
 
 class Verdicts(Records):
@@ -392,7 +436,9 @@ def apply(
         return "single layout (no plain linear layers)"
     store, slot = (verdicts if key else None), f"{key}|{CHECK}"
     known = store.get(slot) if store is not None else None
-    timed_rows = {k: v for k, v in (known or {}).items() if k in ("min_rows", "narrow_ratios")}
+    timed_rows = {
+        k: v for k, v in (known or {}).items() if k in ("min_rows", "narrow_ratios", "narrow_check")
+    }
     if known is not None and abs(known["dual_s"] / known["single_s"] - PAYS) < SURE:
         known = None  # too close to call once: timed again (and kept if it says otherwise)
     if known is None:
@@ -417,9 +463,15 @@ def apply(
         source = f"; timed {known.get('on', '?')}, kept in {store.path}"
     if dual:
         rows = entry.get("min_rows")
-        if type(rows) is not int or not 1 <= rows <= MIN_ROWS:  # not timed yet (or malformed)
-            rows, narrow = narrow_rows(model)
-            entry.update(min_rows=rows, narrow_ratios=narrow)
+        kept = entry.get("narrow_ratios")
+        doubtful = (  # timed once before the guard, with a ratio it would have timed again
+            entry.get("narrow_check") != NARROW_CHECK
+            and isinstance(kept, dict)
+            and any(isinstance(v, (int, float)) and v > IMPLAUSIBLE for v in kept.values())
+        )
+        if type(rows) is not int or not 1 <= rows <= MIN_ROWS or doubtful:  # not timed yet
+            rows, narrow = narrow_rows(model)  # (or malformed)
+            entry.update(min_rows=rows, narrow_ratios=narrow, narrow_check=NARROW_CHECK)
         set_min_rows(model, rows)
     if store is not None and entry != known:  # a new timing, or a row count added to a kept one
         store.put(slot, entry)

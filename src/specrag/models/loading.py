@@ -502,7 +502,9 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     if quantized:
         layout = int8.quantize(model, wide=native_bf16())  # int8 is CPU-only (resolve_dtype)
         dtype = torch.qint8
-    else:
+    if (commit := getattr(model.config, "_commit_hash", None)) and not Path(source).is_dir():
+        weights += f"@{commit}"  # a hub id: the revision it resolved to (a verdict's too)
+    if not quantized:
         layout = weight_layout.apply(  # before timing: the costs are the layout's
             model,
             device,
@@ -512,8 +514,6 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             f"{weights}|{dtype}|{weight_layout.machine()}",  # what a verdict is of
         )
     step_s = _measure_step(model, device)
-    if (commit := getattr(model.config, "_commit_hash", None)) and not Path(source).is_dir():
-        weights += f"@{commit}"  # a hub id: the revision it resolved to
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
