@@ -908,6 +908,11 @@ def test_the_verify_plan_caps_weak_proposals_at_the_timed_width_that_pays(
     assert (f"stop at {narrow}" in plan["why"]) is bool(narrow)
     assert plan["single_matches"] is single
     assert ("1-token matches where" in plan["why"]) is single
+    # without a drafter no merged proposer runs: n-gram matches of 2+ tokens alone (a review,
+    # 2026-12-07: the plan promised 1-token matches that never ran)
+    alone = chat.ChatLocalLM()._verify_plan(types.SimpleNamespace(layout="-"), "prompt", False)
+    assert alone["single_matches"] is False and "1-token" not in alone["why"]
+    assert ("no drafter" in alone["why"]) is cheap
 
 
 def test_narrow_caps_drafter_and_weak_matches_not_strong_ones(pair):

@@ -263,7 +263,9 @@ class ChatLocalLM(LocalChatBase):
         info["prefill_ratio_used"] = {"ratio": round(paid, 3), "basis": basis}
         return (drafter if use else None), {**info, "drafter_used": use, "why": why}
 
-    def _verify_plan(self, loaded: LoadedLM, speculation: str) -> dict[str, Any]:
+    def _verify_plan(
+        self, loaded: LoadedLM, speculation: str, drafter: bool = True
+    ) -> dict[str, Any]:
         """How many candidates a pass verifies, from the measured cost of verify passes.
 
         Where a ``wide_candidates + 1``-token pass costs at most ``wide_pass_cheap`` x a
@@ -283,6 +285,8 @@ class ChatLocalLM(LocalChatBase):
         ``wide_pass_cheap``) a 1-token n-gram match is proposed too where nothing else
         proposes: that round would be a plain step (``single_matches``; the pay check turns
         weak matches off for an answer whose rounds cost more per token than its plain steps).
+        Both are the merged proposer's: without a ``drafter`` n-gram matches of 2+ tokens
+        propose alone (a review, 2026-12-07: the plan promised 1-token matches that never ran).
         """
         if speculation == "none":
             return {"max_candidates": 0, "why": "speculation=none (plain decoding)"}
@@ -295,7 +299,9 @@ class ChatLocalLM(LocalChatBase):
         narrow = narrow_cap(ratios, self.narrow_acceptance)
         # a round nothing else proposes in is a plain step: where a pass at the narrow width
         # costs about as much, a 1-token match's candidates cost nothing when rejected
-        single = cheap or ratios[narrow or self.wide_candidates] <= self.single_match_cost
+        single = drafter and (
+            cheap or ratios[narrow or self.wide_candidates] <= self.single_match_cost
+        )
         capped = (
             f"; drafter and weak n-gram proposals stop at {narrow} (a {narrow + 1}-token pass "
             f"costs {ratios[narrow]:.2f}x a step)"
@@ -316,8 +322,13 @@ class ChatLocalLM(LocalChatBase):
                 **plan,
                 "max_candidates": max(self.max_candidates, self.wide_candidates),
                 "why": f"{width} (<= {self.wide_pass_cheap}): up to {self.wide_candidates} "
-                "candidates per pass, n-gram matches before the drafter, 1-token matches "
-                "where neither proposes" + capped,
+                "candidates per pass, "
+                + (
+                    "n-gram matches before the drafter, 1-token matches where neither proposes"
+                    if drafter
+                    else "n-gram matches of 2+ tokens (no drafter)"
+                )
+                + capped,
             }
         at = (narrow or self.wide_candidates) + 1
         singles = (
@@ -411,7 +422,6 @@ class ChatLocalLM(LocalChatBase):
         seed = self.seed if options.seed is None else options.seed
         generator = make_generator(loaded.device, sampler, seed)
         drafter, plan = self._drafter_plan(loaded, speculation)
-        verify = self._verify_plan(loaded, speculation)
         merged: MergedProposer | None = None
         drafter_prompt = prompt
         if drafter is not None and options.drafter_messages and feed is None:
@@ -432,6 +442,8 @@ class ChatLocalLM(LocalChatBase):
                     f"{', and later prompts' if feed is not None else ''}) may not fit the "
                     f"drafter's context of {room} tokens",
                 }
+
+        verify = self._verify_plan(loaded, speculation, drafter is not None)
 
         def produce(should_stop: StopCheck) -> Iterator[Step]:
             draft_lm = LMState(drafter.model, drafter.device) if drafter is not None else None
