@@ -708,7 +708,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         announce=f"indexing {len(records)} SQuAD v2.0 dev paragraphs into {escape(str(where))}",
     )
     err.print(  # the index may hold the user's own files beside the paragraphs
-        f"index ready: {report.index_chunks} chunks ({report.chunks_total} of the SQuAD "
+        f"index ready: {report.index_chunks} chunks ({report.chunks_total} from the SQuAD "
         f"paragraphs, {report.chunks_added} new)"
     )
     scenarios = SCENARIOS
