@@ -46,6 +46,21 @@ class PairModel:
         """Where the joined, verified GGUF lives."""
         return cache_dir() / "gguf" / f"{self.name}.gguf"
 
+    def verified_join(self) -> Path | None:
+        """The joined GGUF when it is there at its size and sha256, else None.
+
+        Its digest is remembered by path, size and mtime (the memo its conversion reads):
+        weights re-released at the same size, or a file damaged in place, are not verified.
+        An unreadable file raises ``OSError``.
+        """
+        from specrag.models.gguf import DIGESTS, file_sha256
+
+        path = self.gguf_path
+        if path.is_file() and path.stat().st_size == self.size:
+            if file_sha256(path, cache_dir() / "models" / DIGESTS) == self.sha256:
+                return path
+        return None
+
     def part_files(self) -> list[Path]:
         """The installed part files in order; a clear error names a missing wheel."""
         files = []
@@ -92,26 +107,19 @@ def _sha256(path: Path) -> str:
 def joined_gguf(model: PairModel) -> Path:
     """The model's joined GGUF: joined from the installed parts, its sha256 checked.
 
-    A joined file already there is checked too (its digest remembered by path, size and
-    mtime, the memo its conversion reads): weights re-released at the same size, or a file
-    damaged in place, are joined again instead of being used. A cache dir that cannot be
+    A joined file already there is checked too (:meth:`PairModel.verified_join`): weights
+    re-released at the same size, or a file damaged in place, are joined again instead of
+    being used. A cache dir that cannot be
     written (full, read-only) is one :class:`ModelLoadError` naming ``SPECRAG_CACHE_DIR``.
     """
-    from specrag.models.gguf import (
-        DIGESTS,
-        file_sha256,
-        remember_sha256,
-        remove_left_behind,
-        scratch_name,
-    )
+    from specrag.models.gguf import DIGESTS, remember_sha256, remove_left_behind, scratch_name
 
     path = model.gguf_path
     memo = cache_dir() / "models" / DIGESTS
     remove_left_behind(path.parent)  # what killed joins left (up to 3 GB each)
     try:
-        if path.is_file() and path.stat().st_size == model.size:
-            if file_sha256(path, memo) == model.sha256:
-                return path
+        if model.verified_join() is not None:
+            return path
         parts = model.part_files()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = scratch_name(path, "tmp")  # no other writer's, even one with this pid
@@ -158,18 +166,13 @@ def _part_blocks(part: Path, model: PairModel) -> Iterator[bytes]:
 def missing() -> str | None:
     """Why the pair cannot load (one line), or None when it can.
 
-    A model can load from its joined GGUF (checked as :func:`joined_gguf` checks it) or, before
-    the join, from every part of its wheels.
+    A model can load from its joined GGUF (:meth:`PairModel.verified_join`, as
+    :func:`joined_gguf` checks it) or, before the join, from every part of its wheels.
     """
-    from specrag.models.gguf import DIGESTS, file_sha256
-
     try:
         for model in PAIR.values():
-            path = model.gguf_path
-            if path.is_file() and path.stat().st_size == model.size:
-                if file_sha256(path, cache_dir() / "models" / DIGESTS) == model.sha256:
-                    continue
-            model.part_files()
+            if model.verified_join() is None:
+                model.part_files()
     except ModelLoadError as exc:
         return str(exc)
     except OSError as exc:  # an unreadable joined file: the join says so in full
