@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from specrag.decoding import state as state_module
 from specrag.decoding.rapid import RapidConfig, RapidStats, rapid_decode
@@ -359,6 +360,49 @@ def test_a_question_embedding_runs_between_the_slices_of_a_long_prefill():
         "prefill done",
         "model loaded",
     ]
+
+
+def test_a_turn_waits_for_its_device_before_it_lends(monkeypatch):
+    """On a GPU a turn's prefill slices are queued, not run: a call lent between them ran
+    while the device still worked through them, and that time left the decode's own clock
+    (its prefill, the drafter's join, the booked pass timings; a CUDA review, 2026-12-07).
+    The turn's device is synchronised first - only when a call is lent."""
+    from specrag.models import local
+
+    order = []
+    monkeypatch.setattr(local, "sync", lambda device: order.append(f"sync {device}"))
+
+    def run(slices):
+        started = threading.Event()
+
+        def produce(should_stop):
+            started.set()
+            for _ in range(slices):
+                should_stop(0)
+                time.sleep(0.05)
+            order.append("prefill done")
+            yield [Token(0, -0.1, "model")]
+
+        class OnADevice(type(long_prefill(produce))):
+            def _job(self, messages, options):
+                job = super()._job(messages, options)
+                job.device = torch.device("cpu")
+                return job
+
+        async def main():
+            answer = asyncio.create_task(OnADevice().ainvoke("a long document"))
+            await asyncio.to_thread(started.wait, 10)
+            query = MODEL_THREAD.submit_short(lambda: order.append("query embedded"))
+            await asyncio.to_thread(query.result, 10)
+            await answer
+
+        asyncio.run(main())
+
+    run(slices=40)
+    assert order == ["sync cpu", "query embedded", "prefill done"]
+    order.clear()
+    run(slices=1)  # nothing lent: no synchronisation either
+    assert order == ["prefill done", "query embedded"]
 
 
 def test_a_long_turn_keeps_as_much_of_the_thread_as_it_lends(monkeypatch):

@@ -526,6 +526,7 @@ class ChatLocalLM(LocalChatBase):
             produce=produce,
             tokenizer=loaded.tokenizer,
             eos_ids=loaded.eos_token_ids,
+            device=loaded.device,
             input_tokens=len(prompt),
             metadata=lambda: {
                 **stats.as_dict(),

@@ -34,7 +34,7 @@ from pydantic import ConfigDict, field_validator, model_validator
 
 from specrag.decoding.sampling import Sampler
 from specrag.decoding.speculative import Revise, Step, Token
-from specrag.decoding.state import shared_prefix
+from specrag.decoding.state import shared_prefix, sync
 from specrag.models.loading import LoadedLM
 from specrag.models.options import DecodeOptions
 from specrag.models.tools import (
@@ -229,6 +229,9 @@ class DecodeJob:
     flatten: bool = False  # also put the decoding statistics at the top of response_metadata
     tools: tuple[str, ...] = ()  # the bound tools' names: their calls are parsed, not shown
     forced: str = ""  # text the answer was forced to start with (a forced tool call)
+    # the device its models run on: a short call lent mid-prefill first waits for the work
+    # queued there (a GPU runs ahead of the clock; that time is the decode's own)
+    device: torch.device | None = None
 
 
 class LocalChatBase(BaseChatModel):
@@ -531,7 +534,8 @@ class _Run:
     def should_stop(self, n: int) -> str | None:
         reason = self._stop_reason(n)
         if reason is None:  # asked between prefill slices: others' short calls go on ...
-            MODEL_THREAD.run_waiting_calls()
+            device = self.job.device
+            MODEL_THREAD.run_waiting_calls(before=(lambda: sync(device)) if device else None)
             reason = self._stop_reason(n)  # ... and what they took may have spent the budget
         return reason
 

@@ -440,6 +440,7 @@ class ChatRapid(LocalChatBase):
             produce=produce,
             tokenizer=target.tokenizer,
             eos_ids=target.eos_token_ids,
+            device=target.device,
             input_tokens=len(target_prompt),
             metadata=metadata,
             finish_reason=lambda: stats.finish_reason,

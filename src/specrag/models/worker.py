@@ -143,7 +143,7 @@ class ModelThread:
         self._push(_Call(task, short))
         return future
 
-    def run_waiting_calls(self) -> None:
+    def run_waiting_calls(self, before: Callable[[], None] | None = None) -> None:
         """On the model thread, inside a long turn: run the first short call queued behind it.
 
         A decode checks its stop between prefill slices and steps; a RAPID document's
@@ -156,7 +156,9 @@ class ModelThread:
         the turn's budget ran). The lent seconds are booked on this thread
         (:func:`specrag.decoding.clock.count_lent`), so the timings a decode steers by - its
         prefill, its drafter's reading - hold only its own work. Other jobs' steps still wait
-        their turn. Anywhere but on the model thread this does nothing.
+        their turn. Anywhere but on the model thread this does nothing. ``before`` runs just
+        before a call is lent (the turn's device synchronised: on a GPU the turn's queued
+        slices would otherwise run during the lent call and leave the turn's own clock).
         """
         if threading.get_ident() != self.ident:
             return
@@ -167,6 +169,8 @@ class ModelThread:
             if call is not None:
                 self._tasks.remove(call)
         if call is not None:
+            if before is not None:
+                before()
             lent = time.perf_counter()
             try:
                 call()  # a submitted call hands its exception to its future
