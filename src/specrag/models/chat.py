@@ -303,8 +303,8 @@ class ChatLocalLM(LocalChatBase):
             cheap or ratios[narrow or self.wide_candidates] <= self.single_match_cost
         )
         capped = (
-            f"; drafter and weak n-gram proposals stop at {narrow} (a {narrow + 1}-token pass "
-            f"costs {ratios[narrow]:.2f}x a step)"
+            f"; {'drafter and weak' if drafter else 'weak'} n-gram proposals stop at {narrow} "
+            f"(a {narrow + 1}-token pass costs {ratios[narrow]:.2f}x a step)"
             if narrow
             else ""
         )
@@ -341,7 +341,10 @@ class ChatLocalLM(LocalChatBase):
             **plan,
             "max_candidates": self.max_candidates,
             "why": f"{width} (> {self.wide_pass_cheap}): up to {self.max_candidates} "
-            "candidates, fewer after a rejection" + capped + singles,
+            "candidates, fewer after a rejection"
+            + capped
+            + singles
+            + ("" if drafter else "; no drafter"),
         }
 
     def _job(self, messages: list[BaseMessage], options: DecodeOptions) -> DecodeJob:
