@@ -61,3 +61,31 @@ def test_left_as_transformers_chose_elsewhere(config, device):
     model = tiny_llama(**config)
     assert attention.use(model, device) == "attention: sdpa"
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_model_whose_code_branches_on_the_attention_name_keeps_sdpa():
+    """Gemma 4's text models with KV-shared layers keep a shortcut only where the attention is
+    named "sdpa": switched, a pass keeping 5 logits on an empty cache (every refine's draft
+    opening) gave other logits and another greedy answer (a review, 2026-12-07)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "gemma4_text", vocab_size=300, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        global_head_dim=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=300,
+        sliding_window=8, num_kv_shared_layers=2, max_position_embeddings=512,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert model.config._attn_implementation == "sdpa"
+    ids = [(7 * i + 3) % 300 for i in range(30)]
+    with torch.no_grad():
+        full = model(torch.tensor([ids])).logits[0, -5:].float()
+    assert "branches on the attention's name" in attention.use(model, CPU)
+    assert model.config._attn_implementation == "sdpa"
+    kept = LMState(model, CPU).extend(ids, all_logits=False, keep=5)
+    assert torch.allclose(kept, full, atol=1e-5)
+    # the models it was measured on still switch (their code never compares the name)
+    llama = tiny_llama(layers=1)
+    assert "native grouped-query" in attention.use(llama, CPU)

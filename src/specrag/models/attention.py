@@ -17,6 +17,9 @@ tuned per backend).
 
 from __future__ import annotations
 
+import inspect
+import re
+import sys
 from functools import cache
 from typing import Any
 
@@ -90,14 +93,40 @@ def _registered() -> bool:
     return True
 
 
+# a model's code that compares the attention's name: ``config._attn_implementation == "sdpa"``
+_BRANCHES_ON_NAME = re.compile(r"_attn_implementation\s*(?:[=!]=|(?:not\s+)?in\b)")
+
+
+@cache
+def _branches_on_name(module_name: str) -> bool:
+    """Whether a modeling module's code branches on the attention's name (or cannot be read).
+
+    Such a model behaves otherwise under another name: Gemma 4's text models with KV-shared
+    layers keep a shortcut only for "sdpa" that a pass with ``logits_to_keep`` > 1 needs
+    (renamed, the draft opening's prefill gave other logits: a review, 2026-12-07).
+    """
+    module = sys.modules.get(module_name)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return True  # unread: keep transformers' own attention
+    return not source or bool(_BRANCHES_ON_NAME.search(source))
+
+
 def use(model: Any, device: torch.device) -> str:
-    """Switch ``model`` to :data:`NAME` where it helps (CPU, SDPA, grouped heads); says what."""
+    """Switch ``model`` to :data:`NAME` where it helps (CPU, SDPA, grouped heads); says what.
+
+    Not a model whose code branches on the attention's name (:func:`_branches_on_name`):
+    :data:`NAME` is SDPA to transformers' attention functions, not to the model's own code.
+    """
     config = model.config
     current = getattr(config, "_attn_implementation", None)
     heads = getattr(config, "num_attention_heads", 0)
     kv_heads = getattr(config, "num_key_value_heads", heads) or heads
     if device.type != "cpu" or current != "sdpa" or kv_heads >= heads:
         return f"attention: {current}"
+    if _branches_on_name(type(model).__module__):
+        return "attention: sdpa (its code branches on the attention's name)"
     if not _registered():
         return "attention: sdpa (no native grouped-query attention in this torch)"
     model.set_attn_implementation(NAME)
