@@ -472,3 +472,46 @@ def test_an_incremental_answer_s_usage_counts_the_prompt_it_stands_on(tmp_path, 
     serial = list(model.stream(later))
     serial_usage = next(c.usage_metadata for c in serial if c.usage_metadata)
     assert usage["input_tokens"] == decoding["prompt_tokens"] == serial_usage["input_tokens"]
+
+
+class AddsBos:
+    """A base model's tokenizer: no chat template, a BOS before every text it is given."""
+
+    chat_template = None
+
+    def __init__(self, tok):
+        self.tok, self.bos_token_id = tok, tok.bos_token_id
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        return {"input_ids": [self.bos_token_id] * add_special_tokens + list(ids)}
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_a_model_without_a_chat_template_reads_one_transcript_on_both_routes():
+    """A review (2026-12-07), on base models: RAPID's prompt left out the BOS the tokenizer
+    adds (ChatLocalLM's had it) and read "instructions ... Answer:" where ChatLocalLM's read
+    "system: ... assistant:"; and a model going on with that transcript wrote "\\n\\nuser:",
+    which no stop sequence caught (they name "User:"). One transcript, capitalised, on both."""
+    from types import SimpleNamespace
+
+    from specrag.models.local import first_stop
+    from specrag.models.rapid_chat import layout
+    from specrag.prompts import INVENTED_TURNS
+
+    base = load_lm().tokenizer
+    tok = AddsBos(base)
+    loaded = SimpleNamespace(tokenizer=tok)
+    prompt = encode_chat(loaded, [SystemMessage("Answer briefly."), HumanMessage("Who led?")])
+    assert prompt[0] == tok.bos_token_id
+    assert base.decode(prompt[1:]) == "System: Answer briefly.\n\nUser: Who led?\n\nAssistant:"
+    head, context, tail = layout(loaded, "Use the document.", "Rollo led them.", "Who led?")
+    assert head[0] == tok.bos_token_id and head.count(tok.bos_token_id) == 1
+    assert base.decode(head[1:] + context + tail) == (
+        "System: Use the document.\n\nUser: <document>\nRollo led them.\n</document>\n\n"
+        "Question: Who led?\n\nAssistant:"
+    )
+    invented = "Rollo.\n\nUser: And then?"  # the turn a model writes next in that transcript
+    assert invented[: first_stop(invented, INVENTED_TURNS)] == "Rollo.\n"

@@ -89,11 +89,34 @@ def encode_chat(
         ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
         prompt = [int(i) for i in ids]
     else:
-        text = "\n\n".join(f"{d['role']}: {d['content']}" for d in dicts) + "\n\nassistant:"
-        prompt = [int(i) for i in tok(text)["input_ids"]]
+        prompt = [int(i) for i in tok(plain_transcript(dicts))["input_ids"]]
     if forced:
         prompt += [int(i) for i in tok(forced, add_special_tokens=False)["input_ids"]]
     return prompt
+
+
+def plain_transcript(dicts: Sequence[dict[str, Any]]) -> str:
+    """The prompt of a model without a chat template: ``Role: text`` turns, then ``Assistant:``.
+
+    Capitalised as :data:`specrag.prompts.INVENTED_TURNS` names turns: a model that goes on
+    with the transcript stops at the turn it invents (lower-case ``user:`` was not caught: a
+    review, 2026-12-07).
+    """
+    turns = (f"{str(d['role']).capitalize()}: {d['content']}" for d in dicts)
+    return "\n\n".join(turns) + "\n\nAssistant:"
+
+
+def leading_specials(tok: Any) -> list[int]:
+    """The ids ``tok`` puts before any text by itself (a BOS).
+
+    Parts tokenised with ``add_special_tokens=False`` leave them out.
+    """
+    bare = [int(i) for i in tok("x", add_special_tokens=False)["input_ids"]]
+    full = [int(i) for i in tok("x")["input_ids"]]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start]
+    return []
 
 
 def apply_template(tok: Any, dicts: list[dict[str, Any]], **kwargs: Any) -> Any:

@@ -49,7 +49,9 @@ from specrag.models.local import (
     StopCheck,
     answer_fit,
     apply_template,
+    leading_specials,
     make_generator,
+    plain_transcript,
     special_tokens,
 )
 from specrag.models.options import MAX_SEED, DecodeOptions, refuse_int8_answer
@@ -135,17 +137,17 @@ def layout(
         if len(msgs) == 1:  # the first question shares the document's turn
             content = f"{document}\n\n{content}"
         msgs.append({"role": role, "content": content})
+    opening: list[int] = []  # a template writes its own BOS
     if getattr(tok, "chat_template", None):
         rendered = apply_template(tok, msgs, tokenize=False)
-    else:
-        said = "\n\n".join(str(m["content"]) for m in msgs[1:])
-        rendered = f"{instructions}\n\n{said}\n\nAnswer:"
+    else:  # as ChatLocalLM's prompt: its turns, and the BOS its tokenizer adds (a review)
+        rendered, opening = plain_transcript(msgs), leading_specials(tok)
     head, tail = rendered.split(_PLACEHOLDER, 1)
 
     def ids(text: str) -> list[int]:
         return [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
 
-    return ids(head), ids(context), ids(tail)
+    return opening + ids(head), ids(context), ids(tail)
 
 
 TAIL_RESERVE = 96  # tokens kept for the question's turn when a document is cut
