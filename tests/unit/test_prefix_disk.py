@@ -367,7 +367,8 @@ def test_the_kv_a_document_prefix_is_kept_under_names_the_software_that_computed
 
 def test_the_kv_a_document_prefix_is_kept_under_names_the_cpu(monkeypatch):
     """Another CPU, or torch using another instruction set on it, computes fp32 KV with other
-    roundings: neither was in the disk key (a review of the caches, 2026-12-06). The weight
+    roundings: neither was in the disk key (a review of the caches, 2026-12-06); nor the
+    CPU's family, model and stepping that the layout verdicts' key names (2026-12-07). The weight
     layout is not: a close verdict is timed again per load, and the key must not change
     between two processes on one machine (a repeated document would miss)."""
     from specrag.models import layout
@@ -375,13 +376,13 @@ def test_the_kv_a_document_prefix_is_kept_under_names_the_cpu(monkeypatch):
 
     loaded = load_lm()
     before = loaded.kv_key
-    assert layout.cpu_name() in before
+    assert layout.cpu_name() in before and layout.cpu_id() in before
     assert torch.backends.cpu.get_cpu_capability() in before
     monkeypatch.setattr(layout, "cpu_name", lambda: "Another CPU")
     other_cpu = loaded.kv_key
     assert other_cpu != before
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
-    assert loaded.kv_key not in (before, other_cpu)
+    monkeypatch.setattr(layout, "cpu_id", lambda: "AuthenticAMD 25 1 1 DEFAULT")
+    assert loaded.kv_key not in (before, other_cpu)  # another stepping or instruction set
     monkeypatch.setattr(layout, "state", lambda model: "oneDNN-packed from 4 rows")
     assert loaded.kv_key not in (before, other_cpu)  # and unchanged by the layout:
     monkeypatch.undo()

@@ -90,8 +90,9 @@ class LoadedLM:
         """:attr:`key` and what else a KV cache written to disk depends on.
 
         The torch and transformers versions (a fix to a model's attention or rotary
-        embedding changes its KV) and the GPU's, or the CPU's name and the instruction set
-        torch uses on it (another rounds fp32 sums differently): a cache dir shared between
+        embedding changes its KV) and the GPU's, or the CPU's name, family, model and stepping
+        and the instruction set torch uses on it (:func:`specrag.models.layout.cpu_id`; another
+        rounds fp32 sums differently): a cache dir shared between
         machines (an NFS home) or kept across an upgrade must not serve KV another stack
         computed. Not the weight layout (:func:`specrag.models.layout.state`): a verdict too
         close to call is timed again at each load, so the key would change between processes
@@ -103,7 +104,7 @@ class LoadedLM:
         software = f"torch {torch.__version__}|transformers {transformers.__version__}"
         where = gpu_suffix(self.device)
         if self.device.type == "cpu":
-            where = f"|{weight_layout.cpu_name()}|{torch.backends.cpu.get_cpu_capability()}"
+            where = f"|{weight_layout.cpu_name()}|{weight_layout.cpu_id()}"
         return f"{self.key}|{software}{where}"
 
     @property
