@@ -87,7 +87,9 @@ class SpecRagContext:
     )
     device: str = _f(
         "auto",
-        "Device for local models: auto = the current CUDA GPU where there is one, else the CPU.",
+        "Device for local language models: auto = the current CUDA GPU where there is one, "
+        "else the CPU. The embedding model (`embedding_model`) runs on the CPU whatever this "
+        "says.",
         allowed=DEVICE_TEXT,
     )
     dtype: str = _f(
