@@ -97,10 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p for p in (args.prompts, args.target, args.drafter) if p and not found(p)]
     if missing:
         raise ScriptError(f"not found: {', '.join(missing)}")
-    import torch
+    from specrag.errors import ModelLoadError
+    from specrag.models.options import resolve_device
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ScriptError(f"--device {args.device}: no CUDA here")
+    try:  # before the models load and the prompts are built (minutes): "cuda:3", "cdua"
+        device = str(resolve_device(args.device))
+    except ModelLoadError as exc:
+        raise ScriptError(str(exc)) from None
     if args.prompts:
         try:  # a cut or foreign file: one line, not a traceback
             spec = json.loads(Path(args.prompts).read_text(encoding="utf-8"))
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ScriptError(
             f"model not found here: {', '.join(missing)} (name the files with --target/--drafter)"
         )
-    result = run(spec, args.device, dtypes, *models, progress=log)
+    result = run(spec, device, dtypes, *models, progress=log)
     out = Path(args.out)
     write_text(out / "results.json", json.dumps(result, indent=1))
     write_text(out / "table.md", markdown(result))

@@ -38,6 +38,8 @@ def told(capsys, code, expected=2):
         ("rapid_variants", ["--questions", "0", "--json"], "--questions must be >= 1"),
         ("rapid_variants", ["--variants", "[1]", "--json"], "non-empty JSON object"),
         ("gpu_identity", ["run", "--dtypes", "fp64", "--json"], "unknown dtype"),
+        # a misspelt device was a traceback after minutes of loading and prompt building
+        ("gpu_identity", ["run", "--device", "cdua", "--json"], "unknown device 'cdua'"),
     ],
 )
 def test_a_usage_error_is_one_line_and_one_json_document(capsys, name, argv, said):

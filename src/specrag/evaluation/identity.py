@@ -345,7 +345,7 @@ def run(
         "device": (
             torch.cuda.get_device_name(dev)
             if dev.type == "cuda"
-            else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+            else f"{dev.type} ({platform.machine()}, {torch.get_num_threads()} threads)"
         ),
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,

@@ -46,7 +46,7 @@ from specrag.models.gguf import (
     room_for,
     tidy_copies,
 )
-from specrag.models.options import DEVICE_TEXT, FLOAT_DTYPES, INT8_NAMES
+from specrag.models.options import FLOAT_DTYPES, INT8_NAMES, resolve_device
 from specrag.models.pair import PAIR, joined_gguf
 from specrag.models.records import Records, positive
 from specrag.paths import cache_dir, looks_like_path, package_dir, user_path
@@ -145,29 +145,6 @@ def _input_rows(model: Any) -> int:
     if embeddings is not None:
         return int(embeddings().num_embeddings)
     return int(model.config.get_text_config().vocab_size)  # a model without (a stand-in)
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """Map ``auto``/``cpu``/``cuda``/``cuda:N``/``mps`` to a torch device."""
-    if device in ("", "auto"):  # "cuda" as an explicit "cuda" resolves: one name per GPU
-        return resolve_device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"unknown device {device!r} (use {DEVICE_TEXT})") from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise ModelLoadError(f"device {device!r}: this machine has {count} CUDA device(s)")
-        # one name per GPU: "cuda" and "cuda:0" share loaded models and KV caches
-        return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ModelLoadError(f"device {device!r} requested but MPS is not available here")
-    if dev.type not in ("cpu", "mps"):  # torch knows more (xpu, meta): not run or tested here
-        raise ModelLoadError(f"unknown device {device!r} (use {DEVICE_TEXT})")
-    return dev
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -13,9 +13,12 @@ import numbers
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from specrag.errors import InputError
+from specrag.errors import InputError, ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
 
 Speculation = Literal["none", "prompt", "draft+prompt"]
 INT8_NAMES = ("int8", "qint8")  # the dtype of a drafter with int8 layers (specrag.models.int8)
@@ -32,6 +35,35 @@ FLOAT_DTYPES = {
 FLOAT_NAMES = ("auto", *FLOAT_DTYPES)
 DEVICE_FORMS = re.compile(r"auto|cpu|mps|cuda(:\d+)?")  # where it may run
 DEVICE_TEXT = "auto, cpu, cuda, cuda:N, mps"  # DEVICE_FORMS, as its errors and docs name them
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """Map ``auto``/``cpu``/``cuda``/``cuda:N``/``mps`` to a torch device.
+
+    Its :class:`ModelLoadError` is one line: no such device here, or no such name. (torch is
+    imported here, not with the module: per-call options need none.)
+    """
+    import torch
+
+    if device in ("", "auto"):  # "cuda" as an explicit "cuda" resolves: one name per GPU
+        return resolve_device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device {device!r} (use {DEVICE_TEXT})") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ModelLoadError(f"device {device!r}: this machine has {count} CUDA device(s)")
+        # one name per GPU: "cuda" and "cuda:0" share loaded models and KV caches
+        return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {device!r} requested but MPS is not available here")
+    if dev.type not in ("cpu", "mps"):  # torch knows more (xpu, meta): not run or tested here
+        raise ModelLoadError(f"unknown device {device!r} (use {DEVICE_TEXT})")
+    return dev
 
 
 def check_placement(device: str, dtype: str, drafter_dtype: str, prefix: str = "") -> None:
