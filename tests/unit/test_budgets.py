@@ -405,6 +405,27 @@ def test_a_turn_waits_for_its_device_before_it_lends(monkeypatch):
     assert order == ["prefill done", "query embedded"]
 
 
+def test_a_call_lent_by_a_turn_whose_device_fails_runs_after_it(monkeypatch):
+    """The device's synchronisation before a lend raises where a queued kernel failed (CUDA's
+    sticky errors): the call it had taken from the queue was lost and its caller (a
+    question's embedding) waited for ever (a review of that synchronisation, 2026-12-07)."""
+    from specrag.models import worker
+
+    monkeypatch.setattr(worker, "LEND_AFTER_S", 0.0)
+
+    def failed_device():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def turn():
+        query = MODEL_THREAD.submit_short(lambda: "query embedded")
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            MODEL_THREAD.run_waiting_calls(before=failed_device)
+        return query
+
+    query = MODEL_THREAD.submit(turn).result(10)
+    assert query.result(10) == "query embedded"  # run once the failed turn ended
+
+
 def test_a_long_turn_keeps_as_much_of_the_thread_as_it_lends(monkeypatch):
     """A long prefill lent the thread after every 0.5 s of its own work, whatever the lent
     calls took: a document being indexed (a batch of 32 passages, ~1 s on 2 cores) took two

@@ -170,7 +170,13 @@ class ModelThread:
                 self._tasks.remove(call)
         if call is not None:
             if before is not None:
-                before()
+                try:
+                    before()
+                except BaseException:  # (a device's sticky error): the call waits on, not lost
+                    with self._cv:
+                        self._tasks.appendleft(call)
+                        self._cv.notify()
+                    raise
             lent = time.perf_counter()
             try:
                 call()  # a submitted call hands its exception to its future
