@@ -479,12 +479,14 @@ class AddsBos:
 
     chat_template = None
 
-    def __init__(self, tok):
-        self.tok, self.bos_token_id = tok, tok.bos_token_id
+    def __init__(self, tok, eos=False):
+        self.tok, self.bos_token_id, self.eos = tok, tok.bos_token_id, eos
 
     def __call__(self, text, add_special_tokens=True):
-        ids = self.tok(text, add_special_tokens=False)["input_ids"]
-        return {"input_ids": [self.bos_token_id] * add_special_tokens + list(ids)}
+        ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
+        if add_special_tokens:  # some also end every text (``add_eos_token=True``)
+            ids = [self.bos_token_id, *ids, *([self.tok.eos_token_id] if self.eos else [])]
+        return {"input_ids": ids}
 
     def __getattr__(self, name):
         return getattr(self.tok, name)
@@ -507,6 +509,9 @@ def test_a_model_without_a_chat_template_reads_one_transcript_on_both_routes():
     prompt = encode_chat(loaded, [SystemMessage("Answer briefly."), HumanMessage("Who led?")])
     assert prompt[0] == tok.bos_token_id
     assert base.decode(prompt[1:]) == "System: Answer briefly.\n\nUser: Who led?\n\nAssistant:"
+    # a tokenizer that also ends every text: no end token after the generation prompt
+    ends = SimpleNamespace(tokenizer=AddsBos(base, eos=True))
+    assert encode_chat(ends, [SystemMessage("Answer briefly."), HumanMessage("Who led?")]) == prompt
     head, context, tail = layout(loaded, "Use the document.", "Rollo led them.", "Who led?")
     assert head[0] == tok.bos_token_id and head.count(tok.bos_token_id) == 1
     assert base.decode(head[1:] + context + tail) == (

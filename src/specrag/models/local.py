@@ -89,7 +89,11 @@ def encode_chat(
         ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
         prompt = [int(i) for i in ids]
     else:
-        prompt = [int(i) for i in tok(plain_transcript(dicts))["input_ids"]]
+        # the specials its tokenizer puts first (a BOS), none after the generation prompt
+        text = plain_transcript(dicts)
+        prompt = leading_specials(tok) + [
+            int(i) for i in tok(text, add_special_tokens=False)["input_ids"]
+        ]
     if forced:
         prompt += [int(i) for i in tok(forced, add_special_tokens=False)["input_ids"]]
     return prompt
