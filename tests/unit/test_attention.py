@@ -89,3 +89,52 @@ def test_a_model_whose_code_branches_on_the_attention_name_keeps_sdpa():
     # the models it was measured on still switch (their code never compares the name)
     llama = tiny_llama(layers=1)
     assert "native grouped-query" in attention.use(llama, CPU)
+
+
+def test_a_gemma4_model_loaded_by_name_answers_as_plain_decoding(tmp_path, monkeypatch):
+    """The same through the package's own load of a model folder (where the switch is made): a
+    refine's draft opening and its verify passes gave another greedy answer than plain
+    decoding (a review, 2026-12-07, with tiny models of nine architectures: the tests built
+    their models in memory and never met the switch). Proposals are made, some rejected."""
+    from langchain_core.messages import HumanMessage, SystemMessage
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specrag.models.chat import ChatLocalLM
+    from specrag.models.loading import load_lm
+
+    tokenizer = load_lm().tokenizer  # the embedded model's (before the cache dir moves)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "gemma4_text", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        global_head_dim=8, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=len(tokenizer), sliding_window=16, num_kv_shared_layers=2,
+        max_position_embeddings=1024, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)  # confident argmaxes: a tie never decides
+    model.save_pretrained(tmp_path / "gemma4")
+    tokenizer.save_pretrained(tmp_path / "gemma4")
+    evidence = "Rollo led the Norse settlers of Normandy. The treaty of 911 gave them land. "
+    messages = [SystemMessage("Answer."), HumanMessage(evidence * 2 + "Who led them?")]
+
+    def chat(speculation):
+        return ChatLocalLM(
+            model_name=str(tmp_path / "gemma4"), device="cpu", dtype="float32",
+            speculation=speculation, max_new_tokens=24,
+        )  # fmt: skip
+
+    plain = chat("none").invoke(messages)
+    assert chat("none").load().model.config._attn_implementation == "sdpa"  # not switched
+    words = plain.content.split()
+    draft = " ".join(words[: len(words) // 2] + ["Normandy", "settlers", "treaty"])
+    fast = chat("draft+prompt").invoke(messages, draft=draft)
+    assert fast.content == plain.content
+    stats = fast.response_metadata["decoding"]
+    proposed = sum(stats["candidates_proposed"].values())
+    accepted = sum(stats["candidates_accepted"].values())
+    assert proposed > 0 and accepted < proposed, stats
