@@ -468,6 +468,8 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
             offline = f" (delete {converted} to convert it again)"  # sizes do not show
         raise ModelLoadError(f"could not load model {name!r}: {first}{offline}") from exc
     weights = _weights_id(source)  # read once: a folder's files are hashed
+    if (commit := getattr(model.config, "_commit_hash", None)) and not Path(source).is_dir():
+        weights += f"@{commit}"  # a hub id: the revision it resolved to (a verdict's too)
     try:
         model.to(device)  # type: ignore[arg-type]
     except (RuntimeError, ValueError) as exc:  # out of memory on the device, most often;
@@ -480,9 +482,7 @@ def _load_lm_uncached(name: str, device: torch.device, dtype: torch.dtype) -> Lo
     if quantized:
         layout = int8.quantize(model, wide=native_bf16())  # int8 is CPU-only (resolve_dtype)
         dtype = torch.qint8
-    if (commit := getattr(model.config, "_commit_hash", None)) and not Path(source).is_dir():
-        weights += f"@{commit}"  # a hub id: the revision it resolved to (a verdict's too)
-    if not quantized:
+    else:
         layout = weight_layout.apply(  # before timing: the costs are the layout's
             model,
             device,
