@@ -34,7 +34,7 @@ import functools
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -238,6 +238,14 @@ def narrow_rows(model: nn.Module, reps: int = 5) -> tuple[int, dict[int, float]]
     return rows_from(ratios), {r: round(v, 3) for r, v in ratios.items()}
 
 
+def implausible(ratios: Iterable[object]) -> bool:
+    """Whether a 1-3 row ratio is over :data:`IMPLAUSIBLE` (values not numbers skipped).
+
+    Both layouts compute the same product, so such a ratio is a busy moment, not the layout.
+    """
+    return any(isinstance(r, (int, float)) and r > IMPLAUSIBLE for r in ratios)
+
+
 def second_round(ratios: dict[int, float]) -> bool:
     """Whether a round of 1-3 row timings is taken again.
 
@@ -245,7 +253,8 @@ def second_round(ratios: dict[int, float]) -> bool:
     product: a busy moment, as for the 9-token check - a review, 2026-12-07: a kept 2.6x for
     one row sent every step of the 1.5B to the slower weight for good).
     """
-    return any(abs(r - NARROW_PAYS) < SURE or r > IMPLAUSIBLE for r in ratios.values())
+    near = any(abs(r - NARROW_PAYS) < SURE for r in ratios.values())
+    return near or implausible(ratios.values())
 
 
 def rows_from(ratios: dict[int, float]) -> int:
@@ -467,7 +476,7 @@ def apply(
         doubtful = (  # timed once before the guard, with a ratio it would have timed again
             entry.get("narrow_check") != NARROW_CHECK
             and isinstance(kept, dict)
-            and any(isinstance(v, (int, float)) and v > IMPLAUSIBLE for v in kept.values())
+            and implausible(kept.values())
         )
         if type(rows) is not int or not 1 <= rows <= MIN_ROWS or doubtful:  # not timed yet
             rows, narrow = narrow_rows(model)  # (or malformed)
