@@ -428,3 +428,35 @@ def test_the_machine_key_names_the_cpu_beyond_its_model_name():
     PyTorch's kernel level for it."""
     key = layout.machine()
     assert layout.cpu_id() in key and str(torch.backends.cpu.get_cpu_capability()) in key
+
+
+def test_a_hub_models_revision_keys_its_weights_and_its_layout_verdict(tmp_path, monkeypatch):
+    """A hub id names no fixed weights: the revision it resolved to joins its weights id and
+    so the key of its kept layout verdict (a model updated on the hub is timed again)."""
+    import json
+
+    import transformers
+
+    from specrag.models import loading
+    from tests.tiny import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny", loading.load_lm().tokenizer)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "check_local_model", lambda name: None)  # a hub id
+    real_model = transformers.AutoModelForCausalLM.from_pretrained
+    real_tokenizer = transformers.AutoTokenizer.from_pretrained
+
+    def from_hub(source, **kwargs):
+        assert source == "org/tiny"
+        model = real_model(str(folder), **kwargs)
+        model.config._commit_hash = "0123abcd"  # what a hub download sets
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_hub)
+    monkeypatch.setattr(
+        transformers.AutoTokenizer, "from_pretrained", lambda s, **kw: real_tokenizer(str(folder))
+    )
+    loaded = loading._load_lm_uncached("org/tiny", torch.device("cpu"), torch.float32)
+    assert loaded.weights == "org/tiny@0123abcd"
+    kept = json.loads((tmp_path / "cache" / loading.LAYOUT_VERDICTS).read_text())
+    assert any(key.startswith("org/tiny@0123abcd|") for key in kept)
