@@ -84,6 +84,18 @@ def test_follow_up_is_rewritten_before_retrieval(mode, expected):
     assert out["messages"][-1].content == out["answer"]
 
 
+def test_a_concat_query_joins_the_latest_earlier_question():
+    """Three turns in: the question before this one, not the conversation's first."""
+    svc, queries = recording_services()
+    talk = [*conversation(), AIMessage("Around 930."), HumanMessage("Where was he buried?")]
+    asyncio.run(
+        build_graph(svc).ainvoke(
+            {"messages": talk}, context=ctx(query_rewrite="concat", draft_policy="off")
+        )
+    )
+    assert queries == ["When did he die? Where was he buried?"]
+
+
 def test_a_hung_rewrite_leaves_the_search_half_the_retrieval_budget():
     """A draft model that never answered the rewrite took the whole retrieval budget: an
     instant search ended in the fallback ("retrieval timed out"). Half the budget, then the

@@ -187,6 +187,25 @@ async def test_a_finished_thread_keeps_only_its_latest_checkpoint_and_its_histor
     assert "Who was the Norse leader?" in texts and "Rollo." in texts  # the history was read
 
 
+async def test_a_thread_run_through_the_runner_leaves_one_checkpoint(tmp_path, monkeypatch):
+    """``run_graph(thread=...)`` (the CLI's ``--thread``) prunes what its finished run wrote:
+    one checkpoint, no pending writes; the file otherwise grew by every step of every run."""
+    import sqlite3
+
+    from specrag.runner import run_graph
+
+    _graph_of(monkeypatch, services())
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    for question in ("capital of France?", "and its river?"):
+        await run_graph(question, ctx(), None, False, thread="t-4")
+        with sqlite3.connect(tmp_path / "checkpoints.sqlite") as db:
+            for table, kept in (("checkpoints", 1), ("writes", 0)):
+                (n,) = db.execute(
+                    f"SELECT COUNT(*) FROM {table} WHERE thread_id = 't-4'"
+                ).fetchone()
+                assert n == kept, (table, n)
+
+
 async def test_a_resumed_document_run_indexes_its_document_outside_the_retrieval_budget(
     tmp_path, monkeypatch
 ):
@@ -303,10 +322,14 @@ async def test_a_resumed_incremental_run_says_its_later_batches_were_lost(tmp_pa
     assert any("later batches were lost" in e for e in result["errors"]), result["errors"]
 
 
-async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failed", [False, True])
+async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(
+    failed, tmp_path, monkeypatch
+):
     """`--resume` of a run stopped inside the draft after retrieve had delivered evidence: the
     signal lived in the dead process, and the resumed draft ("until_retrieval") drafted its
-    whole budget with the evidence already in the checkpoint."""
+    whole budget with the evidence already in the checkpoint. A retrieve that had failed
+    delivered nothing: the resumed draft is not stopped (the fallback shows it whole)."""
     import threading
 
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -336,7 +359,10 @@ async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_pa
             yield from super()._stream(*a, **k)
 
     long_draft = " ".join(["word"] * 20)
-    svc = services(draft=CrashAfterRetrieval(reply=long_draft, delay_s=0.02, calls=[]))
+    svc = services(
+        draft=CrashAfterRetrieval(reply=long_draft, delay_s=0.02, calls=[]),
+        retrieve_error=OSError("disk gone") if failed else None,
+    )
     _graph_of(monkeypatch, svc)
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
     settings = ctx(draft_policy="until_retrieval")
@@ -354,6 +380,10 @@ async def test_a_draft_resumed_after_its_retrieve_delivered_stops_at_once(tmp_pa
     real_restore = signals.restore_signal
     monkeypatch.setattr(signals, "restore_signal", lambda s: restored.append(real_restore(s)))
     result = await run_graph("", settings, None, False, thread="t-draft")  # --resume
+    if failed:
+        assert restored == [False] and result["draft"] == long_draft
+        assert result["route"] == "fallback"
+        return
     assert restored == [True]  # the resumed draft saw the restored signal ...
     assert drafts["n"] <= 2 and len(result["draft"].split()) <= 1, result["draft"]  # at once
     assert result["route"] in ("generate", "refine") and result["answer"] == "Paris."

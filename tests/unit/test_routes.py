@@ -135,6 +135,7 @@ async def test_until_retrieval_stops_draft_after_retrieval():
     )
     assert result["route"] == "refine"
     assert 2 <= len(result["draft"].split()) < 200  # stopped well before the end
+    assert result["draft_status"] == "truncated"  # cut by retrieval: not a finished draft
 
 
 async def test_a_remote_draft_between_chunks_stops_when_retrieval_delivers():

@@ -68,6 +68,9 @@ async def test_second_question_on_a_thread_starts_a_clean_run():
     assert second["errors"] == [] and second["route"] == "refine"
     assert second["timings"]["total_s"] <= wall  # the gap is not part of this run
     assert second["timings"]["ttft_s"] <= wall
+    third = await run(svc, "capital of France?", graph=graph, config=config, draft_policy="off")
+    assert third["route"] == "generate" and "refine" in second["stats"]
+    assert set(third["stats"]) <= {"generate", "retrieve"}  # not the second run's refine
     history = [s async for s in graph.aget_state_history(config)]
     assert any(s.values.get("question") == "broken: capital?" for s in history)  # kept
 
@@ -285,3 +288,64 @@ def test_the_draft_and_the_answer_draw_from_independent_seeds():
         assert result["route"] == "refine", result["reason"]
     assert seen["answer"] == [7, 7]
     assert seen["draft"][0] == seen["draft"][1] and seen["draft"][0] not in (None, 7)
+
+
+async def test_a_failed_rapid_run_without_evidence_falls_back_unverified():
+    """RAPID failing on a document whose search failed leaves no evidence: the fallback's
+    honest answer, never serial RAG's generate (an answer checked against nothing, marked
+    verified) - even when the answer model itself works."""
+    import dataclasses
+
+    def breaks(context):
+        raise RuntimeError("weights missing")
+
+    svc = services(
+        answer=FakeLogprobChat(reply="Rollo.", calls=[]),
+        retrieve_error=OSError("embedding model missing"),
+    )
+    svc = dataclasses.replace(svc, rapid_model=breaks)
+    document = "Rollo led the Norse. " * 400
+    result = await run(svc, "Who led the Norse?", inputs={"document": document}, draft_policy="off")
+    assert result["route"] == "fallback" and "rapid_generate" in result["reason"]
+    assert result["verified"] is False and result["citations"] == []
+
+
+async def test_a_runs_document_is_evidence_whatever_its_chunks_score():
+    """A run's ``document`` is the user's chosen evidence: no relevance threshold (README)."""
+    svc = services(chunks=[chunk("Rollo led the Norse.", score=0.05)])
+    result = await run(svc, "Who led them?", inputs={"document": "Rollo led the Norse."})
+    assert result["route"] != "fallback"
+    assert result["verified"] is True
+    irrelevant = await run(svc, "Who led them?")  # the same score from the index: dropped
+    assert irrelevant["route"] == "fallback"
+
+
+async def test_seed_zero_is_a_seed_not_a_request_for_a_random_one():
+    assert (await run(services(), seed=0))["seed"] == 0
+    assert (await run(services(), seed=7))["seed"] == 7
+    drawn = {(await run(services(), seed=-1))["seed"] for _ in range(3)}
+    assert len(drawn) > 1  # -1: a fresh seed per run
+
+
+def test_merged_state_dicts_take_the_later_value():
+    """``timings``/``stats`` merge: a later node's value replaces an earlier one's (generate's
+    answer time replaces that of the refine it recovered from)."""
+    from specrag.graph.state import merge_dicts
+
+    assert merge_dicts({"answer_s": 1.0, "a": 1}, {"answer_s": 0.1}) == {"answer_s": 0.1, "a": 1}
+    assert merge_dicts(None, {"a": 1}) == {"a": 1} and merge_dicts({"a": 1}, None) == {"a": 1}
+
+
+def test_a_batch_record_names_dropped_only_the_chunks_that_left_the_evidence():
+    """A re-ranking batch's record says which earlier chunks it pushed out, and only those: a
+    chunk it re-ranked but kept is not 'dropped'."""
+    from specrag.indexing.store import Batch
+    from specrag.nodes.retrieve import Delivered
+
+    kept, lost, new = (chunk(f"Paris fact {n}.", n=n) for n in range(3))
+    got = Delivered(ctx(), None, 0.0)
+    got.add(Batch("dense", [kept, lost]))
+    got.add(Batch("hybrid", [new], [new, kept]))  # fused: `lost` fell out of the top k
+    assert "dropped" not in got.records[0]
+    assert got.records[1]["dropped"] == [lost.id]
+    assert [c["id"] for c in got.found] == [new.id, kept.id]
