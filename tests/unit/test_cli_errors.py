@@ -44,6 +44,11 @@ def test_empty_question(capsys, question):
 def test_question_too_long(capsys):
     line = one_line_error(capsys, main(["ask", "x" * 50, "--set", "max_question_chars=10"]))
     assert "max 10" in line
+    line = one_line_error(capsys, main(["ask", "x" * 11, "--set", "max_question_chars=10"]))
+    assert "max 10" in line
+    from specrag.graph.context import validate_question
+
+    assert validate_question("x" * 10, 10) == "x" * 10  # at the limit: taken
 
 
 def test_no_index_yet(capsys, tmp_path):
@@ -639,6 +644,8 @@ def test_an_int8_drafter_on_a_gpu_is_refused_when_the_settings_are_built(capsys)
         ("top_k=2147483648", "top_k=2147483648 (allowed: >= 1 and <= 10000)"),
         ("answer_max_tokens=99999999999999999999", "(allowed: >= 1 and <= 16777216)"),
         ("prefix_cache_mib=9223372036854775807", "(allowed: >= 0 and <= 16777216)"),
+        ("retrieval_timeout_s=0", "retrieval_timeout_s=0.0 (allowed: > 0"),  # every run late
+        ("answer_timeout_s=0", "answer_timeout_s=0.0 (allowed: > 0"),
     ],
 )
 def test_a_count_past_what_any_library_takes_is_refused(capsys, setting, expected):

@@ -169,3 +169,21 @@ def test_the_json_view_names_the_query_and_how_the_draft_ended():
     view = result_json(result)
     assert view["reason"].startswith("draft too short (2 < 6 tokens)")
     assert (view["draft_status"], view["draft_tokens"], view["query"]) == ("ok", 2, "q?")
+
+
+def test_the_json_views_timings_are_the_runs_each_under_its_own_name():
+    from specrag.runner import result_json
+
+    names = (
+        "load_s",
+        "document_index_s",
+        "retrieve_s",
+        "draft_s",
+        "draft_ttft_s",
+        "answer_s",
+        "answer_ttft_s",
+        "total_s",
+        "ttft_s",
+    )
+    timings = {name: float(n) for n, name in enumerate(names, 1)}  # each a value of its own
+    assert result_json({"timings": timings})["timings"] == timings

@@ -1723,3 +1723,18 @@ def test_a_walk_of_the_parent_keeps_what_a_hidden_named_link_reached(tmp_path, m
     assert indexed_sources(tmp_path, capsys, base / ".latest") == [str(real / "other/v2/a.md")]
     both = sorted([str(real / "base/b.md"), str(real / "other/v2/a.md")])
     assert indexed_sources(tmp_path, capsys, base) == both
+
+
+def test_two_collections_of_one_index_dir_are_opened_apart(tmp_path):
+    """A process (a server, Studio, an agent's tool) that searches two collections of one
+    index dir gets each its own: an opened index is kept per dir AND collection."""
+    from specrag.graph.context import SpecRagContext
+    from specrag.graph.services import open_index
+    from specrag.indexing.pipeline import index_records
+
+    d = tmp_path / "index"
+    index_records([("a.md", "The zebrafish genome was sequenced in Hinxton.")], d, collection="one")
+    index_records([("b.md", "Rollo led the Norse settlers of Normandy.")], d, collection="two")
+    for collection, source in (("one", "a.md"), ("two", "b.md")):
+        index = open_index(SpecRagContext(index_dir=str(d), collection=collection))
+        assert index.sources() == {source}
