@@ -346,6 +346,7 @@ async def test_an_answer_cut_by_its_budget_says_so():
     assert any("cut after" in e and "answer_timeout_s=0.5" in e for e in result["errors"])
     # and where a reader looks: the reason (it named only the gate's, 2026-12-06)
     assert result["reason"].endswith("; the answer budget cut the answer"), result["reason"]
+    assert result["stats"]["generate"]["truncated"] is True  # and in the node's statistics
 
 
 async def test_a_stores_own_timeout_error_is_reported_as_it_is():
@@ -858,3 +859,29 @@ def test_a_wrapped_sync_only_model_streams_on_its_own_thread_too():
                 yield
 
     assert not steps_on_the_shared_pool(Native(calls=[]).with_config(tags=["x"]))
+
+
+async def test_the_grace_for_later_batches_is_part_of_the_answer_budget(monkeypatch):
+    """A local answer model waits ``incremental_grace_s`` for batches that come soon; that
+    wait is the answer's time: the model is called with what is left of its budget."""
+    from specrag.nodes import answer as answer_node
+
+    budgets: list[float] = []
+    real = answer_node.stream_model
+
+    async def spy(*args, **kwargs):
+        budgets.append(kwargs["budget_s"])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(answer_node, "is_local", lambda model: True)  # the weaving path
+    monkeypatch.setattr(answer_node, "stream_model", spy)
+    release = threading.Event()
+    try:
+        async with asyncio.timeout(20):
+            result, _ = await incremental(
+                None, lambda: release.wait(HANG_S), grace=0.6, answer_timeout_s=5.0
+            )
+    finally:
+        release.set()  # the second batch's search thread
+    assert result["answer"] == "Paris." and len(budgets) == 1
+    assert budgets[0] <= 5.0 - 0.6, budgets  # the grace waited in full: batch 2 never came

@@ -292,3 +292,19 @@ def test_stats_map_each_node_to_a_dict():
     assert out["route"] == "refine", out["reason"]
     assert all(isinstance(v, dict) for v in out["stats"].values()), out["stats"]
     assert out["stats"]["refine"]["refine_mode"] == "verify"
+
+
+def test_history_keeps_the_latest_turns_that_fit_and_none_before_a_gap():
+    """Newest first up to ``history_tokens``: a turn too long ends the history there; an older
+    short turn past it is not kept (it would read as if it came right before the rest)."""
+    from specrag.nodes.prepare import history
+
+    talk = [
+        HumanMessage("Who was the Norse leader?"),  # oldest: short, but before the long turn
+        AIMessage(" ".join(["word"] * 100)),
+        HumanMessage("When did he die?"),
+        AIMessage("Around 930."),
+        HumanMessage("Where was he buried?"),  # the question: not history
+    ]
+    kept = history({"messages": talk}, ctx(history_tokens=40), lambda text: len(text.split()))
+    assert [t["content"] for t in kept] == ["When did he die?", "Around 930."]

@@ -348,6 +348,40 @@ async def test_a_remote_draft_asks_for_log_probs_and_a_model_that_refuses_them_s
     assert "Remote:busy" not in streaming._NO_LOGPROBS  # one 429 leaves them on
 
 
+async def test_a_model_asked_again_without_log_probs_gets_only_the_budget_left(monkeypatch):
+    """The refusal took its time: the second call must end where the first call's budget
+    ends (``draft_timeout_s`` is one budget, not one per call)."""
+    import time
+
+    from langchain_core.messages import HumanMessage
+
+    from specrag.nodes import streaming
+
+    class SlowRefusal(FakeLogprobChat):
+        logprobs: bool | None = None
+
+        def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+            if self.logprobs:
+                time.sleep(0.5)
+                raise ValueError("Error code: 400 - logprobs is not supported with this model")
+            yield from super()._stream(messages, stop, run_manager, **kwargs)
+
+    budgets: list[float] = []
+    real = streaming.stream_model
+
+    async def spy(*args, **kwargs):
+        budgets.append(kwargs["budget_s"])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(streaming, "stream_model", spy)
+    monkeypatch.setattr(streaming, "_NO_LOGPROBS", set())  # this process's refusals: kept apart
+    out = await spy(
+        SlowRefusal(calls=[]), [HumanMessage("q")], budget_s=2.0, tags=["draft"], confidence=True
+    )
+    assert out.text == "Paris is the capital of France."
+    assert len(budgets) == 2 and budgets[1] <= 2.0 - 0.5  # what the refusal took is spent
+
+
 async def test_a_fallback_that_does_not_show_the_draft_says_why():
     """The JSON held a whole draft, the answer said no evidence was found, and the reason
     named retrieval only: why the draft was not shown was nowhere."""

@@ -349,3 +349,67 @@ def test_a_batch_record_names_dropped_only_the_chunks_that_left_the_evidence():
     assert "dropped" not in got.records[0]
     assert got.records[1]["dropped"] == [lost.id]
     assert [c["id"] for c in got.found] == [new.id, kept.id]
+
+
+def test_a_runs_document_is_searched_not_the_index(monkeypatch):
+    """With the default retriever, a run's document is one batch of its own chunks: the
+    persistent index is not searched (nor opened) for it."""
+    from specrag.graph import services as services_module
+    from specrag.graph.context import SpecRagContext
+    from specrag.indexing.store import Batch
+
+    found = [chunk("Rollo led the Norse.")]
+
+    def no_index(ctx):
+        raise AssertionError("the index was opened for a run's document")
+
+    monkeypatch.setattr(services_module, "open_index", no_index)
+    monkeypatch.setattr(services_module, "search_document", lambda *a, **k: found)
+    monkeypatch.setattr(services_module, "load_embeddings", lambda name: None)
+    monkeypatch.setattr(services_module, "answer_token_length", lambda ctx: len)
+    monkeypatch.setattr(services_module, "answer_tokenizer_key", lambda ctx: "chars")
+    svc = services_module.Services()
+    got = list(svc.retrieve_batches("Who led them?", "Rollo led the Norse.", SpecRagContext()))
+    assert got == [Batch("document", found)]
+
+
+def test_the_pairs_drafter_loads_in_its_own_dtype_and_drafts_for_rapid(monkeypatch):
+    """The pair's drafter is built in ``draft_dtype`` (a drafter loaded in the answer's dtype
+    is a second copy of the 0.5B beside the int8 one the answer model proposes with), and
+    RAPID's drafter is the context's draft model, not the answer model drafting for itself."""
+    from specrag.graph import services as services_module
+    from specrag.graph.context import SpecRagContext
+    from specrag.models import rapid_chat
+
+    built: dict[str, dict] = {}
+    monkeypatch.setattr(
+        services_module,
+        "chat_model_from_spec",
+        lambda spec, **kw: built.setdefault(spec, kw),
+    )
+    monkeypatch.setattr(rapid_chat, "ChatRapid", lambda **kw: kw)
+    context = SpecRagContext(models="pair", drafter_dtype="int8")
+    assert context.draft_dtype == "int8" != context.dtype
+    services_module.default_chat_model(context.draft_spec, context)
+    services_module.default_chat_model(context.answer_spec, context)
+    assert built[context.draft_spec]["dtype"] == "int8"
+    assert built[context.answer_spec]["dtype"] == context.dtype
+    assert built[context.answer_spec]["drafter_dtype"] == "int8"
+    rapid = services_module.default_rapid_model(context)
+    assert (rapid["target_model"], rapid["drafter_model"]) == (
+        context.answer_spec,
+        context.draft_spec,
+    )
+
+
+async def test_a_benchmarks_added_batch_latency_delays_only_the_later_batches():
+    """``added_batch_latency_s`` (bench rag's streamed-retrieval rows) models a slow tail:
+    the first batch comes as fast as the search gives it."""
+    import dataclasses
+
+    from tests.fakes import two_batches
+
+    svc = dataclasses.replace(services(), batch_retriever=two_batches(lambda: None))
+    result = await run(svc, answer_policy="wait", added_batch_latency_s=2.0)
+    first, second = (b["arrival_s"] for b in result["batches"])
+    assert first < 1.0 and second >= 2.0, (first, second)
