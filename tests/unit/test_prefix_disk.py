@@ -165,6 +165,13 @@ def test_an_entry_of_another_shape_is_dropped_and_a_placement_failure_keeps_it(
     (path,) = tmp_path.glob("*.kv")
     assert PrefixCache(disk_dir=tmp_path).get(key, tiny_llama(layers=3)) is None
     assert not path.exists()  # 2 cached layers for a 3-layer model: dropped
+    for other in (dict(num_key_value_heads=4), dict(hidden_size=64)):  # KV heads, head size
+        writer.put(key, prefilled(tiny_llama(layers=2), prefix))
+        writer.flush()
+        (path,) = tmp_path.glob("*.kv")
+        assert PrefixCache(disk_dir=tmp_path).get(key, tiny_llama(layers=2, **other)) is None
+        assert not path.exists(), other
+        writer = PrefixCache(disk_dir=tmp_path)  # its memory copy would skip the write
 
     writer.put(key + "x", prefilled(tiny_llama(layers=2), prefix))
     writer.flush()
@@ -564,3 +571,44 @@ def test_a_shape_probe_that_fails_keeps_the_file(tmp_path, monkeypatch):
     assert path.exists()  # a miss, kept
     monkeypatch.undo()
     assert PrefixCache(disk_dir=tmp_path).get(key, model) is not None
+
+
+def test_a_runs_disk_budget_of_zero_writes_nothing(tmp_path):
+    """``put(..., disk=0)``: a run whose ``prefix_cache_disk_mib`` is 0 keeps its document's
+    KV off the disk, whatever the cache's own bound."""
+    state = prefilled(tiny_llama(), list(range(3, 60)))
+    cache = PrefixCache(disk_dir=tmp_path)
+    cache.put(prefix_key("m", state.tokens), state, memory=0, disk=0)
+    cache.flush()
+    assert not list(tmp_path.glob("*.kv"))
+
+
+def test_a_file_larger_than_the_disk_budget_is_not_written_over_the_kept_ones(tmp_path):
+    """A prefix whose tensors fit the bound but whose file does not is skipped: written, it
+    made the pruning delete every file, the ones kept before it too."""
+    model = tiny_llama()
+    short, long = prefilled(model, list(range(3, 20))), prefilled(model, list(range(3, 60)))
+    cache = PrefixCache(disk_dir=tmp_path, disk_max_bytes=long.nbytes())
+    cache.put(prefix_key("m", short.tokens), short)
+    cache.flush()
+    (kept,) = tmp_path.glob("*.kv")
+    cache.put(prefix_key("m", long.tokens), long)
+    cache.flush()
+    assert list(tmp_path.glob("*.kv")) == [kept]
+
+
+def test_memory_eviction_is_least_recently_used_not_first_in(tmp_path):
+    model = tiny_llama()
+    states = [prefilled(model, [i + 1] + list(range(2, 40))) for i in range(3)]
+    keys = [prefix_key("m", s.tokens) for s in states]
+    cache = PrefixCache(max_bytes=int(states[0].nbytes() * 2.5))
+    cache.put(keys[0], states[0])
+    cache.put(keys[1], states[1])
+    assert cache.get(keys[0]) is not None  # used: the most recent now
+    cache.put(keys[2], states[2])  # over the bound: the least recently used goes
+    assert cache.get(keys[1]) is None and cache.get(keys[0]) is not None
+
+
+def test_prefix_keys_of_different_token_lists_differ():
+    assert prefix_key("m", [1, 23]) != prefix_key("m", [12, 3])
+    assert prefix_key("m", [1, 2]) != prefix_key("n", [1, 2])
