@@ -171,6 +171,85 @@ def short_rapid(tmp_path, monkeypatch, max_new_tokens):
     )
 
 
+def long_rapid(tmp_path, monkeypatch, **kw):
+    """RAPID on a 4096-token tiny target (the embedded tokenizer), eta 0, its own cache."""
+    from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.models.rapid_chat import ChatRapid
+    from tests.tiny import save_tiny
+
+    tokenizer = load_lm().tokenizer  # (loaded before the cache dir moves)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    big = save_tiny(tmp_path / "big", tokenizer, context=4096)
+    settings = dict(target_model=str(big), eta=0.0, max_new_tokens=4, prefix_cache=PrefixCache())
+    return ChatRapid(**{**settings, **kw})
+
+
+def test_a_rapid_answer_limit_is_the_smaller_context_of_target_and_drafter(
+    tmp_path, monkeypatch, caplog
+):
+    """A 256-token drafter beside a 4096-token target: the answer is capped for the drafter's
+    context (capped for the target's alone, a one-word question was "too long")."""
+    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
+    model = long_rapid(tmp_path, monkeypatch, drafter_model=str(tmp_path / "short"))
+    model.max_new_tokens = 1000
+    with caplog.at_level("WARNING"):
+        out = model.invoke([HumanMessage("Who?")], document="Rollo led them. " * 5)
+    assert "the models read 256 tokens at most" in caplog.text
+    assert 0 < out.response_metadata["new_tokens"] < 256
+
+
+def test_a_rapid_document_prefill_stopped_by_its_budget_is_kept_and_continued(
+    tmp_path, monkeypatch
+):
+    """What a stopped document prefill read is kept: the next question reads only the rest
+    (not a hit: part of the document was read again), the one after is a whole hit."""
+    from specrag.decoding.state import PREFILL_CHUNK
+    from specrag.models import rapid_chat
+
+    model = long_rapid(tmp_path, monkeypatch)
+    document = "Rollo led the Norse settlers of Normandy in the year 911. " * 250
+    asked = [HumanMessage("Who?")]
+    real = rapid_chat.prefill_stop
+
+    def after_one_slice(should_stop):
+        checks = iter([None])  # the first slice goes on; the budget ends at the next
+        return lambda: next(checks, "time")
+
+    monkeypatch.setattr(rapid_chat, "prefill_stop", after_one_slice)
+    first = model.invoke(asked, document=document).response_metadata
+    assert first["finish_reason"] == "time" and first["prefix_cache_hit"] is False
+    (kept,) = model.prefix_cache._entries.values()
+    assert len(kept) == PREFILL_CHUNK  # the slice read is kept
+    monkeypatch.setattr(rapid_chat, "prefill_stop", real)
+    fed: list[int] = []
+    target = load_lm(model.target_model).model
+    hook = target.register_forward_pre_hook(
+        lambda _m, _args, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        second = model.invoke(asked, document=document).response_metadata
+    finally:
+        hook.remove()
+    (whole,) = model.prefix_cache._entries.values()
+    assert second["prefix_cache_hit"] is False and fed[0] == len(whole) - PREFILL_CHUNK
+    assert model.invoke(asked, document=document).response_metadata["prefix_cache_hit"] is True
+
+
+def test_a_rapid_document_prefix_is_kept_under_the_targets_kv_key(tmp_path, monkeypatch):
+    """The KV of a document is another model's once the weights, dtype, device or software
+    differ (``LoadedLM.kv_key``): under a new key it is read again, not served."""
+    from specrag.models.loading import LoadedLM
+
+    model = long_rapid(tmp_path, monkeypatch)
+    asked, document = [HumanMessage("Who?")], "Rollo led the Norse settlers. " * 20
+    hits = [model.invoke(asked, document=document).response_metadata["prefix_cache_hit"]]
+    hits.append(model.invoke(asked, document=document).response_metadata["prefix_cache_hit"])
+    real = LoadedLM.kv_key
+    monkeypatch.setattr(LoadedLM, "kv_key", property(lambda lm: real.fget(lm) + "|torch 9"))
+    hits.append(model.invoke(asked, document=document).response_metadata["prefix_cache_hit"])
+    assert hits == [False, True, False]
+
+
 def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_path, monkeypatch):
     """The middle cut of a document longer than the context depended on the question's
     length, so each question about the longest documents had its own prefix and the prefix
