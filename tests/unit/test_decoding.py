@@ -461,6 +461,20 @@ def test_rapid_eta0_greedy_equals_target_greedy(model, ctx_len, gamma, cut):
     assert (unsure > 0) == (cut > 0), unsure  # the cut-off cut some rounds (gamma adapts up)
 
 
+def test_rapids_confidence_cut_off_stops_a_round_only_below_it(model):
+    """A drafter's top probability is at least 1/vocab: a cut-off under it (0.01 of 64
+    tokens) never stops a round; one of 1.0 stops each at its second draft token."""
+    prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    for cut, full_rounds in ((0.01, True), (1.0, False)):
+        cfg = RapidConfig(gamma=4, eta=0.0, min_draft_confidence=cut)
+        out, stats = rapid_greedy(LMState(model), LMState(model), prompt, prompt, 30, cfg)
+        assert out == greedy(model, prompt, 30)
+        if full_rounds:
+            assert stats.unsure_stops == 0 and stats.draft_tokens > stats.steps, stats
+        else:
+            assert stats.unsure_stops > 0 and stats.draft_tokens <= stats.steps, stats
+
+
 @pytest.mark.parametrize(
     ("transfer", "eta", "temperature"),
     [("shift", 0.0, 0.0), ("shift", 5.0, 0.0), ("shift", 5.0, 1.0), ("mixture", 5.0, 1.0)],
@@ -830,3 +844,38 @@ def test_the_pay_check_sees_the_crop_a_rejection_costs(model, monkeypatch):
     assert got == answer
     rounds = [s for c, s in seen if c == 2]
     assert rounds and min(rounds) >= 0.05, seen
+
+
+def test_plain_decodings_stats_count_one_pass_per_token_and_time_its_steps():
+    """Plain decoding: one pass per token (the prefill's gives the first), every later pass a
+    timed plain step (what ``decode_speedup_vs_plain`` is measured from); a decode stopped
+    before its first token reports no pass."""
+    model, prompt = tiny_llama(), [3, 4, 5, 6, 7]
+    stats = DecodeStats()
+    gen = decode(LMState(model), prompt, max_new_tokens=12, sampler=Sampler(0.0), stats=stats)
+    tokens = run(gen)
+    assert len(tokens) == stats.new_tokens == 12
+    assert stats.passes_per_token == 1.0 and stats.as_dict()["forward_passes"] == 12
+    assert stats.plain_steps == 11 and stats.plain_step_s > 0
+    stopped = DecodeStats()
+    gen = decode(
+        LMState(model),
+        prompt,
+        max_new_tokens=12,
+        sampler=Sampler(0.0),
+        stats=stopped,
+        should_stop=lambda n: "time",
+    )
+    assert run(gen) == [] and stopped.as_dict()["forward_passes"] == 0
+
+
+def test_ngram_lookup_follows_the_source_in_reading_order():
+    """A phrase that comes twice in a draft: an answer past its first copy reads on from the
+    second (the cursor), not from the first again."""
+    draft = [1, 2, 3, 10, 11, 1, 2, 3, 20, 21]
+    proposer = NgramProposer({"draft": draft})
+    answer = [1, 2, 3, 10, 11, 1, 2, 3]
+    assert proposer.propose(answer[:3], 2) == ([10, 11], "draft")
+    for n in range(4, len(answer)):  # a proposal after each token, as a decode asks
+        proposer.propose(answer[:n], 2)
+    assert proposer.propose(answer, 2) == ([20, 21], "draft")

@@ -16,6 +16,7 @@ from specrag.decoding.candidates import NgramProposer
 from specrag.decoding.drafter import (
     DrafterPolicy,
     DrafterProposer,
+    Ledger,
     MergedProposer,
     PaidPrefills,
     PairCosts,
@@ -1000,6 +1001,31 @@ def test_a_drafter_asked_for_no_tokens_proposes_none_and_runs_no_step(pair):
     proposer = DrafterProposer(LMState(drafter), list(range(7, 40)), Sampler(0.0))
     assert proposer.propose([], 0).tokens == []
     assert proposer.stats.proposed == 0 and proposer.lm.forward_passes == 0
+
+
+def test_a_drafters_first_proposal_books_its_prompt_reading_as_its_prefill(pair):
+    """``drafter_prefill_s`` and its tokens: what the join rule learns the drafter's prefill
+    ratio from (read 0, the rule never learned it); later proposals add no prefill."""
+    _, drafter = pair
+    prompt = list(range(7, 40))
+    proposer = DrafterProposer(LMState(drafter), prompt, Sampler(0.0))
+    first = proposer.propose([], 3).tokens
+    assert len(first) == 3 and proposer.stats.prefill_tokens == len(prompt)
+    read = proposer.stats.prefill_s
+    assert 0 < read <= proposer.stats.draft_s
+    proposer.propose(first, 3)
+    assert proposer.stats.prefill_tokens == len(prompt) and proposer.stats.prefill_s == read
+
+
+def test_the_ledger_judges_rounds_after_the_first():
+    """A first round's one-off cost (a prefill, a warm-up) is not judged: ``judged`` and
+    ``per_token`` read the later rounds only."""
+    ledger = Ledger()
+    ledger.add(4, 100.0)
+    assert ledger.judged == (0, 0, 0.0) and ledger.per_token() == 0.0
+    ledger.add(2, 0.5)
+    ledger.add(2, 0.5)
+    assert ledger.judged == (2, 4, 1.0) and ledger.per_token() == 0.25
 
 
 def test_the_drafters_reading_of_its_prompt_keeps_to_the_budget(pair):

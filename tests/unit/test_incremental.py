@@ -92,6 +92,7 @@ def test_greedy_incremental_equals_serial_over_final_evidence(ngrams):
         assert rebuild["reused_prefix_tokens"] == shared_prefix(P1, P2) == len(HEAD)
         assert stats.new_tokens == len(shown)
         assert sum(stats.tokens_from().values()) == len(shown)
+        assert "kept" not in stats.tokens_from()  # the shown tokens' own sources, not a rebuild's
         if revises:
             assert rebuild["dropped_tokens"] == revises[0].dropped > 0
         kept_and_dropped += bool(revises) and rebuild["kept_tokens"] > 0
