@@ -47,6 +47,31 @@ def test_bootstrap_ci_edge_cases():
     assert metrics.bootstrap_ci([1.0, 2.0], lambda _: None) is None  # never defined
 
 
+def test_bootstrap_ci_takes_the_levels_percentiles_of_the_resampled_statistic():
+    """A 95% interval cuts 2.5% off each tail of the resampled values (a 90% one passed the
+    width check above), and percentiles interpolate between the sorted values."""
+    drawn = iter(range(2000))
+    ci = metrics.bootstrap_ci([1.0, 2.0], lambda _: float(next(drawn)), n_boot=2000)
+    assert ci == [pytest.approx(49.975), pytest.approx(1949.025)]
+    assert metrics.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert metrics.percentile([0.0, 10.0], 25) == 2.5
+    assert metrics.percentile([float(v) for v in range(101)], 97.5) == pytest.approx(97.5)
+
+
+def test_answer_metrics_follow_the_official_squad_rules():
+    """Articles, case and punctuation do not count; any gold answer may match; contains-gold
+    needs whole words; F1 counts the tokens both share."""
+    assert metrics.normalize("The Eiffel  Tower!") == "eiffel tower"
+    assert metrics.exact_match("the Eiffel Tower.", ["an Eiffel tower"]) == 1.0
+    assert metrics.exact_match("Paris", ["Paris", "the city of Paris"]) == 1.0  # any gold
+    assert metrics.exact_match("Lyon", ["Paris"]) == 0.0
+    assert metrics.contains("It was ninety years.", ["nine"]) == 0.0  # not inside a word
+    assert metrics.contains("It was nine years.", ["ninety", "nine"]) == 1.0
+    assert metrics.f1("Paris France", ["Paris"]) == pytest.approx(2 / 3)
+    assert metrics.f1("Paris Paris", ["Paris"]) == pytest.approx(2 / 3)  # counted, not set
+    assert metrics.f1("Lyon", ["Paris"]) == 0.0
+
+
 def test_json_ready_makes_summaries_valid_json():
     """A mean of no values (every run of a system timed out) is nan; --json must stay JSON."""
     summary = {"long": {"spec_verify": {"ttft_s_median": metrics.median([]), "n": 3}}}
