@@ -1337,6 +1337,7 @@ def test_an_index_url_with_more_than_host_and_port_is_refused(url, said):
     assert f"({said} cannot be used)" in str(got.value)
     assert parse_url("http://h:8000/") == ("h", 8000, False)
     assert parse_url("https://h") == ("h", 443, True)
+    assert parse_url("http://h") == ("h", 8000, False)  # Chroma's own port
 
 
 def test_a_document_larger_as_utf8_than_on_disk_is_refused_before_any_model_loads(

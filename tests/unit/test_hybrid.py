@@ -14,6 +14,8 @@ def sources(hits):
 def test_rrf_rewards_agreement():
     fused = [item for item, _ in rrf([["a", "b", "c"], ["c", "a", "d"]])]
     assert fused[0] == "a" and fused[1] == "c" and set(fused) == {"a", "b", "c", "d"}
+    # second in both beats first in one (a fusion that kept each item's best rank would not)
+    assert rrf([["a", "b"], ["c", "b"]])[0][0] == "b"
 
 
 def test_bm25_follows_reindex_and_pruning(tmp_path):
@@ -338,3 +340,32 @@ def test_an_open_index_deleted_or_rebuilt_with_another_model_is_refused_not_rema
     subprocess.run([sys.executable, "-c", rebuild, str(directory)], check=True, timeout=300)
     with pytest.raises(IndexError_, match="other-minilm"):
         list(index.search("Rollo", 1, "dense"))
+
+
+def test_bm25_returns_every_match_when_k_reaches_the_chunk_count():
+    texts = ["Rollo led the Norse.", "Rollo took Rouen.", "Rollo died around 930."]
+    index = LexicalIndex.build(["c1", "c2", "c3"], texts)
+    assert {i for i, _ in index.search("Rollo", 5)} == {"c1", "c2", "c3"}
+    assert len(index.search("Rollo", 3)) == 3 and len(index.search("Rollo", 2)) == 2
+
+
+def test_hybrid_fuses_rankings_deeper_than_the_top_k(tmp_path, monkeypatch):
+    """Both rankings are read max(10, 3k) deep before fusion: a chunk just past the dense top k
+    that BM25 ranks first still gets its fused boost (README, "retrieval")."""
+    from specrag.indexing.store import VectorIndex
+
+    index_records([("a.md", "Rollo led the Norse settlers of Normandy.")], tmp_path / "index")
+    index = open_for_writing(tmp_path / "index", "specrag", "embedded")
+    depths: list[tuple[str, int]] = []
+    dense, lexical = VectorIndex._dense, LexicalIndex.search
+    monkeypatch.setattr(
+        VectorIndex, "_dense", lambda self, v, k: depths.append(("dense", k)) or dense(self, v, k)
+    )
+    monkeypatch.setattr(
+        LexicalIndex, "search", lambda self, q, k: depths.append(("bm25", k)) or lexical(self, q, k)
+    )
+    index.search("Rollo", 2, "hybrid")
+    assert depths == [("dense", 10), ("bm25", 10)]
+    depths.clear()
+    index.search("Rollo", 5, "hybrid")
+    assert depths == [("dense", 15), ("bm25", 15)]

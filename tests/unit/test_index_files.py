@@ -626,6 +626,8 @@ def test_what_a_re_index_prunes_around_links_hidden_folders_and_pdf_pages(
             f"{real / 'x.pdf'}#page=1",
         ]
     )
+    # the docs folder alone: its hidden folder, indexed when named, is skipped, not pruned
+    assert indexed_sources(tmp_path, capsys, d, tmp_path / "x.pdf") == after
 
 
 def test_pdf_text_with_a_lone_surrogate_is_indexed(tmp_path, monkeypatch):
@@ -1738,3 +1740,11 @@ def test_two_collections_of_one_index_dir_are_opened_apart(tmp_path):
     for collection, source in (("one", "a.md"), ("two", "b.md")):
         index = open_index(SpecRagContext(index_dir=str(d), collection=collection))
         assert index.sources() == {source}
+
+
+def test_a_pdfs_page_starts_are_where_each_page_begins_in_the_joined_text():
+    from specrag.indexing.documents import join_pages
+
+    text, starts = join_pages(["ab", "", "cd", "efg"])
+    assert text == "ab\n\ncd\n\nefg" and starts == [(0, 1), (4, 3), (8, 4)]
+    assert all(text[at:].startswith(page) for (at, _), page in zip(starts, ["ab", "cd", "efg"]))
