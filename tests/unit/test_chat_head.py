@@ -51,6 +51,25 @@ def short_model(tmp_path, monkeypatch, max_new_tokens):
     )
 
 
+def test_a_calls_own_decode_options_win_over_the_models(tmp_path, monkeypatch):
+    """Per call: ``temperature=0.0`` is greedy and ``seed=0`` a seed on a model built to sample
+    (read with ``or``, both fell back to the model's), a call's ``max_time`` beats the
+    model's, and ``speculation="none"`` (the draft node's) decodes plainly."""
+    model = short_model(tmp_path, monkeypatch, max_new_tokens=8).model_copy(
+        update={"temperature": 1.0, "speculation": "prompt", "max_time": 60.0}
+    )
+    asked = [HumanMessage("Rollo led the Norse. Who led the Norse?")]
+
+    def text(**options):
+        return model.invoke(asked, **options).content
+
+    assert text(temperature=0.0) == text(temperature=0.0)
+    assert text(seed=0) == text(seed=0) != text(seed=1)
+    plain = model.invoke(asked, speculation="none").response_metadata["decoding"]
+    assert plain["speculation"] == "none"
+    assert model.invoke(asked, max_time=0.0).response_metadata["finish_reason"] == "time"
+
+
 def test_a_prompt_too_long_for_the_context_keeps_its_head(tmp_path, monkeypatch):
     """A prompt past the model's context is cut in the middle: the chat head (the system
     prompt) stays whole - the cut kept only 8 tokens of it - and the stats say how much was

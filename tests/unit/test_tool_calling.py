@@ -205,6 +205,24 @@ def test_parse_keeps_text_outside_blocks():
     assert len(chunks) == 1 and chunks[0]["name"] == "search_docs"
 
 
+def test_tool_call_details_some_models_write_and_langchain_passes():
+    """Arguments under "parameters" (Llama 3's own format) are the call's arguments;
+    ``tool_choice=False`` is LangChain's "no tool"; a tool result sent to a model with no
+    tools bound is a user turn; the first of two stop sequences in one text is the cut."""
+    from specrag.models.local import first_stop
+    from specrag.models.tools import plain_choice, template_messages
+
+    _, (call,) = parse_tool_calls(
+        '<tool_call>{"name": "search_docs", "parameters": {"query": "Rollo"}}</tool_call>'
+    )
+    assert call["name"] == "search_docs" and json.loads(call["args"]) == {"query": "Rollo"}
+    assert plain_choice(False) == "none" and plain_choice("none") == "none"
+    result = ToolMessage("Rollo.", tool_call_id="1")
+    assert template_messages([result], tools=False)[0]["role"] == "user"
+    assert template_messages([result], tools=True)[0]["role"] == "tool"
+    assert first_stop("ab\nQ: x\nUser:", ("User:", "\nQ:")) == 2
+
+
 @pytest.mark.parametrize(
     "written",
     [
