@@ -37,15 +37,21 @@ def test_the_head_ends_where_the_last_message_begins():
     assert chat_head(loaded, one, p1[: h1 - 2] + p1[-20:]) == 0  # all of the head, or nothing
 
 
-def short_model(tmp_path, monkeypatch, max_new_tokens):
-    """A chat model over a tiny random Llama with a 256-token context and the embedded
-    model's tokenizer, saved under ``tmp_path`` (the cache dir moved there too)."""
-    from specrag.models.registry import chat_model_from_spec
+def saved_tiny(tmp_path, monkeypatch, name, context):
+    """A tiny random Llama with ``context`` positions and the embedded model's tokenizer,
+    saved to ``tmp_path / name`` (the cache dir moved under ``tmp_path`` too)."""
     from tests.tiny import save_tiny
 
     tokenizer = load_lm().tokenizer  # the embedded model's (loaded before the cache dir moves)
     monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
-    save_tiny(tmp_path / "short", tokenizer)
+    return save_tiny(tmp_path / name, tokenizer, context=context)
+
+
+def short_model(tmp_path, monkeypatch, max_new_tokens):
+    """A chat model over the 256-token tiny model, saved to ``tmp_path / "short"``."""
+    from specrag.models.registry import chat_model_from_spec
+
+    saved_tiny(tmp_path, monkeypatch, "short", 256)
     return chat_model_from_spec(
         f"hf:{tmp_path / 'short'}", max_new_tokens=max_new_tokens, speculation="none"
     )
@@ -176,31 +182,26 @@ async def test_a_later_shorter_prompt_lifts_the_cap_in_the_stats(tmp_path, monke
     assert "answer_cap" not in got
 
 
-def short_rapid(tmp_path, monkeypatch, max_new_tokens):
-    """RAPID on the 256-token model (:func:`short_model` saves it), eta 0, a prefix cache."""
+def rapid_over(target, **kw):
+    """RAPID with ``target`` (a saved model folder), eta 0, a prefix cache of its own."""
     from specrag.decoding.prefix_cache import PrefixCache
     from specrag.models.rapid_chat import ChatRapid
 
-    short_model(tmp_path, monkeypatch, max_new_tokens=8)
     return ChatRapid(
-        target_model=str(tmp_path / "short"),
-        eta=0.0,
-        max_new_tokens=max_new_tokens,
-        prefix_cache=PrefixCache(),
+        **{"target_model": str(target), "eta": 0.0, "prefix_cache": PrefixCache(), **kw}
+    )
+
+
+def short_rapid(tmp_path, monkeypatch, max_new_tokens):
+    """RAPID on the 256-token model (:func:`short_model` saves it)."""
+    return rapid_over(
+        saved_tiny(tmp_path, monkeypatch, "short", 256), max_new_tokens=max_new_tokens
     )
 
 
 def long_rapid(tmp_path, monkeypatch, **kw):
-    """RAPID on a 4096-token tiny target (the embedded tokenizer), eta 0, its own cache."""
-    from specrag.decoding.prefix_cache import PrefixCache
-    from specrag.models.rapid_chat import ChatRapid
-    from tests.tiny import save_tiny
-
-    tokenizer = load_lm().tokenizer  # (loaded before the cache dir moves)
-    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
-    big = save_tiny(tmp_path / "big", tokenizer, context=4096)
-    settings = dict(target_model=str(big), eta=0.0, max_new_tokens=4, prefix_cache=PrefixCache())
-    return ChatRapid(**{**settings, **kw})
+    """RAPID on a 4096-token tiny target (the embedded tokenizer), 4 new tokens by default."""
+    return rapid_over(saved_tiny(tmp_path, monkeypatch, "big", 4096), **{"max_new_tokens": 4, **kw})
 
 
 def test_a_rapid_answer_limit_is_the_smaller_context_of_target_and_drafter(
