@@ -465,12 +465,14 @@ def test_rapids_confidence_cut_off_stops_a_round_only_below_it(model):
     """A drafter's top probability is at least 1/vocab: a cut-off under it (0.01 of 64
     tokens) never stops a round; one of 1.0 stops each at its second draft token."""
     prompt = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    seen = prompt[-6:]  # the drafter reads a piece only: some of its drafts are rejected
     for cut, full_rounds in ((0.01, True), (1.0, False)):
         cfg = RapidConfig(gamma=4, eta=0.0, min_draft_confidence=cut)
-        out, stats = rapid_greedy(LMState(model), LMState(model), prompt, prompt, 30, cfg)
+        out, stats = rapid_greedy(LMState(model), LMState(model), prompt, seen, 30, cfg)
         assert out == greedy(model, prompt, 30)
         if full_rounds:
             assert stats.unsure_stops == 0 and stats.draft_tokens > stats.steps, stats
+            assert stats.draft_tokens > stats.accepted_tokens > 0, stats
         else:
             assert stats.unsure_stops > 0 and stats.draft_tokens <= stats.steps, stats
 
