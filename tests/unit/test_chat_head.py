@@ -120,9 +120,9 @@ def test_an_answer_limit_past_the_context_caps_the_answer_not_the_prompt(tmp_pat
     assert got["prompt_tokens"] == 255 - 127 and got["answer_cap"] == 127  # half each
 
 
-async def incremental_decoding(model, first, later):
+async def incremental_decoding(model, first, later, usage=None):
     """The decoding stats of an incremental answer to ``first``, rebuilt on ``later`` (taken
-    after its first step)."""
+    after its first step); its ``usage_metadata`` goes into ``usage`` where one is given."""
     from specrag.decoding.incremental import PromptFeed
     from specrag.models.options import DecodeOptions
     from specrag.nodes.streaming import stream_model
@@ -133,6 +133,8 @@ async def incremental_decoding(model, first, later):
     out = await stream_model(
         model, first, budget_s=60.0, tags=["answer"], options=DecodeOptions(prompt_feed=feed)
     )
+    if usage is not None:
+        usage.update(out.metadata["usage"])
     return out.metadata["decoding"]
 
 
@@ -163,10 +165,14 @@ async def test_each_prompt_of_an_incremental_answer_gets_its_own_answer_limit(
     later = [SystemMessage("Answer briefly."), HumanMessage("Rollo led them. " * 18)]
     n_first, n_later = len(encode_chat(loaded, first)), len(encode_chat(loaded, later))
     assert 255 - n_first < 200 and n_first < n_later <= 255 - 127  # both prompts cap it
-    got = await incremental_decoding(model, first, later)
+    usage: dict = {}
+    got = await incremental_decoding(model, first, later, usage)
     assert got["rebuilds"] and got["rebuilds"][0]["prompt_tokens"] == n_later  # read whole
     assert "prompt_cut" not in got
     assert got["answer_cap"] == 255 - n_later and got["new_tokens"] <= 255 - n_later
+    # usage_metadata counts the prompt the answer stands on, the later one (not the first)
+    assert usage["input_tokens"] == got["prompt_tokens"] == n_later, usage
+    assert usage["total_tokens"] == n_later + got["new_tokens"] == n_later + usage["output_tokens"]
 
 
 async def test_a_later_shorter_prompt_lifts_the_cap_in_the_stats(tmp_path, monkeypatch):
