@@ -408,6 +408,50 @@ def test_bench_rapid_speedups_decode_and_end_to_end_with_intervals():
     assert per["draft_passes_per_token"]["rapid_kt"] == pytest.approx(1.2)
 
 
+def test_bench_rapid_ratios_are_of_totals_and_divide_the_right_way():
+    """As the rag and pair benches' (a review, 2026-12-06): bench rapid's speedups are ratios
+    of totals over the questions (a mutation review found a ratio of medians passing every
+    test: the test above scales both methods alike, where mean and median agree). Target
+    e2e 2 / 5 / 20 s, RAPID 1 / 10 / 10 s: 27 / 21 in totals, 0.5 in medians. Decode
+    tokens/s 30 / 10 / 10 against 10 each: 50 / 30 (medians 1.0). A question asked again
+    on the warm prefix cache takes a quarter of its first time: the repeat speedup is 4x
+    (first over repeat; swapped it read 0.25x)."""
+    target = {"q1": 2.0, "q2": 5.0, "q3": 20.0}
+    rapid = {"q1": 1.0, "q2": 10.0, "q3": 10.0}
+    tps = {"q1": 30.0, "q2": 10.0, "q3": 10.0}
+    rows = []
+    for qid in target:
+        for method, e2e, speed in (
+            ("target_only", target[qid], 10.0),
+            ("rapid_kt", rapid[qid], tps[qid]),
+        ):
+            rows.append(
+                {
+                    "qid": qid,
+                    "length": 2048,
+                    "method": method,
+                    "tokens_per_s": speed,
+                    "e2e_s": e2e,
+                    "new_tokens": 10,
+                    "target_forward_passes": 10,
+                    "draft_forward_passes": 0,
+                    "contains": 1.0,
+                    "f1": 1.0,
+                    "document_tokens": 2000,
+                    "answer": f"Answer {qid}",
+                    **({"repeat_e2e_s": e2e / 4} if method == "rapid_kt" else {}),
+                }
+            )
+    per = bench_rapid.summarize(rows)["2048"]
+    assert per["e2e_speedup_vs_target"]["rapid_kt"] == pytest.approx(27 / 21)
+    lo, hi = per["e2e_speedup_vs_target_ci95"]["rapid_kt"]
+    assert lo <= 27 / 21 <= hi and lo < hi
+    assert per["decode_speedup_vs_target"]["rapid_kt"] == pytest.approx(50 / 30)
+    assert per["repeat_question_speedup"] == pytest.approx(4.0)
+    assert per["first_question_s"] == pytest.approx(7.0)
+    assert per["repeat_question_s"] == pytest.approx(7.0 / 4)
+
+
 # --- bench rag: warm-up before timing, per-token ratios, intervals (items 15, 16, 18) -------
 
 
