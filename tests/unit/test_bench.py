@@ -990,12 +990,12 @@ def test_pair_ratios_are_of_totals_over_the_same_questions():
     question by its time; the interval resamples questions, paired."""
     from specrag.evaluation import bench_pair
 
-    def rec(system, qid, e2e, draft_ttft=None):
+    def rec(system, qid, e2e, draft_ttft=None, answer="same"):
         return {
             "dataset": "long",
             "qid": qid,
             "system": system,
-            "answer": "same",
+            "answer": answer,
             "contains": 1.0,
             "f1": 1.0,
             "em": 1.0,
@@ -1009,12 +1009,27 @@ def test_pair_ratios_are_of_totals_over_the_same_questions():
     spec = {"q1": 1.0, "q2": 10.0, "q3": 10.0}
     serial = {"q1": 2.0, "q2": 5.0, "q3": 20.0}  # medians: 10 / 5 = 2.0x; totals: 21 / 27
     records = [rec("serial_plain", q, t) for q, t in serial.items()]
-    records += [rec("spec_verify", q, t, draft_ttft=0.1) for q, t in spec.items()]
-    row = bench_pair.summarize(records)["long"]["spec_verify"]
+    records += [
+        rec("spec_verify", q, t, draft_ttft=0.1, answer="other" if q == "q3" else "same")
+        for q, t in spec.items()
+    ]
+    # the HF baselines: totals 14 and 7 (each ratio is spec_verify's over the baseline's)
+    records += [rec("serial_lookup", q, t) for q, t in {"q1": 4.0, "q2": 4.0, "q3": 6.0}.items()]
+    records += [
+        rec("serial_hf_assisted", q, t) for q, t in {"q1": 3.0, "q2": 3.0, "q3": 1.0}.items()
+    ]
+    rows = bench_pair.summarize(records)["long"]
+    row = rows["spec_verify"]
     assert row["e2e_vs_serial_plain"] == pytest.approx(21 / 27)
     lo, hi = row["e2e_vs_serial_plain_ci95"]
     assert lo <= 21 / 27 <= hi
     assert row["draft_ttft_vs_serial_ttft"] == pytest.approx(0.3 / (27 / 4))
+    # a mutation review (2026-12-08): these divided either way, and "same answer" inverted
+    # (0% for 100%), passing every test
+    assert row["e2e_vs_serial_lookup"] == pytest.approx(21 / 14)
+    assert row["e2e_vs_serial_hf_assisted"] == pytest.approx(21 / 7)
+    assert row["same_answer_as_serial"] == pytest.approx(2 / 3)
+    assert rows["serial_lookup"]["same_answer_as_serial"] == 1.0
 
 
 def test_a_fresh_run_cut_short_and_resumed_takes_nothing_from_before_it(tmp_path):
@@ -1119,13 +1134,13 @@ def test_embedded_bench_ratios_are_of_totals_too():
     RAG's; they are ratios of totals over the questions both ran."""
     from specrag.evaluation import bench_rag
 
-    def rec(system, qid, e2e):
+    def rec(system, qid, e2e, answer="same"):
         return {
             "dataset": "squad",
             "qid": qid,
             "system": system,
             "latency": 0.0,
-            "answer": "same",
+            "answer": answer,
             "contains": 1.0,
             "f1": 1.0,
             "em": 1.0,
@@ -1141,11 +1156,16 @@ def test_embedded_bench_ratios_are_of_totals_too():
     spec = {"q1": 1.0, "q2": 10.0, "q3": 10.0}
     serial = {"q1": 2.0, "q2": 5.0, "q3": 20.0}  # medians: 2.0x; totals: 21 / 27
     records = [rec("serial_plain", q, t) for q, t in serial.items()]
-    records += [rec("spec_verify", q, t) for q, t in spec.items()]
+    records += [rec("spec_verify", q, t, "other" if q == "q3" else "same") for q, t in spec.items()]
     records += [rec("serial_brief", q, t) for q, t in spec.items()]
+    records += [rec("serial_lookup", q, t) for q, t in {"q1": 4.0, "q2": 4.0, "q3": 6.0}.items()]
     row = bench_rag.summarize(records)["spec_verify"]["0.0"]
     assert row["e2e_vs_serial_plain"] == pytest.approx(21 / 27)
     assert row["ttft_vs_serial"] == pytest.approx(21 / 27)
+    # a mutation review (2026-12-08): the lookup ratio divided either way and "identical to
+    # serial RAG" inverted, passing every test
+    assert row["e2e_vs_serial_lookup"] == pytest.approx(21 / 14)
+    assert row["identical_to_serial_plain"] == row["same_answer_as_serial"] == pytest.approx(2 / 3)
     assert bench_rag.compare_settings(records)["serial_brief"]["e2e_s_ratio"] == pytest.approx(
         21 / 27
     )
