@@ -357,9 +357,30 @@ def test_bench_rapid_resumes_a_part_run_case_whole(fake_rapid, tmp_path):
     assert "e2e speedup vs target [95% CI]" in table
 
 
-def test_bench_rapid_never_resumes_records_of_another_dtype_or_device(fake_rapid, tmp_path):
+def test_bench_rapid_warms_up_before_the_cases_a_resumed_run_has_left(fake_rapid, tmp_path):
+    """A run that resumed some whole cases and had others left skipped the warm-up under a
+    mutant (``all`` for ``any``: a mutation review, 2026-12-08), timing its first new case
+    cold; the tests covered a log with nothing done and one with everything done."""
+    calls, _ = fake_rapid
+    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    log_file = tmp_path / "bench_rapid" / "runs-quick.jsonl"
+    lines = log_file.read_text().splitlines()
+    kept = [x for x in lines if "|8192|" not in json.loads(x).get("key", "")]
+    assert 0 < len(kept) < len(lines)
+    log_file.write_text("".join(f"{x}\n" for x in kept))  # the longest length left to run
+    calls.clear()
+    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    warm = [c for c in calls if c[1] <= LONG]
+    assert len(warm) == 3 + 3 and calls[: len(warm)] == warm  # warmed up first
+    assert len(calls) > len(warm)  # then the cases left
+
+
+def test_bench_rapid_never_resumes_records_of_another_dtype_or_device(
+    fake_rapid, tmp_path, monkeypatch
+):
     """`auto` is fp32 on a CPU and bf16 on a GPU: a results folder carried between machines
-    must not pass one's records off as the other's."""
+    must not pass one's records off as the other's, nor summarise them with its own (a
+    mutation review, 2026-12-08: a summary of every record in the shared log passed)."""
     calls, _ = fake_rapid
     bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
     loaded = bench_rapid.load_lm()  # the fixture's one fake model, as loaded
@@ -367,8 +388,16 @@ def test_bench_rapid_never_resumes_records_of_another_dtype_or_device(fake_rapid
     bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
     assert calls == []  # resumed: every case was recorded
     loaded.device, loaded.dtype = "cuda", torch.bfloat16  # the same folder on a GPU
-    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    original = bench_rapid.hf_generate
+    monkeypatch.setattr(
+        bench_rapid, "hf_generate", lambda *a, **k: {**original(*a, **k), "tokens_per_s": 100.0}
+    )
+    gpu = bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
     assert len([c for c in calls if c[1] > LONG]) > 0  # measured again, not resumed
+    # its summary is of its own records: target-only's 100 tokens/s, not a mean with the
+    # CPU run's 50
+    per = gpu["per_context_length"]["2048"]
+    assert per["tokens_per_s"]["target_only"] == pytest.approx(100.0)
 
 
 def test_bench_rapid_speedups_decode_and_end_to_end_with_intervals():
@@ -577,6 +606,23 @@ def test_bench_rag_warms_up_then_reports_ratios_with_intervals(monkeypatch, tmp_
     bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())  # all recorded: nothing runs
     assert events == []
 
+    # a mutation review (2026-12-08): a run that resumed part of its questions skipped the
+    # warm-up (timing its first new question cold), and a summary of every record in the
+    # shared log (another dtype's too) passed every test
+    items.append({**items[-1], "id": "q6", "question": "Question 6?"})
+    bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())  # one new question
+    runs = [e for e in events if e[0] == "run"]
+    assert runs[: len(warmed)] == [("run", "q0", s, 0.0) for s in warmed]  # warmed up first
+    assert {r[1] for r in runs[len(warmed) :]} == {"q6"}  # then only the new question timed
+    model.dtype = torch.bfloat16  # the same folder, another dtype: its own records
+
+    async def bf16_run_one(*args):
+        return {**await fake_run_one(*args), "contains": 0.0}
+
+    monkeypatch.setattr(bench_rag, "run_one", bf16_run_one)
+    other = bench_rag.run(quick=True, out_dir=tmp_path, log=_quiet())
+    assert other["systems"]["spec_verify"]["0.0"]["contains"] == 0.0  # not a mean with fp32's
+
 
 def test_answer_settings_are_compared_paired_by_question():
     from specrag.evaluation import bench_rag
@@ -642,6 +688,21 @@ def test_run_log_keys_of_cheap_wide_pass_setups_carry_the_proposer_rules():
     old = {"dataset": "squad", "id": "q2"}
     assert bench_rag.case_key(old, "spec_verify", 0.0, "cuda:float32").endswith("~ng1~wc~op")
     assert bench_rag.case_key(old, "spec_verify", 0.0, "cpu:float32").endswith("|cpu:float32~wc~op")
+
+
+def test_run_log_keys_of_the_embedded_and_rapid_benches_change_with_their_protocol(monkeypatch):
+    """A protocol bump (a changed measurement) must not resume the records made before it: a
+    mutation review (2026-12-08) dropped the protocol from bench rag's and bench rapid's keys
+    and every test passed (only the pair bench's key was pinned whole)."""
+    item = {"dataset": "squad", "id": "q2"}
+    rag_before = bench_rag.case_key(item, "spec_verify", 0.0, "cpu:float32")
+    rapid_before = bench_rapid.case_key("q2", 2048, "rapid_kt", "cpu:float32")
+    assert f"|p{bench_rag.PROTOCOL}|" in rag_before
+    assert f"|p{bench_rapid.PROTOCOL}|" in rapid_before
+    monkeypatch.setattr(bench_rag, "PROTOCOL", bench_rag.PROTOCOL + 1)
+    monkeypatch.setattr(bench_rapid, "PROTOCOL", bench_rapid.PROTOCOL + 1)
+    assert bench_rag.case_key(item, "spec_verify", 0.0, "cpu:float32") != rag_before
+    assert bench_rapid.case_key("q2", 2048, "rapid_kt", "cpu:float32") != rapid_before
 
 
 def test_bench_retrieval_logs_every_question_and_pairs_modes_against_dense(monkeypatch, tmp_path):
@@ -1058,12 +1119,17 @@ def test_the_pair_bench_never_cuts_an_answer_the_hf_baselines_would_finish():
     while the HF baselines have none: a cut answer would have made a graph system look faster
     (a review of the benchmarks, 2026-12-06). Every set now gets budgets no answer reaches,
     and a summary row counts the answers a budget cut."""
+    from specrag import prompts
     from specrag.evaluation import bench_pair
     from specrag.graph.context import SpecRagContext
 
     for dataset in ("squad", "hotpot", "long"):
         ctx = bench_pair.context_for(SpecRagContext(), dataset)
         assert ctx.answer_timeout_s == ctx.retrieval_timeout_s == bench_pair.BUDGET_S
+        # the long set asks for detail, of every system alike (a mutation review, 2026-12-08:
+        # the long set without its prompts passed every test)
+        detailed = (prompts.ANSWER_DETAILED_SYSTEM, prompts.DRAFT_DETAILED_SYSTEM)
+        assert ((ctx.answer_prompt, ctx.draft_prompt) == detailed) == (dataset == "long")
     rec = {
         "dataset": "squad",
         "qid": "q",
@@ -1126,6 +1192,47 @@ def test_hf_records_say_how_many_tokens_their_first_pass_gave(monkeypatch):
     rec = asyncio.run(bench_rag.run_one(item, "serial_lookup", 0.0, None, SpecRagContext()))
     assert rec["first_step_tokens"] == 4
     assert bench_rag._per_token([rec], "decode_s", first=True) == {"squad|q1": (1.0, 6)}
+
+
+def test_bench_figures_count_what_their_names_say():
+    """Figures a mutation review (2026-12-08) found unchecked: RAPID's decode tokens/s counts
+    the tokens after the first (``decode_s`` starts after it), the retracted share is of all
+    streamed characters, the interval beside the e2e median is the median's (the mean's
+    missed it on a skewed sample), and decode per token leaves out the prefill pass's tokens
+    (``first_step_tokens``)."""
+    assert bench_rapid.rapid_tokens_per_s(11, 1.0) == pytest.approx(10.0)
+    assert bench_rapid.rapid_tokens_per_s(1, 1.0) is None
+    assert bench_rag.revised_fraction([(10, 30)]) == pytest.approx(0.25)
+    assert bench_rag.revised_fraction([(0, 0)]) is None
+
+    def rec(system, qid, e2e, first_step_tokens=1):
+        return {
+            "dataset": "squad",
+            "qid": qid,
+            "system": system,
+            "latency": 0.0,
+            "answer": "same",
+            "contains": 1.0,
+            "f1": 1.0,
+            "em": 1.0,
+            "recall_at_k": 1.0,
+            "new_tokens": 10,
+            "first_step_tokens": first_step_tokens,
+            "e2e_s": e2e,
+            "ttft_s": 0.1,
+            "decode_s": 10 - first_step_tokens,  # 1 s per token after the prefill pass's
+            "passes_per_token": 1.0,
+            "route": "refine",
+        }
+
+    skewed = [1.0] * 10 + [100.0] * 5  # median 1; no resample of 15 without a 100 is likely
+    records = [rec("serial_plain", f"q{i}", e2e) for i, e2e in enumerate(skewed)]
+    records += [rec("spec_verify", f"q{i}", 1.0, first_step_tokens=4) for i in range(15)]
+    summary = bench_rag.summarize(records)
+    plain = summary["serial_plain"]["0.0"]
+    lo, hi = plain["e2e_s_median_ci95"]
+    assert plain["e2e_s_median"] == 1.0 and lo <= 1.0 <= hi
+    assert summary["spec_verify"]["0.0"]["decode_per_token_vs_serial_plain"] == pytest.approx(1.0)
 
 
 def test_embedded_bench_ratios_are_of_totals_too():
