@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from specrag.decoding.speculative import Token
 from specrag.evaluation import identity
 from tests.unit.test_drafter import tiny_pair
 
@@ -47,8 +48,32 @@ def argmax_loop(model, prompt, n):
     return out
 
 
-def test_float32_identity_holds_and_the_check_speculates(spec):
+def test_float32_identity_holds_and_the_check_speculates(spec, monkeypatch):
+    # every decode's timing as plain's twice over: each method's time per token vs plain is
+    # 0.5 (a mutation review, 2026-12-08: the ratio inverted, the warm-up dropped and the
+    # first step's tokens counted in the decode's all passed); the calls in order
+    calls: list[str] = []
+    real_case, real_rapid = identity._decode_case, identity._rapid_case
+
+    def timed(info, plain):
+        tokens = info["timed"][1]
+        return {**info, "timed": (2.0 * tokens if plain else 1.0 * tokens, tokens)}
+
+    def decode_case(method, *args):
+        calls.append(method)
+        toks, info = real_case(method, *args)
+        return toks, timed(info, method == "plain")
+
+    def rapid_case(*args):
+        calls.append("rapid" if args[-1] else "target")
+        toks, info = real_rapid(*args)
+        return toks, timed(info, not args[-1])
+
+    monkeypatch.setattr(identity, "_decode_case", decode_case)
+    monkeypatch.setattr(identity, "_rapid_case", rapid_case)
     result = identity.run(spec, "cpu", ["float32"])
+    warm = [*identity.METHODS, "target", "rapid"]  # one untimed run of each, first
+    assert calls == warm + [*identity.METHODS] * len(spec["cases"]) + ["target", "rapid"]
     rows = result["dtypes"]["float32"]
     for method, n in (("ngram", 2), ("merged", 2), ("gpu_plan", 2), ("rapid_eta0", 1)):
         row = rows[method]
@@ -57,7 +82,11 @@ def test_float32_identity_holds_and_the_check_speculates(spec):
         assert row["rejected"] == proposed - accepted > 0, (method, row)
         # random prompts hold no n-gram the tiny model continues; the models' proposals land
         assert method == "ngram" or accepted > 0, (method, row)
-        assert row["time_per_token_vs_plain"] > 0, row
+        assert row["time_per_token_vs_plain"] == pytest.approx(0.5), row
+        # each target pass but the prefill's gives its accepted tokens and one of its own
+        new = sum(map(len, result["tokens"]["float32"][method].values()))
+        if method != "rapid_eta0":
+            assert row["target_passes_per_token"] == pytest.approx((new - accepted) / new), row
     assert rows["merged"]["proposed"].get("drafter", 0) > 0, rows["merged"]
     assert rows["gpu_plan"]["proposed"].get("drafter", 0) > 0, rows["gpu_plan"]
     assert rows["divergences"] == []
@@ -68,6 +97,13 @@ def test_float32_identity_holds_and_the_check_speculates(spec):
     assert plain["squad:q0"] == argmax_loop(target, case["prompt"], case["max_new"])
     assert plain["haystack:h"] == argmax_loop(target, hay["prefix"] + hay["tail"], hay["max_new"])
     assert "| float32 | merged | 2/2 |" in identity.markdown(result)
+
+
+def test_decode_time_counts_the_tokens_after_the_first_step():
+    """The timed span starts once the first step is out: its tokens are not in the count."""
+    tok = Token(1, 0.0, "target")
+    run = identity._collect(iter([[tok, tok], [tok], [tok, tok, tok]]), torch.device("cpu"))
+    assert len(run.tokens) == 6 and run.decode_tokens == 4 and run.decode_s >= 0.0
 
 
 def corrupting(real, at, when):
