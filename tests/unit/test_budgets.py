@@ -1,6 +1,7 @@
 """Budgets stop prefill too; the model thread survives any job's failure (issue 9 #5, #6)."""
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -119,6 +120,81 @@ def test_model_thread_survives_callbacks_that_raise():
     done = threading.Event()
     worker.run_steps(job, lambda item: None, lambda exc: done.set())
     assert done.wait(5)
+
+
+def test_decode_jobs_past_max_active_wait_for_a_slot_then_all_run():
+    """A mutation review (2026-12-08): a finished job not starting a waiting one (the 5th
+    concurrent decode hung for good) and ``max_active`` off by one (a KV cache more than the
+    bound) both passed every unit test."""
+    worker = ModelThread(max_active=1)
+    gate = threading.Event()
+    worker.submit(gate.wait, 10)  # every job is queued before any step runs
+    live, peak, started, ends = [0], [0], [], []  # touched on the model thread only
+    done = threading.Event()
+
+    def job(name):
+        def steps():
+            started.append(name)
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            try:
+                yield from range(3)
+            finally:
+                live[0] -= 1
+
+        return steps
+
+    def end(exc):
+        ends.append(exc)
+        if len(ends) == 3:
+            done.set()
+
+    for name in "abc":
+        worker.run_steps(job(name), lambda item: None, end)
+    gate.set()
+    assert done.wait(10), (started, ends)
+    assert started == ["a", "b", "c"] and ends == [None, None, None]
+    assert peak[0] == 1  # one KV cache at a time
+    assert worker._active == 0 and not worker._waiting
+
+
+def test_a_cancelled_queued_call_never_runs(caplog):
+    """A mutation review (2026-12-08): running a queued call whose future was cancelled (a
+    timed-out run's embedding) passed every test; it took model-thread time, then its
+    ``set_result`` raised and was logged as a failed task."""
+    worker = ModelThread()
+    gate = threading.Event()
+    worker.submit(gate.wait, 10)
+    ran = []
+    queued = worker.submit(ran.append, 1)
+    assert queued.cancel()
+    gate.set()
+    assert worker.submit(lambda: 42).result(timeout=10) == 42  # the queue has drained
+    assert ran == [] and queued.cancelled()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_closing_the_model_thread_stops_its_decode_jobs():
+    """A mutation review (2026-12-08): ``close()`` not setting ``closing`` passed every test;
+    at exit decode jobs (which check it) ran on, and exit waited for them or killed the
+    thread inside torch."""
+    worker = ModelThread()
+    limit = 20_000
+    running, ended = threading.Event(), threading.Event()
+    steps = []
+
+    def job():
+        while not worker.closing and len(steps) < limit:
+            steps.append(1)
+            running.set()
+            time.sleep(0.001)
+            yield
+
+    worker.run_steps(job, lambda item: None, lambda exc: ended.set())
+    assert running.wait(10)
+    worker.close(timeout=60)
+    assert worker.closing and ended.is_set()
+    assert len(steps) < limit  # stopped by close, not by running out
 
 
 class SlowLocal(LocalChatBase):

@@ -387,7 +387,8 @@ def test_an_ask_on_a_thread_in_use_waits_for_it_and_says_so(capsys, monkeypatch,
     asker.join(30)
     assert ran.is_set() and thread_settings("t-busy") == {"seed": "4"}
     captured = capsys.readouterr()
-    assert "'t-busy' is in use by another run: waiting for it to finish" in captured.err
+    note = "'t-busy' is in use by another run: waiting for it to finish"
+    assert captured.err.count(note) == 1  # told once, not at every poll (a mutation review)
     assert "stopped here" in captured.err and codes == [2]
 
 
@@ -480,6 +481,28 @@ DOCUMENT_VIEW = {
     "sources": [{"n": 1, "source": "document", "score": 0.5}],
     "timings": {"load_s": 0.0},
 }
+
+
+def test_asks_load_time_counts_the_models_the_cli_loaded_first(capsys, monkeypatch, tmp_path):
+    """A mutation review (2026-12-08): `load_s` holding only what the run itself loaded
+    passed every unit test, yet the CLI loads the models before the run: `--json` said
+    ~0 s after a load of seconds."""
+    import json
+
+    import specrag.cli
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Paris is the capital of France.")
+    view = {**DOCUMENT_VIEW, "timings": {"load_s": 0.25}}  # what the run loaded itself
+
+    async def run_graph(*a, **k):
+        return {}
+
+    monkeypatch.setattr(specrag.cli, "preload", lambda *a, **k: time.sleep(0.1))
+    monkeypatch.setattr(specrag.cli, "run_graph", run_graph)
+    monkeypatch.setattr(specrag.cli, "result_json", lambda result: json.loads(json.dumps(view)))
+    assert main(["ask", "Capital?", "--document", str(doc), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["timings"]["load_s"] >= 0.35  # both loads
 
 
 def test_a_resumed_document_run_cites_the_file_its_first_process_read(
@@ -754,6 +777,26 @@ def test_a_failed_json_run_still_prints_one_json_document(capsys):
     assert main(["ask", "  "]) == 2 and capsys.readouterr().out == ""  # without --json: none
 
 
+def test_ctrl_c_after_the_json_document_prints_no_second_one(capsys, monkeypatch):
+    """A mutation review (2026-12-08): printing the error document even when the command had
+    printed its own passed every test, yet Ctrl-C during the trace's send (or the prefix
+    cache's flush) after a finished `--json` run put two JSON documents on stdout."""
+    import json
+
+    import specrag.cli
+
+    def interrupted(after_error: bool = False) -> None:
+        raise KeyboardInterrupt  # the send re-raises it after a finished run
+
+    monkeypatch.setattr(specrag.cli, "send_traces", interrupted)
+    assert main(["config", "--json"]) == 130
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 1, lines[1:]  # (the extra documents)
+    assert "error" not in json.loads(lines[0])  # the config's document, printed before
+    assert "specrag: interrupted" in captured.err
+
+
 def test_a_duration_too_long_for_the_os_timers_is_refused(capsys):
     """`retrieval_timeout_s=1e10` passed the range check and overflowed a lock's timeout
     (`OverflowError: timestamp out of range`, exit 1) when the index opened."""
@@ -853,6 +896,27 @@ def test_checkpoints_damaged_past_their_header_are_told_before_models_load(
 
     with pytest.raises(DataDirError, match="move the file aside"):
         asyncio.run(read_damaged())
+
+
+def test_a_busy_checkpoints_database_is_not_called_damaged(monkeypatch, tmp_path):
+    """A mutation review (2026-12-08): treating SQLite's OperationalError ("database is
+    locked", another process past the busy timeout) as damage passed every test, yet it told
+    the user to move the file aside, which starts every thread over."""
+    import asyncio
+    import sqlite3
+
+    from specrag.persistence import sqlite_checkpointer
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+
+    async def busy() -> None:
+        async with sqlite_checkpointer():
+            raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="database is locked") as raised:
+        asyncio.run(busy())
+    assert type(raised.value) is sqlite3.OperationalError  # as it was, not a DataDirError
+    assert (tmp_path / "checkpoints.sqlite").exists()
 
 
 def test_a_read_only_data_dir_is_named_for_thread_checkpoints(capsys, monkeypatch, tmp_path):

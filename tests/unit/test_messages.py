@@ -84,6 +84,22 @@ def test_follow_up_is_rewritten_before_retrieval(mode, expected):
     assert out["messages"][-1].content == out["answer"]
 
 
+def test_the_model_rewrite_reads_the_earlier_answers_too():
+    """A mutation review (2026-12-08): a rewrite prompt holding only the user's turns passed
+    every test, yet "When did he die?" can be resolved only from the earlier answer
+    ("Rollo."), so the search asked about the wrong thing."""
+    draft = FakeLogprobChat(reply="When did Rollo die?", calls=[])
+    svc, _ = recording_services(draft=draft)
+    asyncio.run(
+        build_graph(svc).ainvoke(
+            {"messages": conversation()}, context=ctx(query_rewrite="model", draft_policy="off")
+        )
+    )
+    (prompt,) = draft.calls  # the rewrite, the draft model's one call
+    turns = prompt[-1].content.split("Conversation:\n", 1)[1].split("\n\nLast question:")[0]
+    assert turns.splitlines() == ["user: Who was the Norse leader?", "assistant: Rollo."]
+
+
 def test_a_concat_query_joins_the_latest_earlier_question():
     """Three turns in: the question before this one, not the conversation's first."""
     svc, queries = recording_services()

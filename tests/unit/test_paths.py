@@ -25,3 +25,35 @@ def test_a_home_of_no_such_user_in_the_environment_is_one_line(monkeypatch, caps
         "specrag: error: SPECRAG_DATA_DIR=~specrag-no-such-user/d: Could not determine home "
         "directory"
     ]
+
+
+def test_an_empty_variable_means_the_default_folder(tmp_path, monkeypatch):
+    """A mutation review (2026-12-08): reading ``SPECRAG_DATA_DIR=`` (an env or compose file
+    with no value) as the working directory passed every test; the index and checkpoints
+    went to ``./``."""
+    from pathlib import Path
+
+    import platformdirs
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", "")
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", "")
+    assert data_dir() == Path(platformdirs.user_data_dir("specrag")) and data_dir().is_absolute()
+    assert cache_dir() == Path(platformdirs.user_cache_dir("specrag"))
+    assert cache_dir().is_absolute()
+
+
+def test_another_users_process_counts_as_running(monkeypatch):
+    """A mutation review (2026-12-08): reading ``os.kill``'s PermissionError (another user's
+    live process) as "no such process" passed every test; one user's run would delete
+    another's GGUF conversion or BM25 scratch on a shared cache dir."""
+    import errno
+    import os
+
+    from specrag.paths import process_running
+
+    def kill(pid, sig):
+        raise OSError(errno.ESRCH, "No such process") if pid == 2 else PermissionError(pid)
+
+    monkeypatch.setattr(os, "kill", kill)
+    assert process_running(1) is True
+    assert process_running(2) is False

@@ -467,3 +467,47 @@ async def test_a_run_stopped_before_prepare_reports_its_own_document(tmp_path, m
     saved = await unfinished_run("t")
     assert saved is not None and "prepare" in saved.nodes
     assert saved.document == "" and saved.needs_index
+
+
+async def test_pruning_a_finished_thread_leaves_every_other_thread_as_it_was(tmp_path):
+    """A mutation review (2026-12-08): ``keep_latest`` with its ``thread_id = ?`` filter
+    dropped passed every test (each used one thread per database), yet a run finishing on
+    thread B would delete thread A's history and the interrupted run ``--resume`` needs."""
+    from langchain_core.messages import HumanMessage
+
+    from specrag.persistence import keep_latest
+
+    async def rows(saver, table, thread):
+        query = f"SELECT COUNT(*) FROM {table} WHERE thread_id = ?"
+        async with saver.conn.execute(query, (thread,)) as c:
+            return (await c.fetchone())[0]
+
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.sqlite")) as saver:
+        graph = build_graph(services(), checkpointer=saver)
+        for thread in ("A", "B"):
+            config = {"configurable": {"thread_id": thread}}
+            await graph.ainvoke({"messages": [HumanMessage("capital?")]}, config, context=ctx())
+        before = {t: await rows(saver, t, "A") for t in ("checkpoints", "writes")}
+        assert before["checkpoints"] > 1 and before["writes"] > 0  # something to lose
+        await keep_latest(saver, "B")
+        assert {t: await rows(saver, t, "A") for t in ("checkpoints", "writes")} == before
+        assert await rows(saver, "checkpoints", "B") == 1
+        assert await rows(saver, "writes", "B") == 0
+
+
+async def test_a_run_on_one_thread_does_not_wait_for_a_run_on_another(tmp_path, monkeypatch):
+    """A mutation review (2026-12-08): ``thread_lock`` naming its lock file from a constant
+    instead of the thread passed every test, yet then ``ask --thread B`` waited for a running
+    ``ask --thread A`` and said "thread 'B' is in use by another run"."""
+    import asyncio
+
+    from specrag.persistence import thread_lock
+
+    monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path))
+    waited: list[str] = []
+    async with thread_lock("A"):
+        async with asyncio.timeout(10):  # a lock shared by both would wait here for good
+            async with thread_lock("B", lambda: waited.append("B")):
+                pass
+    assert waited == []
+    assert len(list((tmp_path / "locks").iterdir())) == 2  # a lock file per thread
