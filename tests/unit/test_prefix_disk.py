@@ -612,3 +612,25 @@ def test_memory_eviction_is_least_recently_used_not_first_in(tmp_path):
 def test_prefix_keys_of_different_token_lists_differ():
     assert prefix_key("m", [1, 23]) != prefix_key("m", [12, 3])
     assert prefix_key("m", [1, 2]) != prefix_key("n", [1, 2])
+
+
+def test_the_kv_of_another_dtype_device_or_gpu_is_kept_under_another_key(monkeypatch):
+    """A mutation review (2026-12-08): the model key without its dtype, or its device, and the
+    disk key without the GPU's name passed every test. An fp32 run's KV was then served from
+    disk to a bf16 load of the same weights (``check_kv`` checks shapes only), and a cache dir
+    shared between machines served KV another card computed."""
+    from specrag.models.loading import LoadedLM
+
+    def loaded(device, dtype):
+        return LoadedLM("m", None, None, torch.device(device), dtype, (), 0.0, True, weights="w")
+
+    fp32 = loaded("cpu", torch.float32)
+    for other in (loaded("cpu", torch.bfloat16), loaded("meta", torch.float32)):
+        assert other.key != fp32.key and other.kv_key != fp32.kv_key
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB")
+    gpu = loaded("cuda:0", torch.float32)
+    h100 = gpu.kv_key
+    assert h100.startswith(gpu.key) and h100.endswith("|NVIDIA H100 80GB")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4")
+    assert gpu.kv_key != h100 and gpu.kv_key.endswith("|NVIDIA A100-SXM4")
