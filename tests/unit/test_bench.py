@@ -10,6 +10,7 @@ import asyncio
 import io
 import json
 import statistics
+import time
 import types
 from pathlib import Path
 from unittest import mock
@@ -373,6 +374,35 @@ def test_bench_rapid_warms_up_before_the_cases_a_resumed_run_has_left(fake_rapid
     warm = [c for c in calls if c[1] <= LONG]
     assert len(warm) == 3 + 3 and calls[: len(warm)] == warm  # warmed up first
     assert len(calls) > len(warm)  # then the cases left
+
+
+def test_bench_rapid_counts_the_costs_each_method_pays(fake_rapid, tmp_path, monkeypatch):
+    """A mutation review (2026-12-08): target-only's clock started after its document
+    prefill (its e2e without the prefill every method pays, ``document_prefill_s`` ~0), and
+    RAPID cases reusing each other's chunk embeddings (RAPID's retrieval paid once), both
+    passed every test. The prefill takes at least 0.05 s here (a sleep); each RAPID case
+    (``rapid_kt``, ``rapid_eta0``; not ``rapid_kt``'s repeated question) clears the cache."""
+    calls, _ = fake_rapid
+    prefill = bench_rapid.prefill_state
+
+    def slow_prefill(*args):
+        time.sleep(0.05)
+        return prefill(*args)
+
+    monkeypatch.setattr(bench_rapid, "prefill_state", slow_prefill)
+    monkeypatch.setattr(
+        bench_rapid.document_search, "clear_cache", lambda: calls.append(("clear", 0))
+    )
+    bench_rapid.run(quick=True, out_dir=tmp_path, log=_quiet())
+    log_file = tmp_path / "bench_rapid" / "runs-quick.jsonl"
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    target = [r for r in records if r.get("method") == "target_only"]
+    assert target and all(r["document_prefill_s"] >= 0.05 for r in target)
+    assert all(r["e2e_s"] >= r["document_prefill_s"] for r in target)
+    # each case's first RAPID call comes right after a clear: kt, its repeat, then eta0
+    kinds = [c[0] for c in calls if c[0] in ("clear", "rapid")]
+    assert kinds == ["clear", "rapid", "rapid", "clear", "rapid"] * (len(kinds) // 5)
+    assert len(kinds) == 5 * (1 + len(bench_rapid.LENGTHS))  # the warm-up's case too
 
 
 def test_bench_rapid_never_resumes_records_of_another_dtype_or_device(
