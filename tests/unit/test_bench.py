@@ -170,6 +170,30 @@ def test_hf_assisted_counts_assistant_passes_apart_from_target_passes():
     assert plain["first_step_tokens"] == 1
 
 
+def test_hf_assisted_target_prefill_is_the_targets_own_pass():
+    """A mutation review (2026-12-08): the target's prefill clock started at any first pass,
+    the assistant's included, and passed every test (the assistant there is the target
+    itself). HF's assistant drafts first, so ``target_prefill_s`` took in its prefill and
+    drafts, and ``decode_all_s`` lost them. Here a second model assists, its first pass
+    held 0.5 s (a sleep in a hook after HF's counters): the target's own prefill pass of a
+    tiny model is far shorter."""
+    loaded, assistant = _tiny_loaded(), _tiny_loaded().model
+    slept: list[int] = []
+
+    def hold(*_):
+        if not slept:
+            slept.append(1)
+            time.sleep(0.5)
+
+    handle = assistant.register_forward_hook(hold)
+    try:
+        res = hf_generate(loaded, list(range(1, 20)), max_new_tokens=8, assistant_model=assistant)
+    finally:
+        handle.remove()
+    assert slept and res["assistant_forward_passes"] > 0
+    assert res["target_prefill_s"] < 0.5 <= res["decode_all_s"]
+
+
 def test_hf_baselines_stop_at_the_graphs_stop_sequences():
     """The graph's answers end at its stop sequences; HF baselines ran on past them (more
     tokens, a longer time), assisted generation's multi-token steps included."""
