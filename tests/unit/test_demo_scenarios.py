@@ -74,3 +74,20 @@ def test_the_demos_fallback_line_and_intro_say_what_happened():
     assert remote.describe(scenario_context(ctx, remote)).startswith(
         "A remote vector store (1.5 s of injected"
     )
+
+
+def test_the_demos_rapid_line_counts_its_accepted_and_drafted_tokens():
+    """A mutation review, 2026-12-08: the RAPID line showing the drafted count as the accepted
+    one ("9/9 drafted tokens accepted" for 7 of 9) passed every test."""
+    from specrag.demo import savings
+
+    stats = {"new_tokens": 12, "target_forward_passes": 5, "accepted_tokens": 7}
+    rapid = {"route": "rapid_generate", "stats": {"rapid_generate": stats | {"draft_tokens": 9}}}
+    assert savings(rapid) == "12 tokens in 5 target passes (7/9 drafted tokens accepted)"
+    speedup = {"ratio": 1.5, "plain_step_s": 0.1, "basis": "3 plain steps"}
+    stats = {"new_tokens": 12, "forward_passes": 7, "decode_speedup_vs_plain": speedup}
+    line = savings({"route": "generate", "stats": {"generate": stats}})
+    assert (
+        line
+        == "12 tokens in 7 target passes (tokens from: none); decode 1.50x plain (3 plain steps)"
+    )

@@ -103,6 +103,53 @@ def test_a_documents_chunks_are_cached_per_tokenizer():
     assert max(chars(c.text) for c in again) <= 32
 
 
+class VocabEmbeddings:
+    """Bag-of-words counts over a fixed vocabulary: cosine scores a test can work out."""
+
+    VOCAB = ("apple", "pear", "fig", "kiwi", "plum", "lime", "date", "yuzu")
+
+    def _vec(self, text):
+        words = text.split()
+        return [float(words.count(w)) for w in self.VOCAB]
+
+    def embed_documents(self, texts):
+        return [self._vec(t) for t in texts]
+
+    def embed_query(self, text):
+        return self._vec(text)
+
+
+def test_a_document_search_keeps_the_best_chunks_that_fit_its_budget():
+    """A mutation review, 2026-12-08: the least similar chunks picked first, each chunk given
+    the first chunk's score, or the search stopping at the first chunk that does not fit
+    (a smaller one after it never tried) all passed every test."""
+    best = "apple " * 6  # cosine 1.0, 6 words
+    big = "apple " * 8 + "pear fig kiwi"  # cosine 8/sqrt(67), 11 words: never fits below
+    small = "apple apple apple plum lime date"  # cosine 3/sqrt(12), 6 words
+    document = "\n\n".join(t.strip() for t in (small, big, best))
+    kw = dict(embeddings=VocabEmbeddings(), token_length=lambda t: len(t.split()))
+    kw |= dict(chunk_tokens=12, tokenizer_key="words")
+    (only,) = search_document(document, "apple", token_budget=6, **kw)
+    assert only.text == best.strip() and only.score == pytest.approx(1.0)
+    found = search_document(document, "apple", token_budget=13, **kw)
+    assert [c.text for c in found] == [small, best.strip()]  # the big one skipped, in order
+    assert [c.score for c in found] == pytest.approx([3 / 12**0.5, 1.0])
+    everything = search_document(document, "apple", token_budget=100, **kw)
+    assert [c.score for c in everything] == pytest.approx([3 / 12**0.5, 8 / 67**0.5, 1.0])
+
+
+def test_a_documents_chunks_are_cached_per_chunk_size():
+    """A mutation review, 2026-12-08: the chunk cache keyed without the chunk size (a second
+    search of one document at another size got the first size's chunks) passed every test."""
+    document = " ".join(f"w{i}" for i in range(400))
+    words = lambda t: len(t.split())  # noqa: E731
+    kw = dict(embeddings=HashEmbeddings(), token_length=words, tokenizer_key="words")
+    small = search_document(document, "q", chunk_tokens=16, token_budget=10_000, **kw)
+    large = search_document(document, "q", chunk_tokens=64, token_budget=10_000, **kw)
+    assert max(words(c.text) for c in small) <= 16
+    assert 32 < max(words(c.text) for c in large) <= 64 and len(large) < len(small)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.text(max_size=4000), st.text(max_size=200))
 def test_any_document_is_searchable(document, question):
@@ -157,6 +204,27 @@ def test_defused_text_never_joins_into_a_control_token(left, right):
     for piece in ["<s>", "</s>", "[INST]", "<<SYS>>", "<start_of_turn>", "<file_sep>"]:
         assert piece.lower() not in prompts.defuse(left).lower()
     assert "<|" not in joined and "|>" not in joined, joined
+
+
+def test_a_trailing_or_leading_angle_bracket_never_joins_its_neighbour_into_a_token():
+    """A mutation review, 2026-12-08: defuse keeping a text's trailing "<" (a chunk ending in
+    "x<" before a question "|im_start|..." read "<|im_start|") passed every test: the
+    property test above drew no such pair."""
+    for left, right in (("x<", "|im_start|>"), ("<", "|"), ("<|im_end|", ">"), ("a|", "> b")):
+        joined = prompts.defuse(left) + prompts.defuse(right)
+        assert "<|" not in joined and "|>" not in joined, (left, right, joined)
+    assert prompts.defuse("a < b") == "a < b" and prompts.defuse("b > a") == "b > a"
+
+
+def test_a_tokenizers_own_token_without_an_angle_bracket_is_defused_too():
+    """A mutation review, 2026-12-08: defuse breaking only the added tokens that start with
+    "<" (a tokenizer's "[CLS]" or "madeupword0000" in a document stayed that token) passed
+    every test."""
+    for token in ("[CLS]", "madeupword0000", "<reponame>"):
+        text = prompts.defuse(f"a {token} b", specials=(token,))
+        assert token not in text and text.replace("\u2060", "").replace("\u2039", "<") == (
+            f"a {token} b"
+        )
 
 
 INJECTIONS = [

@@ -436,3 +436,22 @@ def test_a_routes_reason_never_contradicts_it_by_rounding(confidence, threshold,
     got, reason = decide(state, ctx(confidence_threshold=threshold))
     assert got == route and reason.startswith(said), reason
     assert against(0.1996, 0.2) == "0.1996" and against(0.25, 0.2) == "0.25"
+
+
+def test_a_document_at_exactly_the_long_document_limit_is_not_long():
+    """A mutation review, 2026-12-08: a document of exactly long_document_tokens tokens sent to
+    RAPID decoding (the limit is "more than", as the reason says) passed every test."""
+    from specrag.graph.routing import decide
+
+    state = {
+        "retrieval_status": "ok",
+        "draft": "Rollo was the Norse leader who settled in Normandy.",
+        "draft_tokens": 12,
+        "draft_status": "ok",
+        "draft_confidence": 0.9,
+    }
+    limit = ctx().long_document_tokens
+    route, reason = decide({**state, "document_tokens": limit}, ctx())
+    assert route == "refine" and "long document" not in reason
+    route, reason = decide({**state, "document_tokens": limit + 1}, ctx())
+    assert route == "rapid_generate" and f"({limit + 1} tokens > {limit})" in reason
