@@ -91,6 +91,35 @@ def test_a_model_whose_code_branches_on_the_attention_name_keeps_sdpa():
     assert "native grouped-query" in attention.use(llama, CPU)
 
 
+@pytest.mark.parametrize(
+    ("probe", "line", "branches"),
+    [
+        ("eq", 'if config._attn_implementation == "sdpa":', True),
+        ("ne", 'if config._attn_implementation != "sdpa":', True),
+        ("in", 'if config._attn_implementation in ("eager", "sdpa"):', True),
+        ("not_in", 'if config._attn_implementation not in ("eager",):', True),
+        ("assigned", 'if config.set(_attn_implementation="sdpa"):', False),
+    ],
+)
+def test_any_comparison_of_the_attention_name_counts_as_branching(
+    tmp_path, monkeypatch, probe, line, branches
+):
+    """A mutation review, 2026-12-08: the check reduced to ``==`` passed every test, yet
+    transformers' own models compare with ``in`` too (DeepSeek-V3.2, Mistral Large 4): such a
+    model was switched to the renamed attention and took its non-SDPA branch (other logits)."""
+    import importlib.util
+    import sys
+
+    name = f"specrag_attention_probe_{probe}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(f"def forward(config):\n    {line}\n        return 1\n    return 0\n")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, name, module)
+    assert attention._branches_on_name(name) is branches
+
+
 def test_a_gemma4_model_loaded_by_name_answers_as_plain_decoding(tmp_path, monkeypatch):
     """The same through the package's own load of a model folder (where the switch is made): a
     refine's draft opening and its verify passes gave another greedy answer than plain

@@ -468,9 +468,15 @@ def test_a_damaged_or_unreadable_part_says_how_to_reinstall_it(tmp_path, monkeyp
     assert not [p for p in model.gguf_path.parent.iterdir() if ".tmp" in p.name]
 
 
-def test_a_conversion_whose_flush_fails_is_not_stamped_whole(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [("ENOSPC", "No space left on device"), ("EIO", "Input/output error")],
+)
+def test_a_conversion_whose_flush_fails_is_not_stamped_whole(tmp_path, monkeypatch, code, message):
     """A review (2026-12-06): an fsync error (ENOSPC or EIO, told only at the flush on NFS or
-    under a quota) was ignored and the copy stamped whole - then trusted by every load."""
+    under a quota) was ignored and the copy stamped whole - then trusted by every load. A
+    mutation review, 2026-12-08: EIO tolerated like EINVAL passed every test (only ENOSPC
+    was tried)."""
     import errno
 
     fake_loaders(monkeypatch)
@@ -478,7 +484,7 @@ def test_a_conversion_whose_flush_fails_is_not_stamped_whole(tmp_path, monkeypat
 
     def full(fd):
         if os.path.isfile(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(getattr(errno, code), message)
         return real_fsync(fd)
 
     monkeypatch.setattr(gguf_module.os, "fsync", full)
@@ -486,7 +492,7 @@ def test_a_conversion_whose_flush_fails_is_not_stamped_whole(tmp_path, monkeypat
     gguf.write_bytes(b"gguf")
     target = tmp_path / "out" / "m-float32-abc"
     target.parent.mkdir()
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match=message):
         convert_gguf(gguf, target, torch.float32)
     assert not target.exists() and not is_converted(target)
     assert list(target.parent.iterdir()) == []
@@ -596,3 +602,26 @@ def test_a_load_of_a_converted_copy_removes_stale_copies_too(tmp_path, monkeypat
     with pytest.raises(ModelLoadError, match="stop after"):
         _load_lm_uncached(str(gguf), torch.device("cpu"), torch.float32)
     assert not stale.exists() and is_converted(source)
+
+
+def test_a_copy_of_another_gguf_still_installed_is_kept_however_old(tmp_path, monkeypatch):
+    """A mutation review, 2026-12-08: the memo's digests compared by 11 hex digits instead of
+    a key's 12 (so no other GGUF's copy counted as live) passed every test: a second venv's
+    copy, whose GGUF is still installed, was deleted an hour after its last use and converted
+    again (minutes, GBs) on that venv's next load."""
+    fake_loaders(monkeypatch)
+    root, venv_a, venv_b = tmp_path / "cache", tmp_path / "a", tmp_path / "b"
+    for venv, weights in ((venv_a, b"weights of a"), (venv_b, b"weights of b")):
+        venv.mkdir()
+        (venv / "m.gguf").write_bytes(weights)
+    copy_a = converted_dir(venv_a / "m.gguf", torch.float32, root)
+    convert_gguf(venv_a / "m.gguf", copy_a, torch.float32)
+    two_hours = time.time() - 7200
+    os.utime(copy_a, (two_hours, two_hours))  # venv a not used for two hours
+    copy_b = converted_dir(venv_b / "m.gguf", torch.float32, root)
+    convert_gguf(venv_b / "m.gguf", copy_b, torch.float32)
+    assert copy_a != copy_b and is_converted(copy_a) and is_converted(copy_b)
+    assert gguf_module.prune_stale_copies(venv_b / "m.gguf", copy_b) == []
+    (venv_a / "m.gguf").unlink()  # venv a removed: now its copy is stale
+    assert gguf_module.prune_stale_copies(venv_b / "m.gguf", copy_b) == [copy_a]
+    assert not copy_a.exists() and is_converted(copy_b)

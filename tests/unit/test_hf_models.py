@@ -138,6 +138,24 @@ def test_a_device_specrag_does_not_run_on_or_a_failed_placement_is_one_line(tmp_
         load_lm(str(path), "cpu", "float32")
 
 
+def test_a_cuda_index_past_the_machines_gpus_is_one_line(monkeypatch):
+    """A mutation review, 2026-12-08: the index check off by one (``>`` for ``>=``) passed
+    every test: `--set device=cuda:1` on a one-GPU machine went on to torch's own error
+    instead of naming the GPUs there are."""
+    from specrag.errors import ModelLoadError
+    from specrag.models.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for device in ("cuda:1", "cuda:7"):
+        with pytest.raises(ModelLoadError, match="this machine has 1 CUDA device") as err:
+            resolve_device(device)
+        assert "\n" not in str(err.value)
+    for device in ("cuda:0", "cuda", "auto"):  # one name per GPU
+        assert resolve_device(device) == torch.device("cuda", 0)
+
+
 def test_the_tokenizers_end_of_turn_token_ends_an_answer_whatever_the_generation_config(
     tmp_path, monkeypatch
 ):

@@ -152,6 +152,10 @@ def test_a_timed_verdict_is_kept_per_model_and_machine_and_reused(tmp_path, pays
         {"dual": True, "single_s": "x", "dual_s": 0.5, "on": "?"},  # malformed: not a number
         {"dual": True, "single_s": 10**400, "dual_s": 0.5, "on": "?"},  # no float: it raised
         {"dual": True, "single_s": 1.0, "dual_s": 0.92, "on": "?"},  # too close to PAYS
+        # a mutation review, 2026-12-08: a zero timing counted as positive passed every
+        # test; kept, it failed each load with a ZeroDivisionError
+        {"dual": True, "single_s": 0, "dual_s": 0.5, "on": "?"},
+        {"dual": True, "single_s": 0.0, "dual_s": 0.0, "on": "?"},
     ],
 )
 def test_a_kept_verdict_that_is_malformed_or_too_close_to_call_is_timed_again(tmp_path, entry):
