@@ -454,31 +454,55 @@ def test_bench_rapid_never_resumes_records_of_another_dtype_or_device(
     assert per["tokens_per_s"]["target_only"] == pytest.approx(100.0)
 
 
+def _rapid_row(qid: str, method: str, tokens_per_s: float, e2e_s: float, **fields) -> dict:
+    """A bench rapid record at 2048 tokens: 10 new tokens in 10 target passes, no drafter,
+    every metric 1.0, the answer ``Answer <qid>``; ``fields`` replace any of it."""
+    return {
+        "qid": qid,
+        "length": 2048,
+        "method": method,
+        "tokens_per_s": tokens_per_s,
+        "e2e_s": e2e_s,
+        "new_tokens": 10,
+        "target_forward_passes": 10,
+        "draft_forward_passes": 0,
+        "contains": 1.0,
+        "f1": 1.0,
+        "document_tokens": 2000,
+        "answer": f"Answer {qid}",
+        **fields,
+    }
+
+
 def test_bench_rapid_speedups_decode_and_end_to_end_with_intervals():
     rows = []
     for i in range(6):
-        for method, tps, e2e in (("target_only", 10.0, 4.0), ("rapid_kt", 20.0, 5.0)):
-            rows.append(
-                {
-                    "qid": f"q{i}",
-                    "length": 2048,
-                    "method": method,
-                    "tokens_per_s": tps * (1 + i / 10),
-                    "e2e_s": e2e * (1 + i / 10),
-                    "new_tokens": 10,
-                    "target_forward_passes": 10 if method == "target_only" else 4,
-                    "draft_forward_passes": 0 if method == "target_only" else 12,
-                    "drafter_prefill_s": None if method == "target_only" else 0.5,
-                    "retrieve_s": None if method == "target_only" else 0.2,
-                    "contains": 1.0,
-                    "f1": 1.0,
-                    "document_tokens": 2000,
-                    # RAPID returns the text unstripped, HF's paths stripped; q5 differs
-                    "answer": f"Answer {i}"
-                    + (" " if method == "rapid_kt" else "")
-                    + ("!" if method == "rapid_kt" and i == 5 else ""),
-                }
+        scale = 1 + i / 10
+        rows.append(
+            _rapid_row(
+                f"q{i}",
+                "target_only",
+                10.0 * scale,
+                4.0 * scale,
+                drafter_prefill_s=None,
+                retrieve_s=None,
+                answer=f"Answer {i}",
             )
+        )
+        rows.append(
+            _rapid_row(
+                f"q{i}",
+                "rapid_kt",
+                20.0 * scale,
+                5.0 * scale,
+                target_forward_passes=4,
+                draft_forward_passes=12,
+                drafter_prefill_s=0.5,
+                retrieve_s=0.2,
+                # RAPID returns the text unstripped, HF's paths stripped; q5 differs
+                answer=f"Answer {i} " + ("!" if i == 5 else ""),
+            )
+        )
     per = bench_rapid.summarize(rows)["2048"]
     assert per["same_answer_as_target"] == {"target_only": 1.0, "rapid_kt": pytest.approx(5 / 6)}
     assert "same answer as target" in bench_rapid.markdown({"2048": per})
@@ -504,27 +528,8 @@ def test_bench_rapid_ratios_are_of_totals_and_divide_the_right_way():
     tps = {"q1": 30.0, "q2": 10.0, "q3": 10.0}
     rows = []
     for qid in target:
-        for method, e2e, speed in (
-            ("target_only", target[qid], 10.0),
-            ("rapid_kt", rapid[qid], tps[qid]),
-        ):
-            rows.append(
-                {
-                    "qid": qid,
-                    "length": 2048,
-                    "method": method,
-                    "tokens_per_s": speed,
-                    "e2e_s": e2e,
-                    "new_tokens": 10,
-                    "target_forward_passes": 10,
-                    "draft_forward_passes": 0,
-                    "contains": 1.0,
-                    "f1": 1.0,
-                    "document_tokens": 2000,
-                    "answer": f"Answer {qid}",
-                    **({"repeat_e2e_s": e2e / 4} if method == "rapid_kt" else {}),
-                }
-            )
+        rows.append(_rapid_row(qid, "target_only", 10.0, target[qid]))
+        rows.append(_rapid_row(qid, "rapid_kt", tps[qid], rapid[qid], repeat_e2e_s=rapid[qid] / 4))
     per = bench_rapid.summarize(rows)["2048"]
     assert per["e2e_speedup_vs_target"]["rapid_kt"] == pytest.approx(27 / 21)
     lo, hi = per["e2e_speedup_vs_target_ci95"]["rapid_kt"]
@@ -1248,6 +1253,30 @@ def test_hf_records_say_how_many_tokens_their_first_pass_gave(monkeypatch):
     assert bench_rag._per_token([rec], "decode_s", first=True) == {"squad|q1": (1.0, 6)}
 
 
+def _rag_record(system: str, qid: str, e2e: float, **fields) -> dict:
+    """A bench rag record of a SQuAD question at 0 s added latency: ``e2e`` seconds (a
+    quarter of it to the first token, half decoding), 10 tokens, every metric 1.0;
+    ``fields`` replace any of it."""
+    return {
+        "dataset": "squad",
+        "qid": qid,
+        "system": system,
+        "latency": 0.0,
+        "answer": "same",
+        "contains": 1.0,
+        "f1": 1.0,
+        "em": 1.0,
+        "recall_at_k": 1.0,
+        "new_tokens": 10,
+        "e2e_s": e2e,
+        "ttft_s": e2e / 4,
+        "decode_s": e2e / 2,
+        "passes_per_token": 1.0,
+        "route": "refine",
+        **fields,
+    }
+
+
 def test_bench_figures_count_what_their_names_say():
     """Figures a mutation review (2026-12-08) found unchecked: RAPID's decode tokens/s counts
     the tokens after the first (``decode_s`` starts after it), the retracted share is of all
@@ -1259,25 +1288,9 @@ def test_bench_figures_count_what_their_names_say():
     assert bench_rag.revised_fraction([(10, 30)]) == pytest.approx(0.25)
     assert bench_rag.revised_fraction([(0, 0)]) is None
 
-    def rec(system, qid, e2e, first_step_tokens=1):
-        return {
-            "dataset": "squad",
-            "qid": qid,
-            "system": system,
-            "latency": 0.0,
-            "answer": "same",
-            "contains": 1.0,
-            "f1": 1.0,
-            "em": 1.0,
-            "recall_at_k": 1.0,
-            "new_tokens": 10,
-            "first_step_tokens": first_step_tokens,
-            "e2e_s": e2e,
-            "ttft_s": 0.1,
-            "decode_s": 10 - first_step_tokens,  # 1 s per token after the prefill pass's
-            "passes_per_token": 1.0,
-            "route": "refine",
-        }
+    def rec(system, qid, e2e, first_step_tokens=1):  # 1 s per token after the prefill pass's
+        fields = {"first_step_tokens": first_step_tokens, "decode_s": 10 - first_step_tokens}
+        return _rag_record(system, qid, e2e, ttft_s=0.1, **fields)
 
     skewed = [1.0] * 10 + [100.0] * 5  # median 1; no resample of 15 without a 100 is likely
     records = [rec("serial_plain", f"q{i}", e2e) for i, e2e in enumerate(skewed)]
@@ -1296,23 +1309,7 @@ def test_embedded_bench_ratios_are_of_totals_too():
     from specrag.evaluation import bench_rag
 
     def rec(system, qid, e2e, answer="same"):
-        return {
-            "dataset": "squad",
-            "qid": qid,
-            "system": system,
-            "latency": 0.0,
-            "answer": answer,
-            "contains": 1.0,
-            "f1": 1.0,
-            "em": 1.0,
-            "recall_at_k": 1.0,
-            "new_tokens": 10,
-            "e2e_s": e2e,
-            "ttft_s": e2e / 4,
-            "decode_s": e2e / 2,
-            "passes_per_token": 1.0,
-            "route": "refine",
-        }
+        return _rag_record(system, qid, e2e, answer=answer)
 
     spec = {"q1": 1.0, "q2": 10.0, "q3": 10.0}
     serial = {"q1": 2.0, "q2": 5.0, "q3": 20.0}  # medians: 2.0x; totals: 21 / 27

@@ -215,8 +215,8 @@ def test_a_rapid_answer_limit_is_the_smaller_context_of_target_and_drafter(
 ):
     """A 256-token drafter beside a 4096-token target: the answer is capped for the drafter's
     context (capped for the target's alone, a one-word question was "too long")."""
-    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
-    model = long_rapid(tmp_path, monkeypatch, drafter_model=str(tmp_path / "short"))
+    drafter_path = saved_tiny(tmp_path, monkeypatch, "short", 256)
+    model = long_rapid(tmp_path, monkeypatch, drafter_model=str(drafter_path))
     model.max_new_tokens = 1000
     with caplog.at_level("WARNING"):
         out = model.invoke([HumanMessage("Who?")], document="Rollo led them. " * 5)
@@ -232,8 +232,8 @@ def test_the_rapid_drafter_reads_the_retrieved_context_fitted_to_its_own_window(
     window (a 256-token drafter fed 1,000 positions), passed every test."""
     from specrag.models.rapid_chat import fit, layout, split_messages
 
-    short_model(tmp_path, monkeypatch, max_new_tokens=8)  # saves the 256-token model
-    model = long_rapid(tmp_path, monkeypatch, drafter_model=str(tmp_path / "short"))
+    drafter_path = saved_tiny(tmp_path, monkeypatch, "short", 256)
+    model = long_rapid(tmp_path, monkeypatch, drafter_model=str(drafter_path))
     asked = [HumanMessage("Who led them?")]
     document = "Rollo led the Norse settlers of Normandy in the year 911. " * 40
     instructions, _, question, history = split_messages(asked, document)
